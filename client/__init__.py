@@ -1,0 +1,1 @@
+"""gRPC streaming client for the duplex model."""
