@@ -1,0 +1,289 @@
+"""One duplex session: its uplink units, the Thinker loop, the audio-tail loop, its events.
+
+Two worker threads per session: the Thinker loop turns each 1-second unit into a listen/speak
+decision; the audio-tail loop turns speak units into codec frames (Talker) and 24 kHz audio
+(Code2Wav). They meet in a queue, so the Thinker decides unit k+1 while unit k is voiced.
+Every emission is fenced by the epoch: after a barge-in (`cancel`) or a close, nothing of the
+old epoch reaches the client. `_finish` runs once, on the audio loop's exit, and is the only
+place that sends `session.closed` and the downlink FINAL.
+"""
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from dataclasses import dataclass
+from typing import Callable, Protocol
+
+import numpy as np
+
+from backends.duplex import events as ev
+from backends.duplex.audio_tail import AudioTail
+from backends.duplex.responses import EpochIds, ResponseState, SpeakWork, UnitWork
+from backends.duplex.stage_clients import STAGES, THINKER, StageCallError, StageClients
+from backends.duplex.unit_buffer import UnitBuffer
+from backends.duplex.uplink import SessionOptions
+from backends.stages.contracts import DECISION_SPEAK, ThinkerRequest, ThinkerUnitResult
+from backends.stages.sink import StageError
+
+log = logging.getLogger(__name__)
+
+MAX_UNITS_PER_APPEND = 4  # a Thinker that fell behind catches up with multi-unit appends
+
+
+class Downlink(Protocol):
+    def send(self, event: ev.ServerEvent) -> None: ...
+
+    def close(self) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class SessionConfig:
+    talker_seed: int = 42
+
+
+class Session:
+    def __init__(self, session_id: str, options: SessionOptions, downlink: Downlink, stages: StageClients,
+                 config: SessionConfig, on_finished: Callable[["Session"], None],
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.session_id = session_id
+        self.options = options
+        self._downlink, self._stages, self._config = downlink, stages, config
+        self._on_finished, self._clock = on_finished, clock
+        self._lock = threading.Lock()  # guards every field below; held only for state, never for I/O
+        self._ids = EpochIds(session_id, 0)
+        self._buffer = UnitBuffer()
+        self._units: queue.SimpleQueue[UnitWork | None] = queue.SimpleQueue()
+        self._speak: queue.SimpleQueue[SpeakWork | None] = queue.SimpleQueue()
+        self._open: dict[str, ResponseState] = {}  # response_id -> response not yet done
+        self._thinker_response: ResponseState | None = None  # the response new speak units join
+        self._turn_counter = 0
+        self._units_in_epoch = 0
+        self._closing = False
+        self._close_reason = "client"
+        self._finished = False
+        self.last_activity = clock()
+        self._tail = AudioTail(self, stages)
+        self._threads = [threading.Thread(target=self._thinker_loop, name=f"thinker-{session_id}", daemon=True),
+                         threading.Thread(target=self._audio_loop, name=f"audio-{session_id}", daemon=True)]
+
+    # ---- uplink (called from the server's execute thread) -------------------------------
+
+    def start(self) -> None:
+        self.emit(ev.SESSION_CREATED, epoch=0)
+        for thread in self._threads:
+            thread.start()
+
+    def append(self, pcm16: np.ndarray, commit: bool = False) -> None:
+        with self._lock:
+            self.last_activity = self._clock()
+            if self._closing:
+                return
+            units = self._buffer.push(pcm16)
+            if commit and (residual := self._buffer.flush_padded()) is not None:
+                units.append(residual)
+            for samples in units:
+                self._units.put(UnitWork(self._ids.epoch, samples, self.last_activity, self._force_listen()))
+
+    def _force_listen(self) -> bool:
+        self._units_in_epoch += 1
+        return self._units_in_epoch <= self.options.force_listen_count
+
+    def cancel(self) -> None:
+        """Barge-in: end the active response as cancelled and start a new epoch."""
+        with self._lock:
+            self.last_activity = self._clock()
+            if self._closing:
+                return
+            old = self._new_epoch()
+        self._stop_stage_requests(old)
+
+    def end(self) -> None:
+        """END: finish the queued units and their audio, then close."""
+        with self._lock:
+            self.last_activity = self._clock()
+            if self._closing:
+                return
+            self._closing = True
+        self._units.put(None)
+
+    def close(self, reason: str, error: StageError | None = None) -> None:
+        """Close now (idle, error, shutdown): drop queued work, stop stage requests."""
+        with self._lock:
+            if self._finished:
+                return
+            if not self._closing:
+                self._close_reason = reason
+            already_closing, self._closing = self._closing, True
+            if error is not None:
+                self.emit(ev.ERROR, code=error.code, message=error.message)
+            old = self._new_epoch(status=ev.STATUS_FAILED if error else ev.STATUS_CANCELLED, reason=reason)
+        self._stop_stage_requests(old)
+        if not already_closing:
+            self._units.put(None)
+
+    # ---- state changes (lock held) ---------------------------------------------------------
+
+    def _new_epoch(self, status: str = ev.STATUS_CANCELLED, reason: str = "cancelled") -> EpochIds:
+        for response in list(self._open.values()):
+            self._finish_response(response, status, reason=reason)
+        self._thinker_response = None
+        old, self._ids = self._ids, EpochIds(self.session_id, self._ids.epoch + 1)
+        self._units_in_epoch = 0
+        return old
+
+    def _finish_response(self, response: ResponseState, status: str, **fields: object) -> None:
+        if response.done:
+            return
+        response.done = True
+        self._open.pop(response.response_id, None)
+        if self._thinker_response is response:
+            self._thinker_response = None
+        self.emit(ev.RESPONSE_DONE, response_id=response.response_id, turn_id=response.turn_id, status=status,
+                  audio_ms=round(response.audio_ms, 1), **fields)
+
+    def emit(self, event_type: str, audio: np.ndarray | None = None, **fields: object) -> None:
+        self._downlink.send(ev.ServerEvent(event_type, self.session_id, dict(fields), audio))
+
+    def is_current(self, epoch: int) -> bool:
+        return epoch == self._ids.epoch and not self._finished
+
+    # ---- Thinker loop ------------------------------------------------------------------------
+
+    def _thinker_loop(self) -> None:
+        try:
+            while (work := self._units.get()) is not None:
+                batch = self._drain_batch(work)
+                if batch and not self._run_thinker(batch):
+                    break
+        except Exception as exc:  # a bug here must still close the session cleanly
+            log.exception("thinker loop of %s failed", self.session_id)
+            self.close("error", StageError("internal", f"{type(exc).__name__}: {exc}"))
+        finally:
+            self._speak.put(None)
+
+    def _drain_batch(self, first: UnitWork) -> list[UnitWork]:
+        batch = [first]
+        while len(batch) < MAX_UNITS_PER_APPEND and not self._units.empty():
+            nxt = self._units.get()
+            if nxt is None:
+                self._units.put(None)  # keep the sentinel for the outer loop
+                break
+            batch.append(nxt)
+        with self._lock:
+            return [w for w in batch if self.is_current(w.epoch) and w.force_listen == batch[0].force_listen]
+
+    def _run_thinker(self, batch: list[UnitWork]) -> bool:
+        with self._lock:
+            ids, epoch = self._ids, batch[0].epoch
+            request = self._thinker_request(ids, batch)
+            ids.started.add(THINKER)
+        try:
+            for index, result in enumerate(self._stages.thinker(request)):
+                self._on_unit(epoch, batch[min(index, len(batch) - 1)], result)
+        except StageCallError as exc:
+            with self._lock:
+                stale = not self.is_current(epoch)
+            if stale:  # a stop after barge-in or close ends the old request; not an error
+                return True
+            self.close("error", exc.error)
+            return False
+        return True
+
+    def _thinker_request(self, ids: EpochIds, batch: list[UnitWork]) -> ThinkerRequest:
+        seq = ids.next_seq
+        ids.next_seq += 1
+        opts = self.options
+        setup = seq == 0
+        return ThinkerRequest(
+            request_id=ids.request_id, audio=np.concatenate([w.samples for w in batch]), seq=seq,
+            force_listen=batch[0].force_listen,
+            instructions=opts.instructions if setup else "",
+            initial_user_text=opts.initial_user_text if setup and ids.epoch == 0 else "",
+            ref_audio=opts.ref_audio if setup and opts.ref_audio is not None else np.zeros((0,), np.float32),
+            temperature=opts.temperature, seed=opts.seed + ids.epoch,
+            reply_units=opts.reply_units, reply_tokens_per_unit=opts.reply_tokens_per_unit,
+        )
+
+    def _on_unit(self, epoch: int, work: UnitWork, result: ThinkerUnitResult) -> None:
+        with self._lock:
+            if not self.is_current(epoch):
+                return
+            if result.decision != DECISION_SPEAK:
+                self.emit(ev.RESPONSE_LISTEN, unit_index=result.unit_index)
+                return
+            response = self._response_for(work)
+            turn_start = response.units == 0
+            response.units += 1
+            if result.text:
+                self._emit_text(response, result)
+            self._speak.put(SpeakWork(epoch, response, result.tts_token_ids, result.tts_hidden, result.text,
+                                      turn_start, result.turn_end))
+            if result.turn_end:
+                self._thinker_response = None
+
+    def _response_for(self, work: UnitWork) -> ResponseState:
+        if self._thinker_response is None:
+            response = ResponseState.new(self.session_id, self._ids.epoch, self._turn_counter, work.accepted)
+            self._turn_counter += 1
+            self._thinker_response = self._open[response.response_id] = response
+            self.emit(ev.RESPONSE_CREATED, response_id=response.response_id, turn_id=response.turn_id)
+            self.emit(ev.RESPONSE_SPEAK, response_id=response.response_id, turn_id=response.turn_id)
+        return self._thinker_response
+
+    def _emit_text(self, response: ResponseState, result: ThinkerUnitResult) -> None:
+        fields: dict[str, object] = {}
+        if response.first_text_time is None:
+            response.first_text_time = self._clock()
+            fields["ttft_ms"] = round(1000.0 * (response.first_text_time - response.trigger_time), 1)
+        self.emit(ev.RESPONSE_TEXT_DELTA, response_id=response.response_id, turn_id=response.turn_id,
+                  unit_index=result.unit_index, text=result.text, **fields)
+
+    # ---- audio-tail loop ---------------------------------------------------------------------
+
+    def _audio_loop(self) -> None:
+        try:
+            while (work := self._speak.get()) is not None:
+                with self._lock:
+                    current = self.is_current(work.epoch)
+                if current and not self._tail.voice(work):
+                    break
+        except Exception as exc:
+            log.exception("audio loop of %s failed", self.session_id)
+            self.close("error", StageError("internal", f"{type(exc).__name__}: {exc}"))
+        finally:
+            self._finish()
+
+    def lock(self) -> threading.Lock:
+        return self._lock
+
+    def clock(self) -> float:
+        return self._clock()
+
+    def current_ids(self) -> EpochIds:
+        return self._ids
+
+    def finish_response(self, response: ResponseState, status: str) -> None:
+        self._finish_response(response, status)
+
+    # ---- teardown ------------------------------------------------------------------------------
+
+    def _stop_stage_requests(self, ids: EpochIds) -> None:
+        for stage in STAGES:
+            try:
+                self._stages.stop(stage, ids.request_id)
+            except Exception as exc:  # a stage that is down must not block the close
+                log.warning("stop of %s %s failed: %r", stage, ids.request_id, exc)
+
+    def _finish(self) -> None:
+        # Drain the Thinker loop first: it may still hold a BLS stream of this session.
+        if threading.current_thread() is not self._threads[0]:
+            self._threads[0].join()
+        with self._lock:
+            old = self._new_epoch(reason="session_closed")
+            self._finished = True
+            self.emit(ev.SESSION_CLOSED, reason=self._close_reason)
+        self._stop_stage_requests(old)
+        self._downlink.close()
+        self._on_finished(self)

@@ -1,0 +1,35 @@
+"""How the orchestrator calls the three stages: BLS in the server, engines in tests."""
+from __future__ import annotations
+
+from typing import Iterator, Protocol
+
+from backends.stages.contracts import (
+    Code2WavAudio, Code2WavRequest, TalkerCodes, TalkerRequest, ThinkerRequest, ThinkerUnitResult,
+)
+from backends.stages.sink import StageError
+
+THINKER = "thinker"
+TALKER = "talker"
+CODE2WAV = "code2wav"
+STAGES = (THINKER, TALKER, CODE2WAV)
+
+
+class StageCallError(Exception):
+    """A stage answered a request with an error."""
+
+    def __init__(self, stage: str, error: StageError) -> None:
+        super().__init__(f"{stage}: [{error.code}] {error.message}")
+        self.stage = stage
+        self.error = error
+
+
+class StageClients(Protocol):
+    def thinker(self, request: ThinkerRequest) -> Iterator[ThinkerUnitResult]: ...
+
+    def talker(self, request: TalkerRequest) -> Iterator[TalkerCodes]: ...
+
+    def code2wav(self, request: Code2WavRequest) -> list[Code2WavAudio]: ...
+
+    def stop(self, stage: str, request_id: str) -> None:
+        """Explicit stop of a stage request (cancellation does not cross BLS in 2.51)."""
+        ...

@@ -1,0 +1,93 @@
+"""The one thread that owns a stage engine: commands in, steps out.
+
+`execute()` never touches the engine: it posts commands (submit, stop) here and returns.
+The thread drains all pending commands, then runs one engine step, and sleeps on the
+command queue whenever the engine has nothing to do (no polling).
+"""
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from typing import Any, Callable, Protocol
+
+from backends.stages.sink import ResponseSink, StageError, StageFailure
+
+log = logging.getLogger(__name__)
+
+_STOP = object()
+
+
+class SteppedEngine(Protocol):
+    def submit(self, request: Any, sink: ResponseSink) -> None: ...
+
+    def stop(self, request_id: str) -> None: ...
+
+    def has_work(self) -> bool: ...
+
+    def step(self) -> None: ...
+
+
+class EngineThread:
+    def __init__(self, engine: SteppedEngine, name: str, on_error: Callable[[str], None] | None = None) -> None:
+        self.engine = engine
+        self._commands: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._on_error = on_error or log.error
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    def submit(self, request: Any, sink: ResponseSink) -> None:
+        self._commands.put((self._submit, (request, sink)))
+
+    def stop_request(self, request_id: str) -> None:
+        self._commands.put((self.engine.stop, (request_id,)))
+
+    def call(self, fn: Callable[..., Any], *args: Any) -> None:
+        """Run `fn(*args)` on the engine thread (for state the engine thread owns)."""
+        self._commands.put((fn, args))
+
+    def shutdown(self, timeout_s: float = 10.0) -> None:
+        self._commands.put(_STOP)
+        self._thread.join(timeout_s)
+
+    def _submit(self, request: Any, sink: ResponseSink) -> None:
+        try:
+            self.engine.submit(request, sink)
+        except StageFailure as exc:
+            sink.close(exc.error)
+        except Exception as exc:  # contain: one bad request must not stop the engine
+            self._on_error(f"submit of {getattr(request, 'request_id', '?')} failed: {exc!r}")
+            sink.close(StageError("internal", f"{type(exc).__name__}: {exc}"))
+
+    def _run(self) -> None:
+        while True:
+            command = self._next_command(block=not self.engine.has_work())
+            while command is not None:
+                if command is _STOP:
+                    return
+                self._run_command(command)
+                command = self._next_command(block=False)
+            if self.engine.has_work():
+                self._step()
+
+    def _next_command(self, block: bool) -> Any:
+        try:
+            return self._commands.get(block=block)
+        except queue.Empty:
+            return None
+
+    def _run_command(self, command: Any) -> None:
+        fn, args = command
+        try:
+            fn(*args)
+        except Exception as exc:
+            self._on_error(f"engine command {getattr(fn, '__name__', fn)} failed: {exc!r}")
+
+    def _step(self) -> None:
+        try:
+            self.engine.step()
+        except Exception as exc:  # engines contain per-request faults; this is an engine bug
+            self._on_error(f"engine step failed: {exc!r}")
+            abort_all = getattr(self.engine, "abort_all", None)
+            if abort_all is not None:
+                abort_all(StageError("internal", f"engine step failed: {type(exc).__name__}: {exc}"))

@@ -1,0 +1,183 @@
+"""Start tritonserver on the model repository for a profile, wait for readiness, stop cleanly.
+
+    minicpmo-server --profile cpu [--grpc-port 8001] [--set max_sessions=8] [--log-file F]
+
+Binds to loopback unless --address is given. Used by the README's main job, by the test
+fixtures and by the benchmarks (through `ServerProcess`).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from backends.serving.checkpoints import prepare_checkpoint
+from backends.serving.profiles import Profile, get_profile
+from backends.serving.repository import render_repository
+from backends.serving.triton_install import find_triton
+
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
+DEFAULT_REPOSITORY = PROJECT_ROOT / "model_repository"
+DEFAULT_WORKDIR = PROJECT_ROOT / "var"
+
+
+def free_port(address: str = "127.0.0.1") -> int:
+    with socket.socket() as sock:
+        sock.bind((address, 0))
+        return sock.getsockname()[1]
+
+
+@dataclass(slots=True)
+class ServerOptions:
+    profile: Profile
+    repository: Path = DEFAULT_REPOSITORY
+    workdir: Path = DEFAULT_WORKDIR
+    address: str = "127.0.0.1"
+    http_port: int = 0  # 0 = pick a free port
+    grpc_port: int = 0
+    metrics_port: int = 0
+    log_file: Path | None = None
+    ready_timeout_s: float = 300.0
+    extra_args: list[str] = field(default_factory=list)
+
+
+class ServerProcess:
+    """One tritonserver child process; a context manager that always stops it."""
+
+    def __init__(self, options: ServerOptions) -> None:
+        self.options = options
+        self.process: subprocess.Popen[bytes] | None = None
+        pick = lambda port: port or free_port(options.address)  # noqa: E731
+        self.http_port, self.grpc_port = pick(options.http_port), pick(options.grpc_port)
+        self.metrics_port = pick(options.metrics_port)
+        self.log_file = options.log_file or options.workdir / "logs" / f"triton-{self.grpc_port}.log"
+
+    @property
+    def grpc_url(self) -> str:
+        return f"{self.options.address}:{self.grpc_port}"
+
+    @property
+    def http_url(self) -> str:
+        return f"http://{self.options.address}:{self.http_port}"
+
+    def start(self) -> "ServerProcess":
+        opts = self.options
+        install = find_triton(opts.workdir / "triton")
+        checkpoint = prepare_checkpoint(opts.profile.checkpoint, opts.workdir / "checkpoints")
+        profile = opts.profile.with_overrides({"checkpoint": str(checkpoint)}) if checkpoint else opts.profile
+        repo = render_repository(opts.repository, opts.workdir / "repos" / f"{profile.name}-{self.grpc_port}", profile)
+        self.log_file.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.log_file, "wb") as log:
+            self.process = subprocess.Popen(
+                self._command(install.binary, install.backend_dir, repo), stdout=log, stderr=subprocess.STDOUT,
+                env=install.environment(), start_new_session=True,
+            )
+        self._wait_ready()
+        return self
+
+    def _command(self, binary: Path, backend_dir: Path, repo: Path) -> list[str]:
+        opts = self.options
+        return [
+            str(binary), f"--model-repository={repo}", f"--backend-directory={backend_dir}",
+            f"--http-address={opts.address}", f"--grpc-address={opts.address}",
+            f"--metrics-address={opts.address}", f"--http-port={self.http_port}",
+            f"--grpc-port={self.grpc_port}", f"--metrics-port={self.metrics_port}",
+            "--exit-timeout-secs=20", "--log-verbose=0",
+            # Audio chunks and hidden states cross the shm region on every BLS hop.
+            "--backend-config=python,shm-default-byte-size=16777216",
+            "--backend-config=python,shm-growth-byte-size=16777216",
+            *opts.extra_args,
+        ]
+
+    def _wait_ready(self) -> None:
+        deadline = time.monotonic() + self.options.ready_timeout_s
+        while time.monotonic() < deadline:
+            if self.process is not None and self.process.poll() is not None:
+                raise RuntimeError(f"tritonserver exited with {self.process.returncode}; log: {self.log_file}\n"
+                                   + self.log_tail())
+            if self.is_ready():
+                return
+            time.sleep(0.25)
+        self.stop()
+        raise TimeoutError(f"tritonserver not ready after {self.options.ready_timeout_s:.0f} s; log: {self.log_file}\n"
+                           + self.log_tail())
+
+    def is_ready(self) -> bool:
+        try:
+            with urllib.request.urlopen(f"{self.http_url}/v2/health/ready", timeout=2) as resp:
+                return resp.status == 200
+        except (urllib.error.URLError, ConnectionError, TimeoutError):
+            return False
+
+    def log_tail(self, num_bytes: int = 4000) -> str:
+        try:
+            return self.log_file.read_bytes()[-num_bytes:].decode(errors="replace")
+        except OSError:
+            return ""
+
+    def stop(self, timeout_s: float = 30.0) -> int | None:
+        """SIGINT (graceful: finalize every model), then SIGKILL the group if it hangs."""
+        proc, self.process = self.process, None
+        if proc is None:
+            return None
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGINT)
+            try:
+                proc.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+        return proc.returncode
+
+    def __enter__(self) -> "ServerProcess":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--profile", default="cpu", help="cpu | gpu")
+    parser.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
+                        help="override a configuration variable (README table)")
+    parser.add_argument("--address", default="127.0.0.1")
+    parser.add_argument("--http-port", type=int, default=8000)
+    parser.add_argument("--grpc-port", type=int, default=8001)
+    parser.add_argument("--metrics-port", type=int, default=8002)
+    parser.add_argument("--repository", type=Path, default=DEFAULT_REPOSITORY)
+    parser.add_argument("--workdir", type=Path, default=DEFAULT_WORKDIR)
+    parser.add_argument("--log-file", type=Path)
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    overrides = dict(item.split("=", 1) for item in args.set)
+    profile = get_profile(args.profile).with_overrides(overrides)
+    server = ServerProcess(ServerOptions(
+        profile=profile, repository=args.repository, workdir=args.workdir, address=args.address,
+        http_port=args.http_port, grpc_port=args.grpc_port, metrics_port=args.metrics_port, log_file=args.log_file,
+    ))
+    stop_requested = []
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop_requested.append(True))
+    server.start()
+    print(f"tritonserver ready: grpc {server.grpc_url}, http {server.http_url}, log {server.log_file}", flush=True)
+    while not stop_requested and server.process is not None and server.process.poll() is None:
+        time.sleep(0.5)
+    code = server.stop()
+    print(f"tritonserver stopped (exit {code})", flush=True)
+    return 0 if stop_requested or code == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,75 @@
+"""Find a tritonserver binary and prepare what it needs to run Python-backend models.
+
+Two layouts: a `tritonserver` on PATH (the NGC container, backends in /opt/tritonserver),
+or the server inside the nvidia-pytriton wheel, whose `backends/python` lacks the stub for
+our interpreter and whose libraries need LD_LIBRARY_PATH (triton_notes.md section 0.2).
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import sysconfig
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True, slots=True)
+class TritonInstall:
+    binary: Path
+    backend_dir: Path
+    library_dirs: tuple[Path, ...]  # prepended to LD_LIBRARY_PATH, in order
+
+    def environment(self, base: dict[str, str] | None = None) -> dict[str, str]:
+        """Environment for the server: our libpython first, the venv's bin first on PATH."""
+        env = dict(os.environ if base is None else base)
+        libs = [str(p) for p in self.library_dirs]
+        if env.get("LD_LIBRARY_PATH"):
+            libs.append(env["LD_LIBRARY_PATH"])
+        env["LD_LIBRARY_PATH"] = os.pathsep.join(libs)
+        env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
+        return env
+
+
+def python_libdir() -> Path:
+    # The stub embeds the first libpython3.X it finds; it must be this interpreter's own
+    # (a pyenv venv otherwise picks the system one and fails with `_PyModule_Add`).
+    return Path(sysconfig.get_config_var("LIBDIR"))
+
+
+def find_triton(scratch: Path) -> TritonInstall:
+    """Locate tritonserver; prepare a backends dir under `scratch` when using the wheel."""
+    override = os.environ.get("TRITONSERVER_BIN")
+    on_path = Path(override) if override else shutil.which("tritonserver")
+    if on_path:
+        binary = Path(on_path)
+        return TritonInstall(binary, binary.parent.parent / "backends", (python_libdir(),))
+    return _wheel_install(scratch)
+
+
+def _wheel_install(scratch: Path) -> TritonInstall:
+    try:
+        import pytriton  # type: ignore[import-not-found]
+    except ImportError as exc:
+        raise RuntimeError("no tritonserver on PATH and nvidia-pytriton is not installed") from exc
+    root = Path(pytriton.__file__).parent / "tritonserver"
+    site = root.parent.parent
+    version = f"{sys.version_info.major}.{sys.version_info.minor}"
+    stub = root / "python_backend_stubs" / version / "triton_python_backend_stub"
+    if not stub.exists():
+        raise RuntimeError(f"the pytriton wheel has no Python backend stub for Python {version}")
+    backend_dir = scratch / "backends"
+    python_dir = backend_dir / "python"
+    if not (python_dir / "triton_python_backend_stub").exists():
+        shutil.rmtree(python_dir, ignore_errors=True)
+        shutil.copytree(root / "backends" / "python", python_dir)
+        shutil.copy2(stub, python_dir / "triton_python_backend_stub")
+    return TritonInstall(root / "bin" / "tritonserver", backend_dir, _library_dirs(site))
+
+
+def _library_dirs(site: Path) -> tuple[Path, ...]:
+    dirs = [python_libdir(), site / "nvidia_pytriton.libs"]
+    cudart = site / "nvidia" / "cuda_runtime" / "lib"  # perf_analyzer needs libcudart.so.12
+    if cudart.exists():
+        dirs.append(cudart)
+    return tuple(dirs)

@@ -1,0 +1,53 @@
+"""Move contract dataclasses across the Python-backend boundary.
+
+Numeric tensors go through DLPack both ways: zero-copy, and the stub's numpy output path
+silently yields empty tensors under numpy >= 2 (ARCHITECTURE.md section 3). Strings use
+the numpy object path, the only one the stub offers for them.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils import dlpack as torch_dlpack
+
+from backends.stages.tensor_codec import ContractError, from_arrays, tensor_specs, to_arrays
+
+
+def tensor_to_numpy(tensor: Any) -> np.ndarray:
+    try:
+        # Copy: request tensors live in shared memory that is reused once execute returns.
+        return torch_dlpack.from_dlpack(tensor.to_dlpack()).cpu().numpy().copy()
+    except (RuntimeError, TypeError, BufferError):
+        # BYTES tensors (strings) have no DLPack form.
+        return tensor.as_numpy()
+
+
+def decode_request(pb_utils: Any, request: Any, cls: type) -> Any:
+    """Parse one Triton request into the contract `cls`; raises ContractError on bad input."""
+    return from_arrays(cls, lambda name: _input(pb_utils, request, name))
+
+
+def _input(pb_utils: Any, request: Any, name: str) -> np.ndarray | None:
+    tensor = pb_utils.get_input_tensor_by_name(request, name)
+    return None if tensor is None else tensor_to_numpy(tensor)
+
+
+def encode_response(pb_utils: Any, result: Any) -> Any:
+    """Build an InferenceResponse carrying every field of the contract instance `result`."""
+    return pb_utils.InferenceResponse(output_tensors=output_tensors(pb_utils, to_arrays(result)))
+
+
+def output_tensors(pb_utils: Any, arrays: dict[str, np.ndarray]) -> list[Any]:
+    tensors = []
+    for name, array in arrays.items():
+        if array.dtype == np.object_:
+            tensors.append(pb_utils.Tensor(name, array))
+        else:
+            data = torch.from_numpy(np.ascontiguousarray(array))
+            tensors.append(pb_utils.Tensor.from_dlpack(name, torch_dlpack.to_dlpack(data)))
+    return tensors
+
+
+__all__ = ["ContractError", "decode_request", "encode_response", "output_tensors", "tensor_specs"]

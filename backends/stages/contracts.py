@@ -1,0 +1,119 @@
+"""Contracts between the orchestrator and the stage models.
+
+Each dataclass is one Triton request or response: every field is one tensor whose name is
+the field name in upper case (see `tensor_codec`), so the `config.pbtxt` of a stage, the
+orchestrator and perf_analyzer input data all derive from these classes and cannot drift.
+Field types map to tensors: str -> TYPE_STRING [1], int -> TYPE_INT64 [1], float ->
+TYPE_FP32 [1], bool -> TYPE_BOOL [1], np.ndarray -> the dtype and rank named in the comment.
+Fields with a default are optional inputs.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from backends.stages.tensor_codec import array_field
+
+# Actions understood by every stage. `stop` ends a request explicitly: cancellation does
+# not propagate through BLS in Triton 2.51 (triton_notes.md section 0.6).
+ACTION_RUN = "run"
+ACTION_STOP = "stop"
+
+DECISION_LISTEN = "listen"
+DECISION_SPEAK = "speak"
+
+
+@dataclass(frozen=True, slots=True)
+class ThinkerRequest:
+    """One append of whole 1-second units to a session's resumable Thinker request."""
+
+    request_id: str  # "<session>.e<epoch>": one resumable request per session epoch
+    audio: np.ndarray = array_field(np.float32, -1)  # [num_units * 16000] float32, 16 kHz mono in [-1, 1]
+    seq: int = 0  # append sequence number within the epoch (0 = first: carries the session setup)
+    action: str = ACTION_RUN
+    force_listen: bool = False
+    # Session setup, read on seq 0 only.
+    instructions: str = ""
+    initial_user_text: str = ""
+    ref_audio: np.ndarray = array_field(np.float32, -1, optional=True)  # [n] float32 16 kHz, empty = default voice
+    temperature: float = -1.0  # < 0: the policy default (0.7)
+    seed: int = 0
+    reply_units: int = 0  # policy knob for random weights: force replies of N speak units (0 = off)
+    reply_tokens_per_unit: int = 0  # policy knob: text tokens per forced speak unit (0 = off)
+
+
+@dataclass(frozen=True, slots=True)
+class ThinkerUnitResult:
+    """The Thinker's decision for one unit, and the Talker handoff when it speaks."""
+
+    request_id: str
+    seq: int
+    unit_index: int  # units since the session (epoch) started
+    decision: str  # DECISION_LISTEN | DECISION_SPEAK
+    token_ids: np.ndarray = array_field(np.int32, -1)  # [n] every token sampled in this unit, terminator included
+    text: str  # transcript of the handed slice (empty for listen)
+    tts_token_ids: np.ndarray = array_field(np.int32, -1)  # [m] handed to the Talker (turn_eos included)
+    tts_hidden: np.ndarray = array_field(np.float32, -1, -1)  # [m, llm_hidden] hidden row whose input was each handed token
+    turn_start: bool
+    turn_end: bool  # the slice holds <|turn_eos|>
+    segment_end: bool  # the unit ended on chunk_eos / chunk_tts_eos
+
+
+@dataclass(frozen=True, slots=True)
+class TalkerRequest:
+    """One condition (a speak unit's handoff) appended to a Talker request."""
+
+    request_id: str
+    condition_seq: int  # consecutive per request
+    token_ids: np.ndarray = array_field(np.int32, -1)  # [m] Thinker token ids
+    hidden: np.ndarray = array_field(np.float32, -1, -1)  # [m, llm_hidden]
+    turn_start: bool = False  # replaces the Talker prompt (fresh KV)
+    turn_end: bool = False  # 104-frame budget with the boundary EOS mask
+    action: str = ACTION_RUN
+    seed: int = 42
+
+
+@dataclass(frozen=True, slots=True)
+class TalkerCodes:
+    """A group of codec frames (at most 25) streamed by the Talker for one condition."""
+
+    request_id: str
+    condition_seq: int
+    codes: np.ndarray = array_field(np.int32, -1)  # [k] codec ids in [0, 6561), EOS never included
+    finished: bool  # the condition's chunk ended (EOS sampled or budget reached)
+
+
+@dataclass(frozen=True, slots=True)
+class Code2WavRequest:
+    """One codec window: left-context codes followed by new codes."""
+
+    request_id: str
+    cache_epoch: int
+    chunk_seq: int
+    codes: np.ndarray = array_field(np.int32, -1)  # [num_left_context + num_new]
+    num_left_context: int = 3
+    last_chunk: bool = False
+    action: str = ACTION_RUN
+
+
+@dataclass(frozen=True, slots=True)
+class Code2WavAudio:
+    """Audio of one window at 24 kHz."""
+
+    request_id: str
+    chunk_seq: int
+    audio: np.ndarray = array_field(np.float32, -1)  # [samples] 24 kHz mono
+
+
+def stop_request(stage: str, request_id: str) -> ThinkerRequest | TalkerRequest | Code2WavRequest:
+    """The explicit stop message of a stage (`stage` is the model name)."""
+    no_i32 = np.zeros((0,), dtype=np.int32)
+    if stage == "thinker":
+        return ThinkerRequest(request_id=request_id, audio=np.zeros((0,), np.float32), action=ACTION_STOP)
+    if stage == "talker":
+        return TalkerRequest(request_id=request_id, condition_seq=0, token_ids=no_i32,
+                             hidden=np.zeros((0, 0), np.float32), action=ACTION_STOP)
+    if stage == "code2wav":
+        return Code2WavRequest(request_id=request_id, cache_epoch=0, chunk_seq=0, codes=no_i32, action=ACTION_STOP)
+    raise ValueError(f"unknown stage {stage!r}")

@@ -1,0 +1,51 @@
+"""Where a stage engine delivers results: one sink per Triton request.
+
+The serving layer implements a sink over a Triton response sender; tests implement it with
+a list. A sink is closed exactly once: `close()` after the last result, or `close(error)`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+
+@dataclass(frozen=True, slots=True)
+class StageError:
+    """An error that ends one request; `code` is a stable machine-readable reason."""
+
+    code: str  # e.g. "invalid_argument", "context_length_exceeded", "resource_exhausted", "internal"
+    message: str
+
+
+class StageFailure(Exception):
+    """Raised inside an engine for a request-scoped failure; carries a StageError."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.error = StageError(code, message)
+
+
+class ResponseSink(Protocol):
+    def send(self, result: Any) -> None: ...
+
+    def close(self, error: StageError | None = None) -> None: ...
+
+
+class ListSink:
+    """A sink that records results in memory (tests, in-process pipelines)."""
+
+    def __init__(self) -> None:
+        self.results: list[Any] = []
+        self.error: StageError | None = None
+        self.closed = False
+
+    def send(self, result: Any) -> None:
+        if self.closed:
+            raise RuntimeError("send after close")
+        self.results.append(result)
+
+    def close(self, error: StageError | None = None) -> None:
+        if self.closed:
+            raise RuntimeError("sink closed twice")
+        self.closed = True
+        self.error = error

@@ -1,0 +1,18 @@
+"""Triton adapter of the code2wav stage: decode requests, hand them to the engine thread."""
+import triton_python_backend_utils as pb_utils
+
+from backends.serving.triton_stage import StageAdapter, model_parameters
+from backends.stages.contracts import Code2WavRequest
+from backends.stages.factory import build_code2wav_engine
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        engine = build_code2wav_engine(model_parameters(args), args.get("model_instance_device_id", "0"))
+        self._adapter = StageAdapter(pb_utils, "code2wav", Code2WavRequest, engine)
+
+    def execute(self, requests):
+        return self._adapter.execute(requests)
+
+    def finalize(self):
+        self._adapter.finalize()

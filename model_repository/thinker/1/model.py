@@ -1,0 +1,18 @@
+"""Triton adapter of the thinker stage: decode requests, hand them to the engine thread."""
+import triton_python_backend_utils as pb_utils
+
+from backends.serving.triton_stage import StageAdapter, model_parameters
+from backends.stages.contracts import ThinkerRequest
+from backends.stages.factory import build_thinker_engine
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        engine = build_thinker_engine(model_parameters(args), args.get("model_instance_device_id", "0"))
+        self._adapter = StageAdapter(pb_utils, "thinker", ThinkerRequest, engine)
+
+    def execute(self, requests):
+        return self._adapter.execute(requests)
+
+    def finalize(self):
+        self._adapter.finalize()

@@ -1,0 +1,6 @@
+#!/usr/bin/env bash
+# The test suite: unit, parity and real-server tests (the fixtures start tritonserver).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/setup.sh
+exec .venv/bin/python -m pytest -q "$@"

@@ -1,0 +1,114 @@
+"""Scripted stage clients with real stream semantics, for orchestrator tests.
+
+The Thinker speaks units `speak_from .. speak_from + reply_units - 1` of each epoch (the last
+one ends the turn) and listens otherwise; the Talker returns 25 frames per condition; Code2Wav
+returns 960 samples per new frame. Stops are recorded; a request of a stopped id fails like
+a real stage would. Fault injection: `fail_on[stage] = n` raises on that stage's n-th call.
+"""
+from __future__ import annotations
+
+import threading
+from collections import defaultdict
+
+import numpy as np
+import pytest
+
+from backends.duplex.stage_clients import StageCallError
+from backends.stages.contracts import Code2WavAudio, TalkerCodes, ThinkerUnitResult
+from backends.stages.sink import StageError
+
+HIDDEN = 8
+
+
+class ScriptedStages:
+    def __init__(self, speak_from: int = 1, reply_units: int = 2, delay_s: float = 0.0) -> None:
+        self.speak_from, self.reply_units, self.delay_s = speak_from, reply_units, delay_s
+        self.units_seen: dict[str, int] = defaultdict(int)
+        self.stops: list[tuple[str, str]] = []
+        self.calls: dict[str, int] = defaultdict(int)
+        self.fail_on: dict[str, int] = {}
+        self.requests: list[object] = []
+        self._lock = threading.Lock()
+        self.gate = threading.Event()
+        self.gate.set()
+
+    def _count(self, stage: str) -> None:
+        with self._lock:
+            self.calls[stage] += 1
+            if self.fail_on.get(stage) == self.calls[stage]:
+                raise StageCallError(stage, StageError("internal", f"injected fault in {stage}"))
+
+    def thinker(self, request):
+        self._count("thinker")
+        self.requests.append(request)
+        for _ in range(request.audio.size // 16000):
+            self.gate.wait(10)
+            with self._lock:
+                index = self.units_seen[request.request_id]
+                self.units_seen[request.request_id] += 1
+            yield self._unit(request, index)
+
+    def _unit(self, request, index):
+        speaking = self.speak_from <= index < self.speak_from + self.reply_units
+        last = index == self.speak_from + self.reply_units - 1
+        tokens = np.array([7, 8, 9], np.int32) if speaking else np.zeros(0, np.int32)
+        return ThinkerUnitResult(
+            request_id=request.request_id, seq=request.seq, unit_index=index,
+            decision="speak" if speaking else "listen", token_ids=tokens, text=f"u{index} " if speaking else "",
+            tts_token_ids=tokens, tts_hidden=np.ones((tokens.size, HIDDEN), np.float32),
+            turn_start=index == self.speak_from, turn_end=last and speaking, segment_end=speaking)
+
+    def talker(self, request):
+        self._count("talker")
+        self.requests.append(request)
+        yield TalkerCodes(request.request_id, request.condition_seq, np.arange(25, dtype=np.int32) + 100, True)
+
+    def code2wav(self, request):
+        self._count("code2wav")
+        self.requests.append(request)
+        new = request.codes.size - request.num_left_context
+        return [Code2WavAudio(request.request_id, request.chunk_seq, np.full(960 * new, 0.25, np.float32))]
+
+    def stop(self, stage, request_id):
+        with self._lock:
+            self.stops.append((stage, request_id))
+
+
+class RecordingDownlink:
+    def __init__(self) -> None:
+        self.events: list = []
+        self.closed = threading.Event()
+        self._lock = threading.Lock()
+
+    def send(self, event) -> None:
+        with self._lock:
+            if self.closed.is_set():
+                raise RuntimeError("send after FINAL")
+            self.events.append(event)
+
+    def close(self) -> None:
+        with self._lock:
+            if self.closed.is_set():
+                raise RuntimeError("FINAL sent twice")
+            self.closed.set()
+
+    def types(self) -> list[str]:
+        return [e.type for e in self.events]
+
+
+class RecordingReply:
+    def __init__(self) -> None:
+        self.result = None
+
+    def ok(self) -> None:
+        assert self.result is None, "answered twice"
+        self.result = "ok"
+
+    def fail(self, error) -> None:
+        assert self.result is None, "answered twice"
+        self.result = error
+
+
+@pytest.fixture
+def stages():
+    return ScriptedStages()

@@ -1,0 +1,141 @@
+"""SessionManager + Session with scripted stages: event order, one FINAL, admission, routing,
+barge-in fencing, idle reaping, and fault containment, all without a server."""
+from __future__ import annotations
+
+import json
+import time
+
+import numpy as np
+import pytest
+from conftest import RecordingDownlink, RecordingReply, ScriptedStages
+
+from backends.duplex.session_manager import ManagerConfig, SessionManager
+from backends.duplex.uplink import RawUplink
+
+WAIT_S = 10.0
+
+
+def _send(manager, sid, samples=0, start=False, end=False, **params):
+    downlink = RecordingDownlink()
+    reply = RecordingReply()
+    raw = RawUplink(sid, start, end, np.zeros(samples, np.int16), None, json.dumps(params))
+    manager.handle(raw, reply, lambda: downlink)
+    return downlink, reply
+
+
+def _wait(predicate, what):
+    deadline = time.monotonic() + WAIT_S
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.01)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def _converse(manager, sid, units=4):
+    down, _ = _send(manager, sid, start=True, initial_user_text="hi")
+    for _ in range(units):
+        _, reply = _send(manager, sid, 16000)
+        assert reply.result == "ok"
+    _wait(lambda: "response.done" in down.types(), "response.done")
+    _send(manager, sid, end=True)
+    _wait(down.closed.is_set, "downlink FINAL")
+    return down
+
+
+def test_conversation_events_in_order_and_one_final(stages):
+    manager = SessionManager(ManagerConfig(), stages)
+    down = _converse(manager, "s1")
+    types = down.types()
+    assert types[0] == "session.created" and types[-1] == "session.closed"
+    assert types.count("response.done") == 1 and types.count("session.closed") == 1
+    order = [t for t in types if t.startswith("response.") and t not in ("response.listen", "response.text.delta")]
+    assert order[:2] == ["response.created", "response.speak"] and order[-1] == "response.done"
+    deltas = [e for e in down.events if e.type == "response.audio.delta"]
+    assert sum(e.audio.size for e in deltas) == 2 * 25 * 960 and all(e.audio.dtype == np.int16 for e in deltas)
+    assert "ttfp_ms" in deltas[0].fields and "ttfp_ms" not in deltas[-1].fields
+    done = next(e for e in down.events if e.type == "response.done")
+    assert done.fields["status"] == "completed" and done.fields["audio_ms"] == 2000.0
+    assert manager.num_sessions == 0
+
+
+def test_admission_limit_refuses_at_start_and_frees_on_close(stages):
+    manager = SessionManager(ManagerConfig(max_sessions=1), stages)
+    first, _ = _send(manager, "a", start=True)
+    refused, _ = _send(manager, "b", start=True)
+    assert refused.closed.is_set() and refused.events[0].fields["code"] == "resource_exhausted"
+    _send(manager, "a", end=True)
+    _wait(first.closed.is_set, "first session closed")
+    again, _ = _send(manager, "b", start=True)
+    assert not again.closed.is_set() and again.types() == ["session.created"]
+
+
+def test_unknown_session_and_duplicate_start(stages):
+    manager = SessionManager(ManagerConfig(), stages)
+    _, reply = _send(manager, "ghost", 1600)
+    assert reply.result.code == "session_not_found"
+    _send(manager, "s", start=True)
+    dup, _ = _send(manager, "s", start=True)
+    assert dup.events[0].fields["code"] == "session_exists" and dup.closed.is_set()
+
+
+def test_bad_append_fails_the_request_and_keeps_the_session(stages):
+    manager = SessionManager(ManagerConfig(), stages)
+    down, _ = _send(manager, "s", start=True)
+    _, reply = _send(manager, "s", 1600, sample_rate=8000)
+    assert reply.result.code == "invalid_argument" and "sample_rate" in reply.result.message
+    assert down.events[-1].type == "error" and not down.closed.is_set()
+    for _ in range(3):
+        _send(manager, "s", 16000)
+    _wait(lambda: "response.done" in down.types(), "response after a bad request")
+
+
+def test_two_sessions_never_see_each_others_events():
+    stages = ScriptedStages()
+    manager = SessionManager(ManagerConfig(), stages)
+    downs = {sid: _send(manager, sid, start=True)[0] for sid in ("x", "y")}
+    for _ in range(3):
+        for sid in downs:
+            _send(manager, sid, 16000)
+    for sid, down in downs.items():
+        _wait(lambda d=down: "response.done" in d.types(), f"{sid} done")
+        assert {e.session_id for e in down.events} == {sid}
+
+
+def test_cancel_ends_the_response_and_fences_old_audio():
+    stages = ScriptedStages(speak_from=0, reply_units=3)
+    manager = SessionManager(ManagerConfig(), stages)
+    down, _ = _send(manager, "s", start=True)
+    _send(manager, "s", 16000)
+    _wait(lambda: "response.audio.delta" in down.types(), "first audio")
+    _send(manager, "s", action="cancel")
+    _wait(lambda: "response.done" in down.types(), "cancel done")
+    done_at = down.types().index("response.done")
+    assert down.events[done_at].fields["status"] == "cancelled"
+    assert ("talker", "s.e0") in stages.stops and ("thinker", "s.e0") in stages.stops
+    _send(manager, "s", 16000)  # the new epoch restarts the Thinker request from seq 0
+    _wait(lambda: any(getattr(r, "request_id", "") == "s.e1" for r in stages.requests), "new epoch")
+    old_audio_after = [e for e in down.events[done_at:] if e.type == "response.audio.delta"
+                       and e.fields["response_id"] == down.events[done_at].fields["response_id"]]
+    assert old_audio_after == []
+
+
+def test_idle_session_is_reaped_with_reason_idle(stages):
+    manager = SessionManager(ManagerConfig(idle_timeout_s=0.3), stages)
+    down, _ = _send(manager, "s", start=True)
+    _wait(down.closed.is_set, "idle reap")
+    assert down.events[-1].type == "session.closed" and down.events[-1].fields["reason"] == "idle"
+    assert manager.num_sessions == 0 and ("thinker", "s.e0") in stages.stops
+
+
+@pytest.mark.parametrize("stage", ["thinker", "talker", "code2wav"])
+def test_stage_fault_ends_only_that_session(stage):
+    stages = ScriptedStages()
+    manager = SessionManager(ManagerConfig(), stages)
+    stages.fail_on[stage] = 1 if stage == "thinker" else 1
+    bad, _ = _send(manager, "bad", start=True)
+    _send(manager, "bad", 16000 * 3)
+    _wait(bad.closed.is_set, "failed session closed")
+    assert "error" in bad.types() and bad.types()[-1] == "session.closed"
+    good = _converse(manager, "good")
+    assert "error" not in good.types()
