@@ -7,12 +7,17 @@ import time
 
 import numpy as np
 import pytest
-from conftest import RecordingDownlink, RecordingReply, ScriptedStages
+from scripted_stages import RecordingDownlink, RecordingReply, ScriptedStages
 
 from backends.duplex.session_manager import ManagerConfig, SessionManager
 from backends.duplex.uplink import RawUplink
 
 WAIT_S = 10.0
+
+
+@pytest.fixture
+def stages():
+    return ScriptedStages()
 
 
 def _send(manager, sid, samples=0, start=False, end=False, **params):

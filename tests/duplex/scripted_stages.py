@@ -11,7 +11,6 @@ import threading
 from collections import defaultdict
 
 import numpy as np
-import pytest
 
 from backends.duplex.stage_clients import StageCallError
 from backends.stages.contracts import Code2WavAudio, TalkerCodes, ThinkerUnitResult
@@ -108,7 +107,3 @@ class RecordingReply:
         assert self.result is None, "answered twice"
         self.result = error
 
-
-@pytest.fixture
-def stages():
-    return ScriptedStages()
