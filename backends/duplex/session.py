@@ -29,8 +29,6 @@ from backends.stages.sink import StageError
 
 log = logging.getLogger(__name__)
 
-MAX_UNITS_PER_APPEND = 4  # a Thinker that fell behind catches up with multi-unit appends
-
 
 class Downlink(Protocol):
     def send(self, event: ev.ServerEvent) -> None: ...
@@ -40,7 +38,13 @@ class Downlink(Protocol):
 
 @dataclass(frozen=True, slots=True)
 class SessionConfig:
-    talker_seed: int = 42
+    # Units per Thinker append when the uplink is ahead of the Thinker. A multi-unit append
+    # is decided once (on its last unit), so >1 trades decisions for catching up under load.
+    max_units_per_append: int = 1
+
+    def __post_init__(self) -> None:
+        if self.max_units_per_append < 1:
+            raise ValueError(f"max_units_per_append must be >= 1, got {self.max_units_per_append}")
 
 
 class Session:
@@ -165,7 +169,7 @@ class Session:
 
     def _drain_batch(self, first: UnitWork) -> list[UnitWork]:
         batch = [first]
-        while len(batch) < MAX_UNITS_PER_APPEND and not self._units.empty():
+        while len(batch) < self._config.max_units_per_append and not self._units.empty():
             nxt = self._units.get()
             if nxt is None:
                 self._units.put(None)  # keep the sentinel for the outer loop
@@ -180,8 +184,9 @@ class Session:
             request = self._thinker_request(ids, batch)
             ids.started.add(THINKER)
         try:
-            for index, result in enumerate(self._stages.thinker(request)):
-                self._on_unit(epoch, batch[min(index, len(batch) - 1)], result)
+            # A multi-unit append is decided once, on its last unit (the Thinker's contract).
+            for result in self._stages.thinker(request):
+                self._on_unit(epoch, batch[-1], result)
         except StageCallError as exc:
             with self._lock:
                 stale = not self.is_current(epoch)

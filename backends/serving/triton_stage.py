@@ -33,7 +33,12 @@ class StageAdapter:
 
     def execute(self, requests: list[Any]) -> None:
         for request in requests:
-            self._accept(request)
+            try:
+                self._accept(request)
+            except Exception as exc:  # answer this request; the others and the stage go on
+                self._pb.Logger.log_error(f"[{self._name}] request failed: {exc!r}")
+                self._fail(request.get_response_sender(),
+                           StageError("internal", f"[{self._name}] {type(exc).__name__}: {exc}"))
         return None
 
     def _accept(self, request: Any) -> None:

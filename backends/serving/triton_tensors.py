@@ -16,12 +16,19 @@ from backends.stages.tensor_codec import ContractError, from_arrays, tensor_spec
 
 
 def tensor_to_numpy(tensor: Any) -> np.ndarray:
-    try:
-        # Copy: request tensors live in shared memory that is reused once execute returns.
-        return torch_dlpack.from_dlpack(tensor.to_dlpack()).cpu().numpy().copy()
-    except (RuntimeError, TypeError, BufferError):
-        # BYTES tensors (strings) have no DLPack form.
+    if tensor.is_cpu() and _is_bytes(tensor):
         return tensor.as_numpy()
+    # Copy: request tensors live in shared memory that is reused once execute returns.
+    return torch_dlpack.from_dlpack(tensor.to_dlpack()).cpu().numpy().copy()
+
+
+def _is_bytes(tensor: Any) -> bool:
+    # pb_utils.Tensor has no dtype query in 2.51; BYTES tensors are the ones without DLPack.
+    try:
+        tensor.to_dlpack()
+    except Exception:  # the stub raises TritonModelException, which we cannot import here
+        return True
+    return False
 
 
 def decode_request(pb_utils: Any, request: Any, cls: type) -> Any:

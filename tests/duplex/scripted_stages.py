@@ -40,12 +40,11 @@ class ScriptedStages:
     def thinker(self, request):
         self._count("thinker")
         self.requests.append(request)
-        for _ in range(request.audio.size // 16000):
-            self.gate.wait(10)
-            with self._lock:
-                index = self.units_seen[request.request_id]
-                self.units_seen[request.request_id] += 1
-            yield self._unit(request, index)
+        self.gate.wait(10)
+        with self._lock:  # one decision per append, on its last unit (as the real Thinker)
+            self.units_seen[request.request_id] += request.audio.size // 16000
+            index = self.units_seen[request.request_id] - 1
+        yield self._unit(request, index)
 
     def _unit(self, request, index):
         speaking = self.speak_from <= index < self.speak_from + self.reply_units

@@ -1,0 +1,158 @@
+"""Per-session streaming audio encoding: each 1 s unit of 16 kHz audio -> exactly 10 embeddings.
+
+One `StreamingAudioEncoder` per session, over a shared `AudioEncoderModel`. A unit goes through
+`StreamingMel` (MiniCPM-o's "exact" mode, see backends/audio/streaming_mel.py: 102 mel frames
+on the first chunk, 104 afterwards), then `WhisperEncoder.forward_chunk` with
+prefix_extra_frames 0 on the first chunk and 2 afterwards and suffix_extra_frames 2 (one conv
+frame cropped per redundant side leaves 50 encoder frames), the projector and the pool of 5.
+The session's encoder KV cache restarts at position 0 when it would reach the position table
+(the 30th unit, then every 29 units, with the real table of 1500); the mel window slides on
+its own 30 s / 10 s schedule. Both are invisible to the caller: every unit yields 10 rows.
+
+Choices where the facts leave details open (kept simple and stated here):
+- The unit framing (zero left pad to 1035 ms, 80-sample carry) follows the vllm-omni worker;
+  the carry never forms a unit, so units never yield more or fewer than 10 rows.
+- `encode_units` of k buffered units equals k calls of `encode_unit`: units are always encoded
+  one by one, since the processor emits at most one chunk per unit.
+- The reference voice uses Whisper's normalisation over the trimmed clip and MiniCPM-o's
+  non-streaming chunk mask (1 s = 50 encoder frames, `reference_chunk_frames`); a reference
+  longer than the position table (30 s) is encoded in 30 s pieces and concatenated.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from backends.audio.encoder_model import AudioEncoderModel
+from backends.audio.mel import HOP_LENGTH, WhisperMel
+from backends.audio.streaming_mel import StreamingMel, StreamingMelConfig
+from backends.models.whisper_encoder import EncoderKVCache
+
+__all__ = ["AudioEncoderModel", "StreamingAudioConfig", "StreamingAudioEncoder"]
+
+_CONV_STRIDE = 2  # mel frames per encoder frame
+
+
+@dataclass(frozen=True, slots=True)
+class StreamingAudioConfig:
+    mel: StreamingMelConfig = field(default_factory=StreamingMelConfig)
+    # MiniCPM-o's audio_chunk_length (1 s) in encoder frames; None = full attention
+    reference_chunk_frames: int | None = 50
+
+    def __post_init__(self) -> None:
+        if self.reference_chunk_frames is not None and self.reference_chunk_frames <= 0:
+            raise ValueError(
+                f"reference_chunk_frames must be positive or None, got "
+                f"{self.reference_chunk_frames}"
+            )
+
+
+class StreamingAudioEncoder:
+    """One session's audio state (mel window, encoder KV cache) over a shared model."""
+
+    def __init__(self, model: AudioEncoderModel,
+                 config: StreamingAudioConfig | None = None) -> None:
+        self.config = config or StreamingAudioConfig()
+        self._model = model
+        mel_config = self.config.mel
+        frames_per_unit = mel_config.chunk_frames // _CONV_STRIDE
+        pool_step = model.audio_avg_pooler.step
+        if mel_config.chunk_frames % _CONV_STRIDE or frames_per_unit % pool_step:
+            raise ValueError(
+                f"chunk_ms {mel_config.chunk_ms} does not give a whole number of embeddings "
+                f"(pool step {pool_step})"
+            )
+        self.embeddings_per_unit = frames_per_unit // pool_step
+        self._whisper_mel = WhisperMel()
+        self._mel = StreamingMel(mel_config, self._whisper_mel)
+        self._cache: EncoderKVCache | None = None
+
+    @property
+    def unit_samples(self) -> int:
+        return self.config.mel.chunk_samples
+
+    @property
+    def num_units(self) -> int:
+        """Units encoded since the session start (or the last `reset`)."""
+        return self._mel.num_chunks
+
+    @property
+    def cache_length(self) -> int:
+        """Encoder frames held in the session's KV cache."""
+        return 0 if self._cache is None else self._cache.length
+
+    def reset(self) -> None:
+        """Forget the stream (new session or epoch); the KV cache memory is kept for reuse."""
+        self._mel.reset()
+        if self._cache is not None:
+            self._cache.length = 0
+
+    @torch.inference_mode()
+    def encode_unit(self, samples: np.ndarray) -> torch.Tensor:
+        """One unit ([16000] float32, 16 kHz mono) -> [10, llm_hidden] in the model dtype."""
+        unit = _as_samples(samples)
+        if unit.shape[0] != self.unit_samples:
+            raise ValueError(f"a unit is {self.unit_samples} samples, got {unit.shape[0]}")
+        prefix = self._mel.prefix_extra_frames
+        mel = self._mel.push_unit(unit).to(self._model.apm.conv1.weight.device)
+        frames, self._cache = self._model.apm.forward_chunk(
+            mel, self._cache, prefix_extra_frames=prefix,
+            suffix_extra_frames=self.config.mel.redundancy_frames,
+        )
+        embeds = self._model.embed(frames)
+        # The framing guarantees it; a failure here is a bug in the streaming arithmetic.
+        assert embeds.shape[0] == self.embeddings_per_unit, embeds.shape
+        return embeds
+
+    def encode_units(self, samples: np.ndarray) -> torch.Tensor:
+        """k buffered units ([k * 16000] float32) -> [10 * k, llm_hidden], equal to k calls of
+        `encode_unit`."""
+        units = _as_samples(samples)
+        if units.shape[0] == 0 or units.shape[0] % self.unit_samples:
+            raise ValueError(
+                f"buffered audio must be a positive multiple of {self.unit_samples} samples, "
+                f"got {units.shape[0]}"
+            )
+        pieces = units.split(self.unit_samples)
+        return torch.cat([self.encode_unit(unit.numpy()) for unit in pieces])
+
+    @torch.inference_mode()
+    def encode_reference(self, samples: np.ndarray) -> torch.Tensor:
+        """A reference voice clip ([n] float32, 16 kHz) -> [n // 1600, llm_hidden], non-streaming.
+
+        The clip is trimmed to a multiple of 1600 samples (one embedding each); the session's
+        streaming state is untouched.
+        """
+        clip = _as_samples(samples)
+        per_embedding = HOP_LENGTH * _CONV_STRIDE * self._model.audio_avg_pooler.step
+        clip = clip[: clip.shape[0] // per_embedding * per_embedding]
+        if clip.shape[0] == 0:
+            weight = self._model.audio_projection_layer.linear2.weight
+            return weight.new_zeros(0, self._model.llm_hidden_size)
+        # the longest piece of whole embeddings the position table holds (30 s with 1500)
+        table = self._model.apm.config.max_source_positions * _CONV_STRIDE * HOP_LENGTH
+        piece = table // per_embedding * per_embedding
+        return torch.cat([self._encode_clip(part) for part in clip.split(piece)])
+
+    def _encode_clip(self, clip: torch.Tensor) -> torch.Tensor:
+        # clip [n] float32, n a multiple of 1600 within the position table
+        # -> [n // 1600, llm_hidden]
+        apm = self._model.apm
+        mel = self._whisper_mel.spectrogram(clip).to(apm.conv1.weight.device)
+        frames = apm(mel[None], chunk_frames=self.config.reference_chunk_frames)
+        return self._model.embed(frames[0])
+
+
+def _as_samples(samples: np.ndarray) -> torch.Tensor:
+    """Validate 16 kHz mono float32 samples; return them as a [n] float32 CPU tensor."""
+    if not isinstance(samples, np.ndarray) or samples.ndim != 1 or samples.dtype != np.float32:
+        shape = getattr(samples, "shape", None)
+        raise ValueError(
+            f"audio must be a 1-D float32 numpy array of 16 kHz samples, got "
+            f"{type(samples).__name__} shape {shape} dtype {getattr(samples, 'dtype', None)}"
+        )
+    # a copy: callers may pass read-only or later-reused buffers (Triton input views)
+    return torch.from_numpy(samples.copy())

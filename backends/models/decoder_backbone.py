@@ -1,0 +1,167 @@
+"""The pre-norm decoder stack shared by Qwen3 and Llama, over the runner's paged KV cache.
+
+Module and parameter names equal Hugging Face's (`embed_tokens`, `layers.N.self_attn.q_proj`,
+`layers.N.mlp.gate_proj`, `input_layernorm`, `norm`, ...), so a transformers state dict loads
+with a plain `load_state_dict`. Qwen3 differs from Llama only by the per-head q/k RMSNorm
+(applied before RoPE), which `BackboneSpec.has_qk_norm` switches on.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from backends.runner.attention import AttentionMetadata, attend, write_kv
+from backends.runner.kv_cache import KVCache
+from backends.runner.rope import RotaryEmbedding, apply_rotary
+
+
+@dataclass(frozen=True, slots=True)
+class BackboneSpec:
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    rope_theta: float
+    has_qk_norm: bool
+    has_attention_bias: bool = False
+    has_mlp_bias: bool = False
+
+    def __post_init__(self) -> None:
+        if self.num_heads % self.num_kv_heads != 0:
+            raise ValueError(
+                f"num_heads={self.num_heads} is not a multiple of "
+                f"num_kv_heads={self.num_kv_heads}"
+            )
+        if self.head_dim % 2 != 0:
+            raise ValueError(f"head_dim must be even for RoPE, got {self.head_dim}")
+
+
+def require_positive(owner: str, values: dict[str, object]) -> None:
+    """Raise ValueError naming the first non-positive (or non-numeric) entry of `values`."""
+    for name, value in values.items():
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+            raise ValueError(f"{owner}.{name} must be a positive number, got {value!r}")
+
+
+class RMSNorm(nn.Module):
+    """x * rsqrt(mean(x^2) + eps) * weight, normalised in float32 like HF."""
+
+    def __init__(self, size: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x32 = x.to(torch.float32)
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x32.to(x.dtype)
+
+
+class GatedMLP(nn.Module):
+    """SwiGLU: down(silu(gate(x)) * up(x))."""
+
+    def __init__(self, spec: BackboneSpec) -> None:
+        super().__init__()
+        bias = spec.has_mlp_bias
+        self.gate_proj = nn.Linear(spec.hidden_size, spec.intermediate_size, bias=bias)
+        self.up_proj = nn.Linear(spec.hidden_size, spec.intermediate_size, bias=bias)
+        self.down_proj = nn.Linear(spec.intermediate_size, spec.hidden_size, bias=bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class PagedSelfAttention(nn.Module):
+    def __init__(self, spec: BackboneSpec) -> None:
+        super().__init__()
+        self.num_heads = spec.num_heads
+        self.num_kv_heads = spec.num_kv_heads
+        self.head_dim = spec.head_dim
+        self.scale = spec.head_dim**-0.5
+        q_size, kv_size = spec.num_heads * spec.head_dim, spec.num_kv_heads * spec.head_dim
+        bias = spec.has_attention_bias
+        self.q_proj = nn.Linear(spec.hidden_size, q_size, bias=bias)
+        self.k_proj = nn.Linear(spec.hidden_size, kv_size, bias=bias)
+        self.v_proj = nn.Linear(spec.hidden_size, kv_size, bias=bias)
+        self.o_proj = nn.Linear(q_size, spec.hidden_size, bias=bias)
+        self.q_norm = RMSNorm(spec.head_dim, spec.rms_norm_eps) if spec.has_qk_norm else None
+        self.k_norm = RMSNorm(spec.head_dim, spec.rms_norm_eps) if spec.has_qk_norm else None
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        meta: AttentionMetadata,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+    ) -> torch.Tensor:
+        """x: [num_tokens, hidden]; cos/sin: [num_tokens, head_dim] -> [num_tokens, hidden]."""
+        num_tokens = x.shape[0]
+        query = self.q_proj(x).view(num_tokens, self.num_heads, self.head_dim)
+        key = self.k_proj(x).view(num_tokens, self.num_kv_heads, self.head_dim)
+        value = self.v_proj(x).view(num_tokens, self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None and self.k_norm is not None:
+            query, key = self.q_norm(query), self.k_norm(key)
+        query, key = apply_rotary(query, cos, sin), apply_rotary(key, cos, sin)
+        write_kv(k_cache, v_cache, key, value, meta.slot_mapping)
+        out = attend(query, k_cache, v_cache, meta, self.scale)
+        return self.o_proj(out.reshape(num_tokens, self.num_heads * self.head_dim))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, spec: BackboneSpec) -> None:
+        super().__init__()
+        self.self_attn = PagedSelfAttention(spec)
+        self.mlp = GatedMLP(spec)
+        self.input_layernorm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        meta: AttentionMetadata,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+    ) -> torch.Tensor:
+        """x: [num_tokens, hidden] residual stream in and out."""
+        attn = self.self_attn(self.input_layernorm(x), cos, sin, meta, k_cache, v_cache)
+        x = x + attn
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class DecoderBackbone(nn.Module):
+    """Embedding table, layers and final norm; no head (callers own it)."""
+
+    def __init__(self, spec: BackboneSpec) -> None:
+        super().__init__()
+        self.spec = spec
+        self.embed_tokens = nn.Embedding(spec.vocab_size, spec.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(spec) for _ in range(spec.num_layers))
+        self.norm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
+        self.rotary = RotaryEmbedding(spec.head_dim, spec.rope_theta)
+
+    def forward(
+        self,
+        embeds: torch.Tensor,
+        positions: torch.Tensor,
+        meta: AttentionMetadata,
+        kv: KVCache,
+    ) -> torch.Tensor:
+        """embeds: [num_tokens, hidden]; positions: [num_tokens] int64 -> [num_tokens, hidden]
+        post-norm hidden states."""
+        cos, sin = self.rotary.cos_sin(positions, embeds.dtype)
+        x = embeds
+        for layer_idx, layer in enumerate(self.layers):
+            x = layer(x, cos, sin, meta, kv.key_cache(layer_idx), kv.value_cache(layer_idx))
+        return self.norm(x)

@@ -1,0 +1,305 @@
+"""ModelRunner: admission with exact KV reservation, one mixed forward per step, re-anchoring.
+
+Rule for this file: it orchestrates and stays small (<= 400 lines, enforced by a test).
+Anything with its own state or math belongs in its own module (block pool, block table,
+request states, input batch, sampler, attention, rope).
+
+Host work per step happens in `_prepare` (slot lookups, batch layout, embeddings) and after the
+forward (`_sample`, the single place where sampled token values reach the host); the model's
+forward itself never reads device values.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from backends.models.decoder import DecoderModel
+from backends.runner.attention import check_backend
+from backends.runner.block_pool import BlockPool
+from backends.runner.block_table import BlockTable
+from backends.runner.input_batch import InputBatch, build_input_batch
+from backends.runner.kv_cache import KVCache
+from backends.runner.request_states import RequestStates
+from backends.runner.sampler import make_generator, sample_token
+from backends.runner.types import (
+    AdmissionError,
+    RunnerConfig,
+    SampleContext,
+    SamplingHook,
+    SamplingParams,
+    StepInput,
+    StepResult,
+)
+
+
+class ModelRunner:
+    """One per stage, driven by one engine thread (no internal locking)."""
+
+    def __init__(self, model: DecoderModel, config: RunnerConfig) -> None:
+        check_backend(config.attention_backend)
+        self.model = model
+        self.config = config
+        self.block_size = config.block_size
+        self.kv = KVCache(
+            num_layers=model.num_layers,
+            num_blocks=config.num_blocks,
+            block_size=config.block_size,
+            num_kv_heads=model.num_kv_heads,
+            head_dim=model.head_dim,
+            dtype=config.dtype,
+            device=config.device,
+        )
+        self.block_pool = BlockPool(config.num_blocks)
+        self.block_table = BlockTable(
+            config.max_num_reqs, config.max_blocks_per_req, config.device
+        )
+        self.states = RequestStates(config.max_num_reqs, config.max_model_len)
+
+    # ---- admission -------------------------------------------------------------------------
+
+    def add_request(
+        self,
+        request_id: str,
+        sampling: SamplingParams,
+        hook: SamplingHook | None = None,
+        max_len: int | None = None,
+    ) -> None:
+        """Admit a request and reserve KV for `max_len` tokens (default max_model_len) now, so
+        no later step can run out of pages. Raises AdmissionError, changing nothing, if the
+        slot or the blocks are not available."""
+        max_len = self.config.max_model_len if max_len is None else max_len
+        if max_len < 1:
+            raise ValueError(f"request {request_id!r}: max_len must be >= 1, got {max_len}")
+        if request_id in self.states.req_id_to_slot:
+            raise ValueError(f"request {request_id!r} is already active")
+        num_blocks = self._check_admission(request_id, max_len)
+        slot = self.states.add(request_id, sampling, hook, max_len)
+        self.block_table.set_row(slot, self.block_pool.allocate(num_blocks))
+
+    def _check_admission(self, request_id: str, max_len: int) -> int:
+        if max_len > self.config.max_model_len:
+            raise AdmissionError(
+                f"request {request_id!r}: max_len {max_len} exceeds the runner's "
+                f"max_model_len {self.config.max_model_len}"
+            )
+        if self.states.num_free_slots == 0:
+            raise AdmissionError(
+                f"request {request_id!r}: all {self.config.max_num_reqs} runner slots are in use"
+            )
+        num_blocks = -(-max_len // self.block_size)
+        if not self.block_pool.can_allocate(num_blocks):
+            raise AdmissionError(
+                f"request {request_id!r}: reserving {max_len} tokens needs {num_blocks} KV "
+                f"blocks of {self.block_size}, only {self.block_pool.num_free_blocks} free"
+            )
+        return num_blocks
+
+    def free_request(self, request_id: str) -> None:
+        """Free the slot and every KV block of the request; unknown ids are ignored."""
+        slot = self.states.req_id_to_slot.get(request_id)
+        if slot is None:
+            return
+        self.block_pool.free(self.block_table.row(slot))
+        self.block_table.clear_row(slot)
+        self.states.remove(request_id)
+
+    # ---- queries ---------------------------------------------------------------------------
+
+    def num_tokens(self, request_id: str) -> int:
+        """Tokens now held in KV for the request."""
+        return int(self.states.num_computed_tokens_np[self.states.slot_of(request_id)])
+
+    def num_free_blocks(self) -> int:
+        return self.block_pool.num_free_blocks
+
+    def has_request(self, request_id: str) -> bool:
+        return request_id in self.states.req_id_to_slot
+
+    def token_ids(self, request_id: str) -> list[int]:
+        """Ledger ids of the rows in KV, oldest first (after re-anchors: the retained ones)."""
+        return self.states.token_ids(self.states.slot_of(request_id))
+
+    def block_ids(self, request_id: str) -> list[int]:
+        """The request's reserved KV blocks in logical order."""
+        return self.block_table.row(self.states.slot_of(request_id))
+
+    # ---- the step --------------------------------------------------------------------------
+
+    def step(self, inputs: list[StepInput]) -> list[StepResult]:
+        """One forward over every input's rows; results in input order.
+
+        Validates everything first, so a bad input raises ValueError with no state changed.
+        """
+        if not inputs:
+            return []
+        slots = self._validate(inputs)
+        with torch.no_grad():
+            batch = self._prepare(inputs, slots)
+            embeds = self._gather_embeds(inputs, batch)
+            hidden = self.model.forward(embeds, batch.positions, batch.meta, self.kv)
+            for inp, slot in zip(inputs, slots):
+                self.states.append_tokens(slot, inp.token_ids)
+            tokens = self._sample(inputs, slots, batch, hidden)
+        return [self._result(i, inp, batch, hidden, tokens) for i, inp in enumerate(inputs)]
+
+    def _validate(self, inputs: list[StepInput]) -> list[int]:
+        request_ids = [inp.request_id for inp in inputs]
+        if len(set(request_ids)) != len(request_ids):
+            raise ValueError(f"a request appears twice in one step: {request_ids}")
+        return [self._validate_one(inp) for inp in inputs]
+
+    def _validate_one(self, inp: StepInput) -> int:
+        slot = self.states.slot_of(inp.request_id)
+        num_after = int(self.states.num_computed_tokens_np[slot]) + inp.num_rows
+        reserved = int(self.states.max_len_np[slot])
+        if num_after > reserved:
+            raise ValueError(
+                f"request {inp.request_id!r}: {inp.num_rows} rows would hold {num_after} "
+                f"tokens in KV, more than its reserved max_len {reserved}"
+            )
+        if inp.embeds is not None and inp.embeds.shape[1] != self.model.hidden_size:
+            raise ValueError(
+                f"request {inp.request_id!r}: embeds width {inp.embeds.shape[1]} != "
+                f"hidden_size {self.model.hidden_size}"
+            )
+        return slot
+
+    def _prepare(self, inputs: list[StepInput], slots: list[int]) -> InputBatch:
+        return build_input_batch(
+            slots=slots,
+            num_rows=[inp.num_rows for inp in inputs],
+            num_computed=[int(self.states.num_computed_tokens_np[s]) for s in slots],
+            block_table=self.block_table,
+            block_size=self.block_size,
+            backend=self.config.attention_backend,
+        )
+
+    def _gather_embeds(self, inputs: list[StepInput], batch: InputBatch) -> torch.Tensor:
+        """[num_tokens, hidden] in the runner dtype: token embeddings, injected rows overlaid.
+
+        Only rows without injection are embedded, so placeholder ids of injected rows may lie
+        outside the embedding table.
+        """
+        device, dtype = self.config.device, self.config.dtype
+        embeds = torch.empty(batch.num_tokens, self.model.hidden_size, dtype=dtype, device=device)
+        id_rows: list[int] = []
+        ids: list[int] = []
+        for batch_idx, inp in enumerate(inputs):
+            rows = batch.rows(batch_idx)
+            if inp.embeds is not None:
+                embeds[rows] = inp.embeds.to(device=device, dtype=dtype)
+            else:
+                id_rows.extend(range(rows.start, rows.stop))
+                ids.extend(inp.token_ids)
+        if ids:
+            token_tensor = torch.tensor(ids, dtype=torch.int64, device=device)
+            row_tensor = torch.tensor(id_rows, dtype=torch.int64, device=device)
+            embeds[row_tensor] = self.model.embed_tokens(token_tensor).to(dtype)
+        return embeds
+
+    def _sample(
+        self,
+        inputs: list[StepInput],
+        slots: list[int],
+        batch: InputBatch,
+        hidden: torch.Tensor,
+    ) -> list[int | None]:
+        """Logits only for the last row of each sampling request; per-request generators."""
+        sampled = [i for i, inp in enumerate(inputs) if inp.sample]
+        tokens: list[int | None] = [None] * len(inputs)
+        if not sampled:
+            return tokens
+        last_rows = torch.tensor(
+            [batch.rows(i).stop - 1 for i in sampled], dtype=torch.int64, device=hidden.device
+        )
+        logits = self.model.compute_logits(hidden.index_select(0, last_rows))
+        for logits_row, batch_idx in zip(logits, sampled):
+            tokens[batch_idx] = self._sample_one(inputs[batch_idx], slots[batch_idx], logits_row)
+        return tokens
+
+    def _sample_one(self, inp: StepInput, slot: int, logits: torch.Tensor) -> int:
+        params = self.states.sampling[slot]
+        position = int(self.states.num_computed_tokens_np[slot])  # where the token will sit
+        ctx = SampleContext(
+            request_id=inp.request_id,
+            position=position,
+            generator=make_generator(params.seed, position, logits.device),
+            generated=self.states.generated[slot],  # live history: hooks must not mutate it
+        )
+        token = sample_token(logits, params, ctx, self.states.hooks[slot])
+        self.states.generated[slot].append(token)
+        return token
+
+    @staticmethod
+    def _result(
+        batch_idx: int,
+        inp: StepInput,
+        batch: InputBatch,
+        hidden: torch.Tensor,
+        tokens: list[int | None],
+    ) -> StepResult:
+        rows = batch.rows(batch_idx)
+        captured = hidden[rows].to(torch.float32).clone() if inp.capture_hidden else None
+        return StepResult(
+            request_id=inp.request_id,
+            positions=batch.positions_np[rows].tolist(),
+            token=tokens[batch_idx],
+            hidden=captured,
+        )
+
+    # ---- re-anchoring ----------------------------------------------------------------------
+
+    def reanchor(self, request_id: str, keep_prefix: int, drop: int) -> None:
+        """Drop the `drop` tokens after the first `keep_prefix` and re-RoPE the rest.
+
+        Whole pages only: both must be multiples of block_size. The retained keys after the cut
+        are rotated by -drop positions in every layer (values untouched), so every retained
+        token sits at RoPE position == its new KV index and new rows continue from there.
+        In layer 0 this is exactly a fresh prefill of the retained tokens; deeper layers keep
+        the context their K/V was computed with (StreamingLLM semantics; a full re-prefill is
+        the only way to forget it). The dropped pages move to the end of the request's row
+        instead of back to the pool: the request keeps its exact reservation and can grow to
+        max_len again.
+        """
+        slot = self.states.slot_of(request_id)
+        num_computed = int(self.states.num_computed_tokens_np[slot])
+        self._check_reanchor(request_id, keep_prefix, drop, num_computed)
+        if drop == 0:
+            return
+        row = self.block_table.row(slot)
+        first_kept = keep_prefix // self.block_size
+        first_moved = (keep_prefix + drop) // self.block_size
+        num_retained = num_computed - keep_prefix - drop
+        retained = row[first_moved : first_moved + -(-num_retained // self.block_size)]
+        if retained:
+            self._rotate_keys(retained, -drop)
+        new_row = row[:first_kept] + row[first_moved:] + row[first_kept:first_moved]
+        self.block_table.set_row(slot, new_row)
+        self.states.drop_tokens(slot, keep_prefix, drop)
+
+    def _check_reanchor(
+        self, request_id: str, keep_prefix: int, drop: int, num_computed: int
+    ) -> None:
+        bs = self.block_size
+        if keep_prefix < 0 or drop < 0 or keep_prefix % bs or drop % bs:
+            raise ValueError(
+                f"request {request_id!r}: reanchor keep_prefix={keep_prefix} and drop={drop} "
+                f"must be non-negative multiples of block_size {bs}"
+            )
+        if keep_prefix + drop > num_computed:
+            raise ValueError(
+                f"request {request_id!r}: reanchor keep_prefix={keep_prefix} + drop={drop} "
+                f"exceeds the {num_computed} tokens in KV"
+            )
+
+    def _rotate_keys(self, block_ids: list[int], delta: int) -> None:
+        """Rotate every key in `block_ids`, all layers, by `delta` positions, in place.
+
+        Unfilled tail rows of the last page get rotated too; harmless, they are rewritten
+        before any query can read them.
+        """
+        keys = self.kv.all_keys()  # [num_layers, num_blocks, block_size, num_kv_heads, head_dim]
+        index = torch.tensor(block_ids, dtype=torch.int64, device=keys.device)
+        with torch.no_grad():
+            rotated = self.model.rotary.rerotate_keys(keys.index_select(1, index), delta)
+            keys.index_copy_(1, index, rotated)

@@ -1,0 +1,106 @@
+"""Per-request sampling: a pure function of (seed, position, logits, generated history).
+
+Each sampled row gets its own `torch.Generator` seeded from (request seed, position), and the
+token is a Gumbel-max draw from it, so a request's tokens never depend on which other requests
+share the batch, on batch order or on slot. Order per row (vLLM's): float32 copy ->
+repetition penalty -> hook.before_sample (may force a token) -> temperature -> top-k ->
+top-p -> Gumbel-max (plain argmax when temperature is 0) -> hook.after_sample.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from backends.runner.types import SampleContext, SamplingHook, SamplingParams
+
+_MASK64 = (1 << 64) - 1
+
+
+def _splitmix64(x: int) -> int:
+    """A 64-bit bijective mixer: nearby (seed, position) pairs give unrelated streams."""
+    x = (x + 0x9E3779B97F4A7C15) & _MASK64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return x ^ (x >> 31)
+
+
+def step_seed(seed: int, position: int) -> int:
+    """The 63-bit generator seed for the token sampled at `position` (fits manual_seed)."""
+    return _splitmix64(_splitmix64(seed & _MASK64) ^ (position & _MASK64)) >> 1
+
+
+def make_generator(seed: int, position: int, device: torch.device | str) -> torch.Generator:
+    generator = torch.Generator(device=device)
+    generator.manual_seed(step_seed(seed, position))
+    return generator
+
+
+def apply_repetition_penalty(
+    logits: torch.Tensor, generated: list[int], penalty: float, window: int
+) -> None:
+    """HF-style, in place on logits [vocab] float32: each distinct token among the last `window`
+    generated (all when 0) has its logit divided by `penalty` if positive, multiplied if not."""
+    if penalty == 1.0 or not generated:
+        return
+    recent = generated[-window:] if window > 0 else generated
+    ids = torch.tensor(sorted(set(recent)), dtype=torch.int64, device=logits.device)
+    ids = ids[ids < logits.shape[0]]
+    picked = logits[ids]
+    logits[ids] = torch.where(picked > 0, picked / penalty, picked * penalty)
+
+
+def apply_top_k(logits: torch.Tensor, top_k: int) -> None:
+    """In place on [vocab]: keep the top_k largest logits (ties at the k-th value kept)."""
+    if top_k < 1 or top_k >= logits.shape[0]:
+        return
+    kth_value = torch.topk(logits, top_k).values[-1]
+    logits.masked_fill_(logits < kth_value, float("-inf"))
+
+
+def apply_top_p(logits: torch.Tensor, top_p: float) -> None:
+    """In place on [vocab]: keep the smallest set of most likely tokens whose mass >= top_p."""
+    if top_p >= 1.0:
+        return
+    sorted_logits, order = torch.sort(logits, descending=True)
+    probs = torch.softmax(sorted_logits, dim=-1)
+    mass_before = torch.cumsum(probs, dim=-1) - probs
+    drop_sorted = mass_before >= top_p  # never drops the most likely token (mass_before = 0)
+    drop = torch.zeros_like(drop_sorted).scatter_(0, order, drop_sorted)
+    logits.masked_fill_(drop, float("-inf"))
+
+
+def gumbel_argmax(
+    logits: torch.Tensor, temperature: float, generator: torch.Generator
+) -> torch.Tensor:
+    """argmax(logits / T + Gumbel noise): an exact draw from softmax(logits / T), [] int64.
+
+    Uses float64 so -log(-log(u)) keeps its tail; u = 0 maps to -inf and is never chosen.
+    """
+    uniform = torch.rand(
+        logits.shape, generator=generator, dtype=torch.float64, device=logits.device
+    )
+    gumbel = -torch.log(-torch.log(uniform))
+    return torch.argmax(logits.to(torch.float64) / temperature + gumbel)
+
+
+def sample_token(
+    logits: torch.Tensor,
+    params: SamplingParams,
+    ctx: SampleContext,
+    hook: SamplingHook | None,
+) -> int:
+    """logits: [vocab] float32 (not modified) -> the final token for one request."""
+    row = logits.to(torch.float32).clone()
+    apply_repetition_penalty(row, ctx.generated, params.repetition_penalty, params.penalty_window)
+    forced = hook.before_sample(row, ctx) if hook is not None else None
+    token = forced if forced is not None else _draw(row, params, ctx.generator)
+    return hook.after_sample(token, ctx) if hook is not None else token
+
+
+def _draw(row: torch.Tensor, params: SamplingParams, generator: torch.Generator) -> int:
+    if params.is_greedy:
+        return int(torch.argmax(row).item())
+    scaled = row / params.temperature
+    apply_top_k(scaled, params.top_k)
+    apply_top_p(scaled, params.top_p)
+    return int(gumbel_argmax(scaled, 1.0, generator).item())

@@ -1,0 +1,121 @@
+"""The runner's contract types: sampling parameters and hooks, step inputs and results, config.
+
+These are the boundary between a stage (Thinker, Talker) and its `ModelRunner`; see
+docs/internal_contracts.md. Fields may be added, never renamed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+
+class AdmissionError(RuntimeError):
+    """A request cannot be admitted: no free slot, or its KV reservation does not fit."""
+
+
+@dataclass(frozen=True, slots=True)
+class SamplingParams:
+    temperature: float = 0.0  # 0 -> greedy argmax
+    top_k: int = -1  # -1 -> off
+    top_p: float = 1.0
+    # HF-style (divide positive / multiply negative logits) over the last `penalty_window`
+    # generated tokens
+    repetition_penalty: float = 1.0
+    penalty_window: int = 0  # 0 -> all generated tokens
+    seed: int = 0  # sampling is a pure function of (seed, position, logits)
+
+    def __post_init__(self) -> None:
+        if not self.temperature >= 0.0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if self.top_k == 0 or self.top_k < -1:
+            raise ValueError(f"top_k must be -1 (off) or >= 1, got {self.top_k}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if not self.repetition_penalty > 0.0:
+            raise ValueError(f"repetition_penalty must be > 0, got {self.repetition_penalty}")
+        if self.penalty_window < 0:
+            raise ValueError(f"penalty_window must be >= 0, got {self.penalty_window}")
+
+    @property
+    def is_greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+@dataclass(slots=True)
+class SampleContext:
+    request_id: str
+    position: int  # position of the token being sampled
+    generator: torch.Generator  # seeded from (seed, position): draw from it for any randomness
+    generated: list[int]  # this request's generated-token history (most recent last)
+
+
+class SamplingHook(Protocol):
+    """A stage's sampling policy, applied to one row of logits of one request."""
+
+    def before_sample(self, logits: torch.Tensor, ctx: SampleContext) -> int | None:
+        """`logits`: [vocab] float32, may be modified in place; return a token id to force it."""
+        ...
+
+    def after_sample(self, token: int, ctx: SampleContext) -> int:
+        """May rewrite the sampled token; returns the final token."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class StepInput:
+    """One request's rows in one forward."""
+
+    request_id: str
+    token_ids: list[int]  # ledger ids, one per row (for injected rows: the placeholder id)
+    embeds: torch.Tensor | None = None  # [n, hidden] injected input embeddings, or None
+    sample: bool = True  # sample one token after the last row
+    capture_hidden: bool = False  # return the final hidden state of every row
+
+    def __post_init__(self) -> None:
+        if not self.token_ids:
+            raise ValueError(f"StepInput for {self.request_id!r} has no rows")
+        if self.embeds is not None and (
+            self.embeds.dim() != 2 or self.embeds.shape[0] != len(self.token_ids)
+        ):
+            raise ValueError(
+                f"StepInput for {self.request_id!r}: embeds shape {tuple(self.embeds.shape)} "
+                f"does not match {len(self.token_ids)} rows"
+            )
+
+    @property
+    def num_rows(self) -> int:
+        return len(self.token_ids)
+
+
+@dataclass(frozen=True, slots=True)
+class StepResult:
+    request_id: str
+    positions: list[int]  # position of each forwarded row
+    token: int | None  # sampled (and hook-rewritten) token, None if sample=False
+    hidden: torch.Tensor | None  # [n, hidden] float32 final (post-norm) hidden rows, if captured
+
+
+@dataclass(frozen=True, slots=True)
+class RunnerConfig:
+    num_blocks: int  # KV pages in the pool
+    max_num_reqs: int  # slots in the persistent state tables
+    max_model_len: int  # tokens one request may hold in KV at once
+    block_size: int = 16  # tokens per KV page
+    device: str = "cpu"
+    dtype: torch.dtype = torch.float32  # KV cache and activation dtype
+    attention_backend: str = "reference"  # see backends.runner.attention.ATTENTION_BACKENDS
+
+    def __post_init__(self) -> None:
+        for name in ("num_blocks", "max_num_reqs", "max_model_len", "block_size"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"RunnerConfig.{name} must be a positive int, got {value!r}")
+        if not self.dtype.is_floating_point:
+            raise ValueError(f"RunnerConfig.dtype must be a floating dtype, got {self.dtype}")
+
+    @property
+    def max_blocks_per_req(self) -> int:
+        return -(-self.max_model_len // self.block_size)

@@ -1,0 +1,206 @@
+"""Code2Wav engine: per-request streaming vocoder state and batched window decoding.
+
+Triton-free and single-threaded: one engine thread calls `submit`, `step` and `release`.
+Windows are validated at `submit` against the request's (cache_epoch, chunk_seq) sequence
+(facts 3.3): within an epoch chunk_seq must be previous + 1; a higher epoch must start at 0
+and replaces the request's vocoder state; a lower epoch is `stale_cache_epoch`. A rejected
+window never advances the sequence and is answered by an error result at the next `step`.
+`step` decodes the oldest pending window of every request in one batched forward; a request
+id appears at most once per forward, so its later windows wait for later steps.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict, deque
+from dataclasses import dataclass, field
+
+import logging
+
+import numpy as np
+import torch
+
+from backends.audio.codec_windows import CodecWindow
+from backends.models.token2wav import StreamWindow, Token2Wav, Token2WavStream
+from backends.stages.contracts import ACTION_STOP, Code2WavRequest
+
+_LOG = logging.getLogger(__name__)
+
+ERROR_STALE_EPOCH = "stale_cache_epoch"
+ERROR_CHUNK_SEQ = "out_of_order_chunk_seq"
+ERROR_AFTER_LAST = "chunk_after_last_chunk"
+ERROR_EMPTY_CHUNK = "empty_chunk"
+ERROR_BELOW_LOOKAHEAD = "chunk_below_lookahead_window"
+ERROR_CODE_RANGE = "code_out_of_range"
+ERROR_LEFT_CONTEXT = "left_context_mismatch"
+ERROR_INTERNAL = "internal"
+
+
+@dataclass(frozen=True, slots=True)
+class Code2WavResult:
+    request_id: str
+    chunk_seq: int
+    audio: np.ndarray  # [samples] float32, 24 kHz mono; empty on error
+    error: str | None = None  # "<code>: <detail>" with a code from the ERROR_* names
+    cache_epoch: int = 0
+    last_chunk: bool = False  # the turn's audio is complete; the request's state is gone
+
+
+def request_from_window(request_id: str, window: CodecWindow) -> Code2WavRequest:
+    return Code2WavRequest(
+        request_id=request_id,
+        cache_epoch=window.cache_epoch,
+        chunk_seq=window.chunk_seq,
+        codes=np.asarray(window.codes, dtype=np.int32),
+        num_left_context=window.num_left_context,
+        last_chunk=window.last_chunk,
+    )
+
+
+def is_placeholder(request: Code2WavRequest) -> bool:
+    """An async-prewarm step: no codes and no sequence number (chunk_seq < 0)."""
+    return request.codes.size == 0 and request.chunk_seq < 0
+
+
+@dataclass(slots=True)
+class _Sequence:
+    """Where a request's accepted windows stand (updated at submit)."""
+
+    cache_epoch: int
+    next_seq: int
+    is_closed: bool  # a last_chunk was accepted for this epoch
+
+
+@dataclass(slots=True)
+class _State:
+    cache_epoch: int
+    stream: Token2WavStream
+
+
+@dataclass(slots=True)
+class Code2WavEngine:
+    token2wav: Token2Wav
+    speaker: torch.Tensor | None = None  # [spk_embed_dim] float32; None -> default voice
+    # request_id -> accepted, not yet decoded windows (oldest first); insertion order = age
+    _pending: OrderedDict[str, deque[Code2WavRequest]] = field(
+        init=False, default_factory=OrderedDict
+    )
+    _sequences: dict[str, _Sequence] = field(init=False, default_factory=dict)
+    _states: dict[str, _State] = field(init=False, default_factory=dict)
+    _errors: list[Code2WavResult] = field(init=False, default_factory=list)
+
+    def submit(self, request: Code2WavRequest) -> None:
+        if request.action == ACTION_STOP:
+            self.release(request.request_id)
+            return
+        if is_placeholder(request):
+            return
+        error = self._content_error(request) or self._sequence_error(request)
+        if error is not None:
+            self._errors.append(_error_result(request, error))
+            return
+        self._accept(request)
+        self._pending.setdefault(request.request_id, deque()).append(request)
+
+    def step(self) -> list[Code2WavResult]:
+        """Decode the oldest pending window of every request in one forward; also return
+        the errors of windows rejected since the last step."""
+        results, self._errors = self._errors, []
+        batch = [self._pop_oldest(request_id) for request_id in list(self._pending)]
+        if not batch:
+            return results
+        windows = [StreamWindow(self._stream_for(r), r.codes, r.last_chunk) for r in batch]
+        try:
+            decoded = self.token2wav.decode(windows)
+        except Exception as exc:  # the forward is shared: every stream in it is suspect
+            _LOG.exception("code2wav forward failed")
+            return results + self._fail_batch(batch, exc)
+        for request, audio in zip(batch, decoded):
+            if request.last_chunk:
+                del self._states[request.request_id]
+            results.append(Code2WavResult(
+                request.request_id, request.chunk_seq, audio,
+                cache_epoch=request.cache_epoch, last_chunk=request.last_chunk,
+            ))
+        return results
+
+    def release(self, request_id: str) -> None:
+        """Drop the request's state and pending windows (idempotent)."""
+        self._pending.pop(request_id, None)
+        self._sequences.pop(request_id, None)
+        self._states.pop(request_id, None)
+
+    def num_states(self) -> int:
+        return len(self._states)
+
+    def num_pending(self) -> int:
+        return sum(len(queue) for queue in self._pending.values())
+
+    def _fail_batch(self, batch: list[Code2WavRequest], exc: Exception) -> list[Code2WavResult]:
+        """Half-updated streams cannot continue: release them, answer every window."""
+        for request in batch:
+            self.release(request.request_id)
+        error = f"{ERROR_INTERNAL}: {type(exc).__name__}: {exc}"
+        return [_error_result(request, error) for request in batch]
+
+    def _content_error(self, request: Code2WavRequest) -> str | None:
+        lookahead = self.token2wav.config.flow.encoder.pre_lookahead_len
+        vocab = self.token2wav.config.flow.vocab_size
+        codes = request.codes
+        if codes.size == 0 and not request.last_chunk:
+            return f"{ERROR_EMPTY_CHUNK}: non-final chunk {request.chunk_seq} has no codes"
+        # the left context is the previous window's look-ahead, decoded in this window
+        if codes.size and request.num_left_context != lookahead:
+            return (f"{ERROR_LEFT_CONTEXT}: num_left_context {request.num_left_context} != "
+                    f"the vocoder's look-ahead {lookahead}")
+        if not request.last_chunk and codes.size <= lookahead:
+            return (f"{ERROR_BELOW_LOOKAHEAD}: non-final chunk {request.chunk_seq} has "
+                    f"{codes.size} codes, needs more than {lookahead}")
+        if codes.size and (codes.min() < 0 or codes.max() >= vocab):
+            return (f"{ERROR_CODE_RANGE}: codes must lie in [0, {vocab}), "
+                    f"got {codes.min()}..{codes.max()}")
+        return None
+
+    def _sequence_error(self, request: Code2WavRequest) -> str | None:
+        seq = self._sequences.get(request.request_id)
+        epoch, chunk_seq = request.cache_epoch, request.chunk_seq
+        if seq is not None and epoch < seq.cache_epoch:
+            return f"{ERROR_STALE_EPOCH}: cache_epoch {epoch} < current {seq.cache_epoch}"
+        if seq is None or epoch > seq.cache_epoch:
+            if chunk_seq != 0:
+                return (f"{ERROR_CHUNK_SEQ}: epoch {epoch} must start at chunk_seq 0, "
+                        f"got {chunk_seq}")
+            return None
+        if seq.is_closed:
+            return f"{ERROR_AFTER_LAST}: epoch {epoch} already ended with its last chunk"
+        if chunk_seq != seq.next_seq:
+            return f"{ERROR_CHUNK_SEQ}: expected chunk_seq {seq.next_seq}, got {chunk_seq}"
+        return None
+
+    def _accept(self, request: Code2WavRequest) -> None:
+        seq = self._sequences.get(request.request_id)
+        if seq is None or request.cache_epoch > seq.cache_epoch:
+            seq = self._sequences[request.request_id] = _Sequence(request.cache_epoch, 0, False)
+        seq.next_seq = request.chunk_seq + 1
+        seq.is_closed = request.last_chunk
+
+    def _pop_oldest(self, request_id: str) -> Code2WavRequest:
+        queue = self._pending[request_id]
+        request = queue.popleft()
+        if not queue:
+            del self._pending[request_id]
+        return request
+
+    def _stream_for(self, request: Code2WavRequest) -> Token2WavStream:
+        """The request's stream; a new epoch starts from fresh state (the old one is dropped)."""
+        state = self._states.get(request.request_id)
+        if state is None or state.cache_epoch != request.cache_epoch:
+            state = _State(request.cache_epoch, self.token2wav.new_stream(self.speaker))
+            self._states[request.request_id] = state
+        return state.stream
+
+
+def _error_result(request: Code2WavRequest, error: str) -> Code2WavResult:
+    return Code2WavResult(
+        request.request_id, request.chunk_seq, np.zeros(0, dtype=np.float32), error,
+        cache_epoch=request.cache_epoch, last_chunk=request.last_chunk,
+    )

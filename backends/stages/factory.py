@@ -1,0 +1,94 @@
+"""Build each stage engine from its model-config parameters (the rendered profile).
+
+Called from the stage `model.py` files, and by tests and tools that run the pipeline
+in-process. On CPU each stage process uses one torch thread: the stages share two cores
+with the orchestrator, and tiny matmuls lose more to thread hand-off than they gain.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from backends.checkpoint.loader import Checkpoint, load_checkpoint
+from backends.runner.types import RunnerConfig
+from backends.serving.checkpoints import FULL_RANDOM, prepare_checkpoint
+from backends.stages.code2wav_service import Code2WavService
+
+BLOCK_SIZE = 16
+SLOT_MARGIN = 2  # requests of an epoch being stopped while the next one starts
+
+
+@dataclass(frozen=True, slots=True)
+class StageSetup:
+    checkpoint: str
+    device: torch.device
+    dtype: torch.dtype
+    max_sessions: int
+    max_context_tokens: int
+    talker_context_tokens: int
+
+    @staticmethod
+    def from_params(params: dict[str, str], device_id: str = "0") -> "StageSetup":
+        device = torch.device(f"cuda:{device_id}" if params.get("device", "cpu") == "cuda" else "cpu")
+        if device.type == "cpu":
+            torch.set_num_threads(1)
+        return StageSetup(
+            checkpoint=params.get("checkpoint", "tiny"), device=device,
+            dtype={"float32": torch.float32, "bfloat16": torch.bfloat16}[params.get("dtype", "float32")],
+            max_sessions=int(params.get("max_sessions", "4")),
+            max_context_tokens=int(params.get("max_context_tokens", "8192")),
+            talker_context_tokens=int(params.get("talker_context_tokens", "4096")),
+        )
+
+    def load(self) -> Checkpoint:
+        if self.checkpoint == FULL_RANDOM:
+            raise NotImplementedError("the full-random profile is not available yet (issue #6)")
+        cache = Path(os.environ.get("MINICPMO_HOME", Path(__file__).resolve().parents[2] / "var")) / "checkpoints"
+        path = prepare_checkpoint(self.checkpoint, cache)
+        return load_checkpoint(path)
+
+    def runner_config(self, max_len: int) -> RunnerConfig:
+        blocks_per_request = -(-max_len // BLOCK_SIZE)
+        num_reqs = self.max_sessions + SLOT_MARGIN
+        return RunnerConfig(num_blocks=num_reqs * blocks_per_request, max_num_reqs=num_reqs, max_model_len=max_len,
+                            block_size=BLOCK_SIZE, device=str(self.device), dtype=self.dtype)
+
+
+def build_thinker_engine(params: dict[str, str], device_id: str = "0"):
+    from backends.stages.thinker_engine import ThinkerEngine, ThinkerEngineConfig
+    from backends.thinker.model import ThinkerModel
+
+    setup = StageSetup.from_params(params, device_id)
+    ckpt = setup.load()
+    model = ThinkerModel.from_checkpoint(ckpt, setup.device, setup.dtype)
+    max_len = min(setup.max_context_tokens, ckpt.config.llm.max_position_embeddings)
+    return ThinkerEngine(model.llm, model.audio_encoder, ckpt.tokenizer, ckpt.special_tokens,
+                         setup.runner_config(max_len), ThinkerEngineConfig(max_context_tokens=max_len))
+
+
+def build_talker_engine(params: dict[str, str], device_id: str = "0"):
+    from backends.stages.talker_engine import TalkerEngine
+
+    from backends.models.talker import TalkerConfig, TalkerModel, load_talker_weights
+
+    setup = StageSetup.from_params(params, device_id)
+    ckpt = setup.load()
+    config = TalkerConfig.from_dict(ckpt.config.raw["tts_config"])
+    with torch.device(setup.device):
+        model = TalkerModel(config)
+    load_talker_weights(model, ckpt.weights("tts."))
+    model = model.to(setup.dtype).eval()
+    max_len = min(setup.talker_context_tokens, config.max_position_embeddings)
+    return TalkerEngine(model, setup.runner_config(max_len))
+
+
+def build_code2wav_engine(params: dict[str, str], device_id: str = "0") -> Code2WavService:
+    from backends.models.token2wav import load_token2wav
+    from backends.stages.code2wav_engine import Code2WavEngine
+
+    setup = StageSetup.from_params(params, device_id)
+    ckpt = setup.load()
+    return Code2WavService(Code2WavEngine(load_token2wav(ckpt.token2wav_dir, setup.device)))

@@ -1,0 +1,267 @@
+"""The Talker stage engine: Thinker handoffs (conditions) in, streamed codec frames out.
+
+Single-threaded: the serving layer calls `submit`, `stop`, `has_work` and `step` from its one
+engine thread. Each `step` is ONE runner forward over every request with an active chunk:
+the prefill of a newly started condition for some, a one-frame decode for the others.
+
+Per request id (one session epoch) the engine keeps one runner request whose KV grows with
+every condition (facts 2.6): a turn start replaces the prompt, and a condition that would not
+fit with its generation reserve rolls the prompt over (`backends.talker.rollover`). Each
+request reserves its full Talker context in KV when first admitted, so the runner never has
+to preempt (facts edge case 10); a reservation that fails is `resource_exhausted`.
+
+Errors are request-scoped: a bad condition or an exception while handling one request closes
+that request's sinks with a StageError and frees its state; other requests go on. `stop`
+closes the request's open sinks with StageError("cancelled"), so a consumer can tell a stopped
+chunk from one that finished (a finished chunk always ends with a `finished=True` group).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Callable
+
+import numpy as np
+import torch
+
+from backends.models.talker import TalkerModel
+from backends.models.talker_policy import TalkerChunkPolicy, TalkerSamplingConfig
+from backends.runner.model_runner import ModelRunner
+from backends.runner.types import AdmissionError, RunnerConfig, StepInput, StepResult
+from backends.stages.contracts import ACTION_RUN, ACTION_STOP, TalkerCodes, TalkerRequest
+from backends.stages.sink import ResponseSink, StageError, StageFailure
+from backends.talker.condition import Condition, build_condition
+from backends.talker.ended_requests import EndedRequests
+from backends.talker.policy_guard import PolicyGuard
+from backends.talker.request_state import ActiveChunk, TalkerStream, check_next_seq
+from backends.talker.rollover import ChunkRecord, PromptKind, plan_prompt
+
+_LOG = logging.getLogger(__name__)
+
+
+class TalkerEngine:
+    def __init__(
+        self,
+        model: TalkerModel,
+        runner_config: RunnerConfig,
+        sampling: TalkerSamplingConfig | None = None,
+        policy_factory: Callable[[], TalkerChunkPolicy] | None = None,
+    ) -> None:
+        self._model = model
+        self._runner = ModelRunner(model, runner_config)
+        self._device = torch.device(runner_config.device)
+        self._sampling = sampling or TalkerSamplingConfig()
+        self._eos_id = model.config.eos_id
+        self._policy_factory = policy_factory or self._default_policy
+        # Talker context = min(runner max_model_len, tts max_position_embeddings) (facts 2.6).
+        self.context = min(runner_config.max_model_len, model.config.max_position_embeddings)
+        self._streams: dict[str, TalkerStream] = {}
+        self._ended = EndedRequests()
+
+    @property
+    def runner(self) -> ModelRunner:
+        return self._runner
+
+    def has_work(self) -> bool:
+        return any(stream.has_work() for stream in self._streams.values())
+
+    def num_requests(self) -> int:
+        return len(self._streams)
+
+    def submit(self, request: TalkerRequest, sink: ResponseSink) -> None:
+        """Accept one condition; its frames reach `sink` from later `step` calls."""
+        if request.action == ACTION_STOP:
+            self.stop(request.request_id)
+            sink.close()
+            return
+        late = None
+        if request.request_id not in self._streams:
+            late = self._ended.refusal(request.request_id, request.condition_seq)
+        if late is not None:
+            _close_quietly(sink, late)
+            return
+        try:
+            self._accept(request, sink)
+        except StageFailure as failure:
+            self._reject(request.request_id, sink, failure.error)
+        except Exception as exc:  # request-scoped: the engine thread must survive
+            _LOG.exception("talker request %s: submit failed", request.request_id)
+            self._reject(request.request_id, sink, _internal(request.request_id, exc))
+
+    def stop(self, request_id: str) -> None:
+        """End a request: free its KV and state, close its open sinks as cancelled.
+
+        Idempotent; an unknown id touches nothing. Later conditions of a stopped request are
+        refused with "cancelled" unless they restart it at condition_seq 0 (`EndedRequests`).
+        """
+        stream = self._streams.pop(request_id, None)
+        if stream is None:
+            return
+        self._runner.free_request(request_id)
+        error = StageError("cancelled", f"talker request {request_id} was stopped")
+        self._ended.add(request_id, error)
+        for sink in stream.open_sinks():
+            _close_quietly(sink, error)
+
+    def step(self) -> None:
+        """Start queued conditions, run one forward over all active chunks, stream frames."""
+        inputs = self._collect_inputs()
+        if not inputs:
+            return
+        try:
+            results = self._runner.step(inputs)
+        except Exception as exc:  # the forward is shared: every request in it is suspect
+            _LOG.exception("talker runner step failed")
+            for step_input in inputs:
+                self._fail(step_input.request_id, _internal(step_input.request_id, exc))
+            return
+        for result in results:
+            self._guarded(result.request_id, self._on_result, result)
+
+    # -- submit ------------------------------------------------------------------------------
+
+    def _accept(self, request: TalkerRequest, sink: ResponseSink) -> None:
+        if request.action != ACTION_RUN:
+            raise StageFailure("invalid_argument", f"unknown talker action {request.action!r}")
+        stream = self._streams.get(request.request_id)
+        check_next_seq(stream, request)
+        condition = build_condition(self._model, request, sink, self._device)
+        if stream is None:
+            hook = PolicyGuard(self._policy_factory(), self._eos_id)
+            stream = TalkerStream(request.request_id, hook)
+            self._admit(stream, request.seed)
+            self._streams[request.request_id] = stream
+        stream.last_seq = request.condition_seq
+        stream.queue.append(condition)
+
+    def _admit(self, stream: TalkerStream, seed: int) -> None:
+        params = dataclasses.replace(self._sampling.to_sampling_params(), seed=seed)
+        try:
+            self._runner.add_request(stream.request_id, params, stream.hook, self.context)
+        except AdmissionError as exc:
+            raise StageFailure("resource_exhausted", str(exc)) from exc
+
+    def _reject(self, request_id: str, sink: ResponseSink, error: StageError) -> None:
+        """A condition failed on arrival: it ends the whole request (its seq is now lost)."""
+        _close_quietly(sink, error)
+        self._fail(request_id, error)
+
+    # -- step --------------------------------------------------------------------------------
+
+    def _collect_inputs(self) -> list[StepInput]:
+        inputs = []
+        for stream in list(self._streams.values()):
+            self._guarded(stream.request_id, self._activate, stream)
+            if stream.request_id in self._streams and stream.active is not None:
+                inputs.append(stream.active.next_input)
+        return inputs
+
+    def _activate(self, stream: TalkerStream) -> None:
+        """Start the next queued condition unless a chunk is already running."""
+        while stream.active is None and stream.queue:
+            condition = stream.queue[0]  # popped only once started: a failure still owes a close
+            if condition.embeds is None:
+                self._finish_empty(stream, condition)
+            else:
+                stream.active = self._start_chunk(stream, condition)
+            stream.queue.popleft()
+
+    def _start_chunk(self, stream: TalkerStream, condition: Condition) -> ActiveChunk:
+        request = condition.request
+        plan = plan_prompt(
+            condition.embeds,
+            condition.reserve,
+            turn_start=request.turn_start,
+            num_computed=self._runner.num_tokens(stream.request_id),
+            last_chunk=stream.last_chunk,
+            context=self.context,
+            embed_codes=self._embed_codes,
+        )
+        if plan.kind is not PromptKind.APPEND:
+            self._readmit(stream, request.seed)
+        stream.hook.begin_chunk(condition.kind)
+        step_input = StepInput(stream.request_id, plan.token_ids, plan.embeds)
+        return ActiveChunk(condition, step_input)
+
+    def _finish_empty(self, stream: TalkerStream, condition: Condition) -> None:
+        """An empty handoff ends at once (forced EOS): no frames, nothing forwarded."""
+        if condition.request.turn_start:
+            # It still opens a new turn: later conditions must not extend the old prompt.
+            self._readmit(stream, condition.request.seed)
+        frames = np.zeros((0,), dtype=np.int32)  # [0] int32
+        request = condition.request
+        condition.sink.send(TalkerCodes(request.request_id, request.condition_seq, frames, True))
+        condition.sink.close()
+
+    def _readmit(self, stream: TalkerStream, seed: int) -> None:
+        """Drop the request's KV and start again from position 0 (same hook, same history)."""
+        self._runner.free_request(stream.request_id)
+        stream.last_chunk = None
+        self._admit(stream, seed)
+
+    def _on_result(self, result: StepResult) -> None:
+        stream = self._streams[result.request_id]
+        chunk = stream.active
+        token = result.token
+        if stream.hook.error is not None:
+            raise RuntimeError(f"chunk policy failed: {stream.hook.error!r}") from stream.hook.error
+        if token is None or chunk is None:
+            raise RuntimeError(f"runner returned token {token} for an idle talker request")
+        if token == self._eos_id or len(chunk.codes) >= chunk.max_codes:
+            self._finish_chunk(stream, chunk)
+            return
+        chunk.codes.append(token)
+        if chunk.group_ready():
+            chunk.condition.sink.send(chunk.take_group(finished=False))
+        # The next input is the sampled code itself, embedded by the runner with emb_code.
+        chunk.next_input = StepInput(stream.request_id, [token])
+
+    def _finish_chunk(self, stream: TalkerStream, chunk: ActiveChunk) -> None:
+        sink = chunk.condition.sink
+        sink.send(chunk.take_group(finished=True))
+        sink.close()
+        stream.active = None
+        stream.last_chunk = ChunkRecord(chunk.condition.embeds, tuple(chunk.codes))
+
+    def _embed_codes(self, codes: list[int]) -> torch.Tensor:
+        """codes: k codec ids -> [k, hidden] emb_code rows (the runner's own input table)."""
+        with torch.inference_mode():
+            ids = torch.tensor(codes, dtype=torch.int64, device=self._device)
+            return self._model.embed_tokens(ids)
+
+    # -- failures ----------------------------------------------------------------------------
+
+    def _guarded(self, request_id: str, action: Callable[..., None], *args: object) -> None:
+        """Run one request's work; any failure ends that request only."""
+        try:
+            action(*args)
+        except StageFailure as failure:
+            self._fail(request_id, failure.error)
+        except Exception as exc:  # request-scoped: the engine thread must survive
+            _LOG.exception("talker request %s failed", request_id)
+            self._fail(request_id, _internal(request_id, exc))
+
+    def _fail(self, request_id: str, error: StageError) -> None:
+        self._ended.add(request_id, error)
+        stream = self._streams.pop(request_id, None)
+        if stream is None:
+            return
+        self._runner.free_request(request_id)
+        for sink in stream.open_sinks():
+            _close_quietly(sink, error)
+
+    def _default_policy(self) -> TalkerChunkPolicy:
+        return TalkerChunkPolicy(self._sampling, eos_id=self._eos_id)
+
+
+def _internal(request_id: str, exc: Exception) -> StageError:
+    return StageError("internal", f"talker request {request_id}: {type(exc).__name__}: {exc}")
+
+
+def _close_quietly(sink: ResponseSink, error: StageError) -> None:
+    """Close a sink on a failure path; a sink that is already closed or broken is logged."""
+    try:
+        sink.close(error)
+    except Exception:  # a broken sink must not stop the other sinks from closing
+        _LOG.exception("closing a talker sink failed")

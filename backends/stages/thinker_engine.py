@@ -1,0 +1,295 @@
+"""The Thinker engine: many duplex sessions batched on one runner.
+
+Single-threaded: the serving layer calls every method from its one engine thread. One
+`step()` is one `runner.step` over all ready work of all sessions: the appends (prefill rows)
+of some sessions and the decodes of others in one mixed batch. A unit decodes until its chunk
+terminator (at most 20 tokens); the terminator is sampled but not forwarded, and is
+re-injected at the head of the session's next append.
+
+Failures are session-scoped: an exception while preparing, sampling or finishing one session
+closes that session's sinks with an error and frees its state; other sessions keep running.
+A session that outgrows its context ends with `context_length_exceeded`.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import numpy as np
+
+from backends.audio.streaming_encoder import AudioEncoderModel, StreamingAudioEncoder
+from backends.checkpoint.tokenizer import SpecialTokens, TextTokenizer
+from backends.models.qwen3 import Qwen3ForCausalLM
+from backends.runner.hidden_ledger import HiddenLedger
+from backends.runner.model_runner import ModelRunner
+from backends.runner.types import (
+    AdmissionError,
+    RunnerConfig,
+    SamplingParams,
+    StepInput,
+    StepResult,
+)
+from backends.stages.contracts import ACTION_RUN, ACTION_STOP, ThinkerRequest
+from backends.stages.sink import ResponseSink, StageError, StageFailure
+from backends.thinker.duplex_policy import DEFAULT_TEMPERATURE, DuplexPolicy, PolicyConfig
+from backends.thinker.prompt_layout import UNIT_SAMPLES, PromptLayout
+from backends.thinker.session_state import QueuedAppend, ThinkerSession, UnitEncoder
+
+
+logger = logging.getLogger(__name__)
+
+WINDOW_MODES = ("off",)  # TODO(#4): the basic / context windows (facts 2.6) via runner.reanchor
+
+
+@dataclass(frozen=True, slots=True)
+class ThinkerEngineConfig:
+    max_context_tokens: int = 0  # per-session KV reservation; 0 -> the runner's max_model_len
+    window_mode: str = "off"  # off: a session grows until context_length_exceeded
+    ledger_rows: int = 64  # captured hidden rows kept per session (a unit forwards <= 19)
+
+    def __post_init__(self) -> None:
+        if self.max_context_tokens < 0 or self.ledger_rows < 1:
+            raise ValueError(
+                f"max_context_tokens must be >= 0 and ledger_rows >= 1, got "
+                f"{self.max_context_tokens}, {self.ledger_rows}"
+            )
+        if self.window_mode not in WINDOW_MODES:
+            raise ValueError(
+                f"window_mode {self.window_mode!r} is not available yet (only {WINDOW_MODES}; "
+                "the basic/context windows are issue #4)"
+            )
+
+
+class ThinkerEngine:
+    def __init__(
+        self,
+        model: Qwen3ForCausalLM,
+        audio_encoder_model: AudioEncoderModel | None,
+        tokenizer: TextTokenizer,
+        special_tokens: SpecialTokens,
+        runner_config: RunnerConfig,
+        config: ThinkerEngineConfig | None = None,
+        encoder_factory: Callable[[], UnitEncoder] | None = None,
+    ) -> None:
+        self.model = model
+        self.tokenizer = tokenizer
+        self.special = special_tokens
+        self.config = config or ThinkerEngineConfig()
+        self.runner = ModelRunner(model, runner_config)
+        self.runner_config = runner_config
+        self.layout = PromptLayout(tokenizer, special_tokens)
+        self.encoder_factory = encoder_factory or _streaming_encoder_factory(audio_encoder_model)
+        self.max_len = _max_len(model, runner_config, self.config)
+        # Embedding rows past the tokenizer's vocabulary are padding: never sampled.
+        self.bad_token_ids = range(tokenizer.vocab_size, model.config.vocab_size)
+        # NOTE: TextTokenizer does not list its other added tokens yet; EOS is the one known.
+        eos = tokenizer.eos_token_id
+        self.extra_special_ids = () if eos is None else (eos,)
+        self._sessions: dict[str, ThinkerSession] = {}  # owner: the engine thread
+
+    # ---- requests --------------------------------------------------------------------------
+
+    def submit(self, request: ThinkerRequest, sink: ResponseSink) -> None:
+        """Queue one append (or act on a stop); every path ends with the sink closed."""
+        if request.action == ACTION_STOP:
+            self.stop(request.request_id)
+            sink.close()
+            return
+        try:
+            self._check_request(request)
+            session = self._session_for(request)
+        except StageFailure as failure:
+            sink.close(failure.error)
+            return
+        session.queue.append(QueuedAppend(request, sink))
+        session.last_seq = request.seq
+
+    def stop(self, request_id: str) -> None:
+        """Free the request's runner slot, encoder cache and state; idempotent. An unknown id
+        touches nothing (edge case 1: a stop for a never-prefilled request)."""
+        session = self._sessions.get(request_id)
+        if session is not None:
+            self._end(session, StageError("cancelled", f"request {request_id!r} was stopped"))
+
+    def has_work(self) -> bool:
+        return any(session.has_work for session in self._sessions.values())
+
+    def num_sessions(self) -> int:
+        return len(self._sessions)
+
+    # ---- the step --------------------------------------------------------------------------
+
+    def step(self) -> None:
+        """One runner step over every session with work, then deliver finished units."""
+        batch = list(self._ready_inputs())
+        if not batch:
+            return
+        try:
+            results = self.runner.step([inp for _, inp in batch])
+        except Exception as err:  # noqa: BLE001 - the batch is lost, the engine stays up
+            logger.exception("thinker runner step failed")
+            for session, _ in batch:
+                self._end(session, StageError("internal", f"thinker step failed: {err}"))
+            return
+        for (session, inp), result in zip(batch, results):
+            self._guarded(session, lambda s=session, i=inp, r=result: self._deliver(s, i, r))
+
+    def _ready_inputs(self) -> Iterator[tuple[ThinkerSession, StepInput]]:
+        for session in list(self._sessions.values()):
+            if session.has_work:
+                inp = self._guarded(session, lambda s=session: self._next_input(s))
+                if inp is not None:
+                    yield session, inp
+
+    def _next_input(self, session: ThinkerSession) -> StepInput:
+        if session.active is None:
+            active = session.activate()
+            assert active.rows is not None  # fresh from activate()
+            self._check_context(session, active.rows.num_rows)
+        embed = self.model.embed_tokens
+        return session.next_input(embed, self.runner_config.device, self.runner_config.dtype)
+
+    def _deliver(self, session: ThinkerSession, inp: StepInput, result: StepResult) -> None:
+        unit = session.consume(inp, result)
+        if unit is None:
+            return
+        active = session.active
+        assert active is not None  # consume() just finished its unit
+        session.active = None  # the sink is closed here, never again by _end
+        try:
+            active.sink.send(unit)
+        except Exception as err:
+            _close_quietly(active.sink, StageError("internal", f"delivering a unit failed: {err}"))
+            raise
+        active.sink.close()
+
+    # ---- session life ----------------------------------------------------------------------
+
+    def _check_request(self, request: ThinkerRequest) -> None:
+        if request.action != ACTION_RUN:
+            raise StageFailure("invalid_argument", f"unknown action {request.action!r}")
+        audio = request.audio
+        if not isinstance(audio, np.ndarray) or audio.ndim != 1 or audio.dtype != np.float32:
+            raise StageFailure("invalid_argument", "audio must be a 1-D float32 array")
+        if audio.size == 0 or audio.size % UNIT_SAMPLES:
+            raise StageFailure(
+                "invalid_argument",
+                f"audio must hold whole units of {UNIT_SAMPLES} samples, got {audio.size}",
+            )
+
+    def _session_for(self, request: ThinkerRequest) -> ThinkerSession:
+        session = self._sessions.get(request.request_id)
+        if request.seq == 0:
+            if session is not None:
+                raise StageFailure(
+                    "invalid_argument", f"request {request.request_id!r} already started"
+                )
+            return self._start_session(request)
+        if session is None:
+            raise StageFailure(
+                "invalid_argument",
+                f"unknown request {request.request_id!r} (never started, stopped or ended)",
+            )
+        if request.seq <= session.last_seq:
+            raise StageFailure(
+                "invalid_argument",
+                f"append seq {request.seq} after seq {session.last_seq} is out of order",
+            )
+        return session
+
+    def _start_session(self, first: ThinkerRequest) -> ThinkerSession:
+        policy = DuplexPolicy(
+            self.special, self.tokenizer, _policy_config(first), self.bad_token_ids,
+            extra_special_ids=self.extra_special_ids,
+        )
+        ledger = HiddenLedger(self.model.hidden_size, self.config.ledger_rows)
+        encoder = self.encoder_factory()
+        session = ThinkerSession(
+            first.request_id, encoder, policy, self.layout, self.tokenizer, ledger
+        )
+        try:
+            self.runner.add_request(
+                first.request_id, SamplingParams(seed=first.seed), session.hook, self.max_len
+            )
+        except AdmissionError as err:
+            raise StageFailure("resource_exhausted", str(err)) from err
+        try:
+            session.setup(first)
+        except Exception as err:  # noqa: BLE001 - answered as this request's error
+            logger.exception("thinker session setup of %r failed", first.request_id)
+            self.runner.free_request(first.request_id)
+            session.close()
+            raise StageFailure("internal", f"session setup failed: {err}") from err
+        self._sessions[first.request_id] = session
+        return session
+
+    def _check_context(self, session: ThinkerSession, num_rows: int) -> None:
+        """The append plus a whole unit's decode (the terminator is never forwarded) must fit:
+        the request reserved exactly `max_len` tokens of KV."""
+        budget = session.policy.config.max_tokens_per_unit - 1
+        needed = self.runner.num_tokens(session.request_id) + num_rows + budget
+        if needed > self.max_len:
+            raise StageFailure(
+                "context_length_exceeded",
+                f"context_length_exceeded: request {session.request_id!r} needs {needed} "
+                f"tokens, its context is {self.max_len}",
+            )
+
+    def _guarded(self, session: ThinkerSession, work: Callable[[], object]) -> object | None:
+        """Run one session's work; a failure ends only that session."""
+        try:
+            return work()
+        except StageFailure as failure:
+            self._end(session, failure.error)
+        except Exception as err:  # noqa: BLE001 - session-scoped isolation, logged in full
+            logger.exception("thinker session %r failed", session.request_id)
+            self._end(session, StageError("internal", f"thinker session failed: {err}"))
+        return None
+
+    def _end(self, session: ThinkerSession, error: StageError) -> None:
+        """Close every open sink of the session with `error` and free it, exactly once."""
+        if self._sessions.pop(session.request_id, None) is None:
+            return
+        sinks = [queued.sink for queued in session.queue]
+        if session.active is not None:
+            sinks.insert(0, session.active.sink)
+        self.runner.free_request(session.request_id)
+        session.close()
+        for sink in sinks:
+            _close_quietly(sink, error)
+
+
+def _close_quietly(sink: ResponseSink, error: StageError) -> None:
+    try:
+        sink.close(error)
+    except Exception:  # noqa: BLE001 - a broken sink must not stop the other closes
+        logger.exception("closing a thinker sink failed")
+
+
+def _policy_config(first: ThinkerRequest) -> PolicyConfig:
+    temperature = first.temperature if first.temperature >= 0 else DEFAULT_TEMPERATURE
+    try:
+        return PolicyConfig(
+            temperature=temperature,
+            reply_units=first.reply_units,
+            reply_tokens_per_unit=first.reply_tokens_per_unit,
+        )
+    except ValueError as err:
+        raise StageFailure("invalid_argument", str(err)) from err
+
+
+def _max_len(
+    model: Qwen3ForCausalLM, runner_config: RunnerConfig, config: ThinkerEngineConfig
+) -> int:
+    configured = config.max_context_tokens or runner_config.max_model_len
+    return min(model.config.max_position_embeddings, configured, runner_config.max_model_len)
+
+
+def _streaming_encoder_factory(
+    audio_encoder_model: AudioEncoderModel | None,
+) -> Callable[[], UnitEncoder]:
+    if audio_encoder_model is None:
+        raise ValueError("ThinkerEngine needs an audio_encoder_model or an encoder_factory")
+    return lambda: StreamingAudioEncoder(audio_encoder_model)

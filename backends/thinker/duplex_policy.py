@@ -1,0 +1,275 @@
+"""The native duplex listen/speak sampling policy of the Thinker (minicpmo45_facts.md 2.3).
+
+One `DuplexPolicy` per session, installed as the runner's `SamplingHook` for the session's
+request. The runner must be configured without its own repetition penalty: the boundary draw
+(rule 4) reads the raw, untempered logits, and the policy applies the penalty itself after it.
+Per sampled token, in order:
+
+1. force-listen pre-pass (once per append): `force_listen`, or a non-speech unit while no turn
+   is open and no user speech awaits an answer -> `<|listen|>`;
+2. async lookahead guard: the unit already ended on a chunk terminator -> re-emit it, no state
+   change;
+3. hard cut: 19 tokens already in this unit -> `<|chunk_eos|>`;
+4. boundary draw from the raw softmax -> `<|chunk_eos|>` if drawn;
+5. mask tts_pad / bad ids / chunk_eos, repetition penalty over the distinct tokens of the last
+   512 generated, temperature, top-k, top-p, draw (request-local seeded generator);
+6. 28-character cut of the unit's text -> `<|chunk_eos|>`;
+7. `<|listen|>` while a turn is open (and not forced) -> `<|tts_bos|>`;
+8. latches updated from the final token (`after_sample`).
+
+Policy knobs for random weights (ARCHITECTURE.md 5) are options of this same policy: with
+`reply_units` set, a turn that is open gets speak units of exactly `reply_tokens_per_unit` text
+tokens (the last unit adds `<|turn_eos|>`), and no turn open means `<|listen|>`. Since random
+weights never open a turn, the knob opens one itself where the real model would decide: at the
+first non-speech unit after user speech (or at once with `initial_user_text`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import deque
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Protocol
+
+import torch
+
+from backends.runner.sampler import (
+    apply_repetition_penalty,
+    apply_top_k,
+    apply_top_p,
+    gumbel_argmax,
+)
+from backends.runner.types import SampleContext
+
+if TYPE_CHECKING:
+    from backends.checkpoint.tokenizer import SpecialTokens
+
+DEFAULT_TEMPERATURE = 0.7
+MAX_TOKENS_PER_UNIT = 20  # DEFAULT_MAX_NEW_SPEAK_TOKENS_PER_CHUNK upstream
+MAX_CHARS_PER_UNIT = 28  # DEFAULT_MAX_SPEAK_CHARS_PER_CHUNK upstream
+PENALTY_WINDOW = 512
+# A forced reply unit is <|speak|> + text + [<|turn_eos|>] + <|chunk_eos|>: 3 non-text slots.
+REPLY_CONTROL_SLOTS = 3
+
+
+class TextDecoder(Protocol):
+    def decode(self, token_ids: list[int]) -> str: ...
+
+
+@dataclass(frozen=True, slots=True)
+class PolicyConfig:
+    temperature: float = DEFAULT_TEMPERATURE  # 0 -> greedy
+    top_k: int = 20
+    top_p: float = 0.8
+    repetition_penalty: float = 1.05
+    penalty_window: int = PENALTY_WINDOW
+    max_tokens_per_unit: int = MAX_TOKENS_PER_UNIT
+    max_chars_per_unit: int = MAX_CHARS_PER_UNIT
+    reply_units: int = 0  # knob: force replies of this many speak units (0 = off)
+    reply_tokens_per_unit: int = 0  # knob: text tokens per forced speak unit
+
+    def __post_init__(self) -> None:
+        if not self.temperature >= 0.0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if self.top_k < 1 or not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"need top_k >= 1 and top_p in (0, 1], got {self.top_k}, {self.top_p}")
+        if not self.repetition_penalty > 0.0 or self.penalty_window < 1:
+            raise ValueError(
+                f"bad repetition penalty {self.repetition_penalty} / window {self.penalty_window}"
+            )
+        if self.max_tokens_per_unit < 2 or self.max_chars_per_unit < 1:
+            raise ValueError(
+                f"max_tokens_per_unit must be >= 2 and max_chars_per_unit >= 1, got "
+                f"{self.max_tokens_per_unit}, {self.max_chars_per_unit}"
+            )
+        self._check_reply_knobs()
+
+    def _check_reply_knobs(self) -> None:
+        if (self.reply_units > 0) != (self.reply_tokens_per_unit > 0):
+            raise ValueError(
+                "reply_units and reply_tokens_per_unit are set together, got "
+                f"{self.reply_units} and {self.reply_tokens_per_unit}"
+            )
+        limit = self.max_tokens_per_unit - REPLY_CONTROL_SLOTS
+        if self.reply_units < 0 or not 0 <= self.reply_tokens_per_unit <= limit:
+            raise ValueError(
+                f"reply_units must be >= 0 and reply_tokens_per_unit in [0, {limit}], got "
+                f"{self.reply_units} and {self.reply_tokens_per_unit}"
+            )
+
+    @property
+    def has_reply_knobs(self) -> bool:
+        return self.reply_units > 0
+
+
+@dataclass(slots=True)
+class TurnLatches:
+    """Session state the policy reads and writes (facts 2.3 rule 8)."""
+
+    turn_open: bool = False
+    pending_speech_context: bool = False  # user speech (or initial text) awaits an answer
+    pending_terminator: int | None = None  # re-injected at the head of the next append
+    history: deque[int] = field(default_factory=lambda: deque(maxlen=PENALTY_WINDOW))
+
+
+@dataclass(slots=True)
+class _UnitState:
+    force_listen: bool = False
+    tokens: list[int] = field(default_factory=list)  # accepted tokens of this unit, in order
+    guard_hit: bool = False  # the pending sample is a lookahead re-emit: change no state
+
+
+class DuplexPolicy:
+    """The runner SamplingHook of one session."""
+
+    def __init__(
+        self,
+        special: SpecialTokens,
+        tokenizer: TextDecoder,
+        config: PolicyConfig,
+        bad_token_ids: Iterable[int] = (),
+        extra_special_ids: Iterable[int] = (),
+    ) -> None:
+        self.special = special
+        self.tokenizer = tokenizer
+        self.config = config
+        self.latches = TurnLatches(history=deque(maxlen=config.penalty_window))
+        self.terminators = frozenset((special.listen, special.chunk_eos, special.chunk_tts_eos))
+        self.special_ids = special_token_ids(special) | frozenset(extra_special_ids)
+        self.bad_ids = sorted(set(bad_token_ids) | {special.tts_pad})
+        self.reply_units_done = 0  # speak units finished in the current forced reply
+        self._unit = _UnitState()
+
+    @property
+    def unit_tokens(self) -> list[int]:
+        return list(self._unit.tokens)
+
+    def open_turn_with_text(self) -> None:
+        """`initial_user_text`: the turn starts open with a pending question to answer."""
+        self.latches.turn_open = True
+        self.latches.pending_speech_context = True
+        self.reply_units_done = 0
+
+    def begin_unit(self, force_listen: bool, speech: Sequence[bool]) -> None:
+        """Called before the decision of each append; `speech`: per unit of the append, whether
+        it holds speech. The decision is taken after the append's last unit."""
+        latches = self.latches
+        if any(speech):
+            latches.pending_speech_context = True
+        is_speech = bool(speech) and speech[-1]
+        if not is_speech and self._knob_opens_turn(force_listen):
+            latches.turn_open = True
+            self.reply_units_done = 0
+        silent_idle = not (is_speech or latches.turn_open or latches.pending_speech_context)
+        self._unit = _UnitState(force_listen=force_listen or silent_idle)
+
+    def before_sample(self, logits: torch.Tensor, ctx: SampleContext) -> int | None:
+        unit = self._unit
+        if unit.force_listen and not unit.tokens:
+            return self.special.listen
+        if unit.tokens and unit.tokens[-1] in self.terminators:
+            unit.guard_hit = True
+            return unit.tokens[-1]
+        if self.config.has_reply_knobs:
+            return self._reply_token(logits, ctx)
+        if len(unit.tokens) >= self.config.max_tokens_per_unit - 1:
+            return self.special.chunk_eos
+        if self._draw(logits, ctx, self.config.temperature) == self.special.chunk_eos:
+            return self.special.chunk_eos
+        self._mask(logits, (self.special.chunk_eos,))
+        candidate = self._sample(logits, ctx)
+        if self._reaches_char_limit(candidate):
+            return self.special.chunk_eos
+        if candidate == self.special.listen and self.latches.turn_open:
+            return self.special.tts_bos
+        return candidate
+
+    def after_sample(self, token: int, ctx: SampleContext) -> int:
+        unit = self._unit
+        if unit.guard_hit:
+            unit.guard_hit = False
+            return token
+        unit.tokens.append(token)
+        self.latches.history.append(token)
+        self._update_latches(token)
+        return token
+
+    def _update_latches(self, token: int) -> None:
+        latches, sp = self.latches, self.special
+        if token in self.terminators:
+            latches.pending_terminator = token
+            if token == sp.listen and self._unit.force_listen:
+                latches.turn_open = False
+            elif token != sp.listen and self.config.has_reply_knobs:
+                self.reply_units_done += 1
+        elif token == sp.turn_eos:
+            latches.turn_open = False
+        else:
+            latches.turn_open = True
+            if token not in self.special_ids:
+                latches.pending_speech_context = False
+
+    def _knob_opens_turn(self, force_listen: bool) -> bool:
+        latches = self.latches
+        return (
+            self.config.has_reply_knobs
+            and not force_listen
+            and not latches.turn_open
+            and latches.pending_speech_context
+        )
+
+    def _reply_token(self, logits: torch.Tensor, ctx: SampleContext) -> int:
+        sp, num_text = self.special, self.config.reply_tokens_per_unit
+        index = len(self._unit.tokens)
+        if not self.latches.turn_open and index == 0:
+            return sp.listen
+        if index == 0:
+            return sp.speak
+        if index <= num_text:
+            self._mask(logits, self.special_ids)
+            return self._sample(logits, ctx)
+        is_last_unit = self.reply_units_done + 1 >= self.config.reply_units
+        if index == num_text + 1 and is_last_unit:
+            return sp.turn_eos
+        return sp.chunk_eos
+
+    def _sample(self, logits: torch.Tensor, ctx: SampleContext) -> int:
+        """Rule 5 after the chunk_eos mask: bad ids, penalty, temperature/top-k/top-p, draw."""
+        self._mask(logits, self.bad_ids)
+        cfg = self.config
+        apply_repetition_penalty(
+            logits, list(self.latches.history), cfg.repetition_penalty, cfg.penalty_window
+        )
+        if cfg.temperature == 0.0:
+            return int(torch.argmax(logits).item())
+        scaled = logits / cfg.temperature
+        apply_top_k(scaled, cfg.top_k)
+        apply_top_p(scaled, cfg.top_p)
+        return int(gumbel_argmax(scaled, 1.0, ctx.generator).item())
+
+    def _draw(self, logits: torch.Tensor, ctx: SampleContext, temperature: float) -> int:
+        """Rule 4: one draw from the raw, untempered softmax (argmax when greedy)."""
+        if temperature == 0.0:
+            return int(torch.argmax(logits).item())
+        return int(gumbel_argmax(logits, 1.0, ctx.generator).item())
+
+    def _mask(self, logits: torch.Tensor, token_ids: Iterable[int]) -> None:
+        ids = [token for token in token_ids if 0 <= token < logits.shape[0]]
+        if ids:
+            logits[torch.tensor(ids, dtype=torch.int64, device=logits.device)] = float("-inf")
+
+    def _reaches_char_limit(self, candidate: int) -> bool:
+        """Rule 6: the unit's text since the last turn_eos plus a non-special candidate."""
+        if candidate in self.special_ids:
+            return False
+        tokens = self._unit.tokens
+        cut = max((i + 1 for i, t in enumerate(tokens) if t == self.special.turn_eos), default=0)
+        text_ids = [t for t in tokens[cut:] if t not in self.special_ids] + [candidate]
+        return len(self.tokenizer.decode(text_ids)) >= self.config.max_chars_per_unit
+
+
+def special_token_ids(special: SpecialTokens) -> frozenset[int]:
+    """Every id the SpecialTokens dataclass names."""
+    values = (getattr(special, f.name) for f in dataclasses.fields(special))
+    return frozenset(value for value in values if isinstance(value, int))

@@ -1,0 +1,162 @@
+"""The exact rows one append adds to a session's Thinker request (minicpmo45_facts.md 2.2).
+
+First append: system context, then `<unit>` + 10 audio embeddings (no closing tokens before the
+first unit). Later appends: the previous unit's terminator (re-injected: the listen/speak policy
+depends on seeing its own past decisions), `</unit>`, `<unit>`, 10 audio embeddings = 13 rows.
+Units after the first in one append get `</unit>` alone before their `<unit>`.
+
+The row count is exact by construction: every row here is a real token or a real embedding, so
+no padding ever reaches the KV (surplus pad rows measurably corrupt listen/speak upstream).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
+
+import torch
+
+if TYPE_CHECKING:
+    from backends.checkpoint.tokenizer import SpecialTokens
+
+UNIT_SAMPLES = 16000  # one unit = 1 s of 16 kHz audio
+EMBEDS_PER_UNIT = 10  # audio embeddings per unit (one per 100 ms)
+DEFAULT_INSTRUCTIONS = "Streaming Omni Conversation."
+
+
+class TextEncoder(Protocol):
+    def encode(self, text: str) -> list[int]: ...
+
+
+@dataclass(frozen=True, slots=True)
+class RowSegment:
+    """Consecutive rows: plain tokens (embedded by the model) or injected embeddings."""
+
+    token_ids: tuple[int, ...]  # ledger id of each row (placeholder id for injected rows)
+    embeds: torch.Tensor | None = None  # [len(token_ids), hidden] injected; None -> embed ids
+
+    def __post_init__(self) -> None:
+        if not self.token_ids:
+            raise ValueError("a RowSegment needs at least one row")
+        if self.embeds is not None and (
+            self.embeds.dim() != 2 or self.embeds.shape[0] != len(self.token_ids)
+        ):
+            raise ValueError(
+                f"injected embeds {tuple(self.embeds.shape)} do not match "
+                f"{len(self.token_ids)} rows"
+            )
+
+
+@dataclass(frozen=True, slots=True)
+class AppendRows:
+    """All rows of one append, in KV order."""
+
+    segments: tuple[RowSegment, ...]
+    num_units: int
+
+    @property
+    def token_ids(self) -> list[int]:
+        return [token for segment in self.segments for token in segment.token_ids]
+
+    @property
+    def num_rows(self) -> int:
+        return sum(len(segment.token_ids) for segment in self.segments)
+
+    def injected_rows(self) -> list[int]:
+        """Row indices whose input is an injected embedding."""
+        rows, start = [], 0
+        for segment in self.segments:
+            if segment.embeds is not None:
+                rows.extend(range(start, start + len(segment.token_ids)))
+            start += len(segment.token_ids)
+        return rows
+
+    def materialize(
+        self,
+        embed_tokens: Callable[[torch.Tensor], torch.Tensor],
+        device: torch.device | str,
+        dtype: torch.dtype,
+    ) -> torch.Tensor:
+        """[num_rows, hidden] `dtype` input embeddings: token rows through `embed_tokens`
+        ([n] int64 -> [n, hidden]), injected rows as given."""
+        parts = []
+        for segment in self.segments:
+            if segment.embeds is None:
+                ids = torch.tensor(segment.token_ids, dtype=torch.int64, device=device)
+                parts.append(embed_tokens(ids).to(dtype))
+            else:
+                parts.append(segment.embeds.to(device=device, dtype=dtype))
+        return torch.cat(parts)
+
+
+class PromptLayout:
+    """Builds a session's rows from the special-token ids and the tokenizer."""
+
+    def __init__(self, tokenizer: TextEncoder, special: SpecialTokens) -> None:
+        if special.im_start is None or special.im_end is None:
+            raise ValueError("the duplex system prompt needs <|im_start|> and <|im_end|>")
+        self.tokenizer = tokenizer
+        self.special = special
+        # Upstream records audio rows under the scheduler placeholder <unit> when the
+        # tokenizer has no <|audio|>.
+        self.audio_id = special.audio if special.audio is not None else special.unit
+
+    def system_context(
+        self,
+        instructions: str = "",
+        initial_user_text: str = "",
+        ref_embeds: torch.Tensor | None = None,  # [n, hidden] reference-audio embeddings
+    ) -> list[RowSegment]:
+        """The session prefix; special tokens are placed by id so the text between them is
+        tokenized alone, as a tokenizer that splits on special tokens does."""
+        sp = self.special
+        ids = [sp.im_start, *self._text("system\n" + (instructions or DEFAULT_INSTRUCTIONS))]
+        segments: list[RowSegment] = []
+        if ref_embeds is not None and ref_embeds.shape[0] > 0:
+            if sp.audio_start is None or sp.audio_end is None:
+                raise ValueError("reference audio needs <|audio_start|> and <|audio_end|>")
+            ids += [*self._text("\n"), sp.audio_start]
+            segments.append(RowSegment(tuple(ids)))
+            # Reference rows are recorded as <unit> ids (the scheduler placeholder upstream).
+            segments.append(RowSegment((sp.unit,) * ref_embeds.shape[0], ref_embeds))
+            ids = [sp.audio_end]
+        ids.append(sp.im_end)
+        if initial_user_text:
+            ids += [*self._text("\n"), sp.im_start, *self._text("user\n" + initial_user_text)]
+            ids += [sp.im_end, *self._text("\n"), sp.im_start, *self._text("assistant\n")]
+        segments.append(RowSegment(tuple(ids)))
+        return segments
+
+    def append(
+        self,
+        unit_embeds: Sequence[torch.Tensor],  # each [10, hidden]
+        context: Sequence[RowSegment] | None = None,
+        terminator: int | None = None,
+    ) -> AppendRows:
+        """Rows of one append: `context` on the session's first append, else the previous
+        unit's `terminator` re-injected at the head."""
+        if (context is None) == (terminator is None):
+            raise ValueError(
+                "an append takes the system context (first append) or the previous "
+                f"terminator (later appends), exactly one; got context={context is not None}, "
+                f"terminator={terminator}"
+            )
+        if not unit_embeds:
+            raise ValueError("an append needs at least one unit")
+        sp = self.special
+        segments = list(context) if context is not None else []
+        head: tuple[int, ...] = () if terminator is None else (terminator, sp.unit_end)
+        for index, embeds in enumerate(unit_embeds):
+            if embeds.dim() != 2 or embeds.shape[0] != EMBEDS_PER_UNIT:
+                raise ValueError(
+                    f"unit {index} has embeds {tuple(embeds.shape)}, "
+                    f"expected [{EMBEDS_PER_UNIT}, hidden]"
+                )
+            lead = head if index == 0 else (sp.unit_end,)
+            segments.append(RowSegment((*lead, sp.unit)))
+            segments.append(RowSegment((self.audio_id,) * EMBEDS_PER_UNIT, embeds))
+        return AppendRows(tuple(segments), len(unit_embeds))
+
+    def _text(self, text: str) -> list[int]:
+        return list(self.tokenizer.encode(text))

@@ -1,0 +1,233 @@
+"""Everything one Thinker session (one resumable runner request) keeps between appends.
+
+The session owns its streaming audio encoder (audio KV cache), its duplex policy (turn latches,
+pending terminator, penalty history), its hidden-row ledger and prompt snapshot, and the queue
+of appends not yet decided. The engine drives it; nothing here touches the runner.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import numpy as np
+import torch
+
+from backends.checkpoint.tokenizer import SpecialTokens
+from backends.runner.hidden_ledger import HiddenLedger
+from backends.runner.types import SampleContext, StepInput, StepResult
+from backends.stages.contracts import DECISION_LISTEN, DECISION_SPEAK, ThinkerRequest
+from backends.stages.contracts import ThinkerUnitResult
+from backends.stages.sink import ResponseSink
+from backends.thinker.duplex_policy import DuplexPolicy, TextDecoder
+from backends.thinker.handoff import PromptSnapshot, build_handoff
+from backends.thinker.prompt_layout import UNIT_SAMPLES, AppendRows, PromptLayout, RowSegment
+
+SPEECH_RMS = 0.003  # overlap_silence_rms upstream: a unit at or above this RMS is speech
+REFERENCE_HOP = 1600  # reference audio is trimmed to whole 100 ms embeddings
+
+
+class UnitEncoder(Protocol):
+    """The per-session streaming audio encoder (backends.audio.streaming_encoder)."""
+
+    def encode_unit(self, samples: np.ndarray) -> torch.Tensor:
+        """samples: [16000] float32 -> [10, llm_hidden]."""
+        ...
+
+    def encode_reference(self, samples: np.ndarray) -> torch.Tensor:
+        """samples: [n * 1600] float32 -> [n, llm_hidden]."""
+        ...
+
+    def reset(self) -> None: ...
+
+
+@dataclass(slots=True)
+class QueuedAppend:
+    request: ThinkerRequest
+    sink: ResponseSink
+
+
+@dataclass(slots=True)
+class ActiveAppend:
+    """The append being decided: its rows until prefilled, then its sampled tokens."""
+
+    request: ThinkerRequest
+    sink: ResponseSink
+    rows: AppendRows | None  # None once the rows are in KV
+    unit_index: int  # index of the append's last unit since the session started
+    tokens: list[int] = field(default_factory=list)  # sampled for this unit, in order
+
+
+class IsolatingHook:
+    """Runs the policy inside the runner's step; an exception is kept for the engine (which
+    fails only this session) instead of aborting the whole batch half-sampled."""
+
+    def __init__(self, policy: DuplexPolicy, fallback: int) -> None:
+        self.policy = policy
+        self.fallback = fallback  # a chunk terminator: ends the unit whatever happened
+        self.error: Exception | None = None
+
+    def before_sample(self, logits: torch.Tensor, ctx: SampleContext) -> int | None:
+        try:
+            return self.policy.before_sample(logits, ctx)
+        except Exception as err:  # noqa: BLE001 - re-raised by the engine for this session only
+            self.error = self.error or err
+            return self.fallback
+
+    def after_sample(self, token: int, ctx: SampleContext) -> int:
+        if self.error is not None:
+            return token
+        try:
+            return self.policy.after_sample(token, ctx)
+        except Exception as err:  # noqa: BLE001 - as above
+            self.error = err
+            return token
+
+
+class ThinkerSession:
+    def __init__(
+        self,
+        request_id: str,
+        encoder: UnitEncoder,
+        policy: DuplexPolicy,
+        layout: PromptLayout,
+        tokenizer: TextDecoder,
+        ledger: HiddenLedger,
+    ) -> None:
+        self.request_id = request_id
+        self.encoder = encoder
+        self.policy = policy
+        self.layout = layout
+        self.tokenizer = tokenizer
+        self.special: SpecialTokens = layout.special
+        self.ledger = ledger
+        self.snapshot = PromptSnapshot()
+        self.hook = IsolatingHook(policy, self.special.chunk_eos)
+        self.queue: deque[QueuedAppend] = deque()
+        self.active: ActiveAppend | None = None
+        self.context: list[RowSegment] | None = None  # system rows, until the first append
+        self.num_units = 0  # units appended since the session started
+        self.last_seq = -1
+        self.spoke_in_turn = False  # a non-empty handoff already went out in the open turn
+        self.pending_terminator: int | None = None  # the last unit's, re-injected next append
+
+    @property
+    def has_work(self) -> bool:
+        return self.active is not None or bool(self.queue)
+
+    def setup(self, first: ThinkerRequest) -> None:
+        """Session context from the first append (instructions, reference, initial text)."""
+        ref = _trim_reference(first.ref_audio)
+        ref_embeds = self.encoder.encode_reference(ref) if ref is not None else None
+        self.context = self.layout.system_context(
+            first.instructions, first.initial_user_text, ref_embeds
+        )
+        if first.initial_user_text:
+            self.policy.open_turn_with_text()
+
+    def activate(self) -> ActiveAppend:
+        """Encode the next queued append's units and lay out its rows."""
+        queued = self.queue[0]  # popped only once laid out: a failure leaves its sink queued
+        units = _split_units(queued.request.audio)
+        embeds = [self.encoder.encode_unit(unit) for unit in units]
+        if self.context is not None:
+            rows = self.layout.append(embeds, context=self.context)
+            self.context = None
+        else:
+            rows = self.layout.append(embeds, terminator=self.pending_terminator)
+        self.num_units += len(units)
+        speech = [float(np.sqrt(np.mean(np.square(unit)))) >= SPEECH_RMS for unit in units]
+        self.policy.begin_unit(queued.request.force_listen, speech)
+        self.queue.popleft()
+        self.active = ActiveAppend(queued.request, queued.sink, rows, self.num_units - 1)
+        return self.active
+
+    def next_input(
+        self,
+        embed_tokens: Callable[[torch.Tensor], torch.Tensor],
+        device: torch.device | str,
+        dtype: torch.dtype,
+    ) -> StepInput:
+        """The active append's rows for this step: its prefill, or one decode row."""
+        active = self._require_active()
+        if active.rows is not None:
+            embeds = active.rows.materialize(embed_tokens, device, dtype)
+            return StepInput(self.request_id, active.rows.token_ids, embeds)
+        return StepInput(self.request_id, [active.tokens[-1]], capture_hidden=True)
+
+    def consume(self, inp: StepInput, result: StepResult) -> ThinkerUnitResult | None:
+        """Take one step's result; returns the unit's result once its terminator is sampled."""
+        if self.hook.error is not None:
+            raise self.hook.error
+        active = self._require_active()
+        if active.rows is not None:
+            self.snapshot.update(active.rows.token_ids)
+            active.rows = None
+        else:
+            self.snapshot.update(None)  # a decode row carries no prompt snapshot
+            self.ledger.record(inp.token_ids, result.positions, result.hidden)
+        if result.token is None:
+            raise RuntimeError(f"session {self.request_id!r}: the runner sampled no token")
+        active.tokens.append(result.token)
+        if result.token in self.special.chunk_terminators:
+            return self._finish_unit(active)
+        if len(active.tokens) >= self.policy.config.max_tokens_per_unit:
+            raise RuntimeError(
+                f"session {self.request_id!r}: unit ran {len(active.tokens)} tokens without a "
+                "chunk terminator (the policy's hard cut failed)"
+            )
+        return None
+
+    def close(self) -> None:
+        """Drop the encoder cache and captured rows; the engine frees the runner request."""
+        self.encoder.reset()
+        self.ledger.clear()
+        self.queue.clear()
+        self.active = None
+
+    def _finish_unit(self, active: ActiveAppend) -> ThinkerUnitResult:
+        tokens = active.tokens
+        # The runner's sampled terminator is canonical: it is what the KV will hold next.
+        self.pending_terminator = tokens[-1]
+        speaks = tokens[-1] != self.special.listen and len(tokens) > 1
+        # An empty handoff never reaches the Talker, so it cannot carry the turn start.
+        handoff = build_handoff(
+            tokens, self.snapshot, self.ledger, self.tokenizer, self.special,
+            turn_start=not self.spoke_in_turn,
+        )
+        hands_speech = not handoff.is_empty
+        self.spoke_in_turn = (self.spoke_in_turn or hands_speech) and self.policy.latches.turn_open
+        return ThinkerUnitResult(
+            request_id=self.request_id,
+            seq=active.request.seq,
+            unit_index=active.unit_index,
+            decision=DECISION_SPEAK if speaks else DECISION_LISTEN,
+            token_ids=np.asarray(tokens, dtype=np.int32),
+            text=handoff.text,
+            tts_token_ids=np.asarray(handoff.token_ids, dtype=np.int32),
+            tts_hidden=handoff.hidden.cpu().numpy().astype(np.float32, copy=False),
+            turn_start=handoff.turn_start and hands_speech,
+            turn_end=handoff.turn_end,
+            segment_end=handoff.segment_end,
+        )
+
+    def _require_active(self) -> ActiveAppend:
+        if self.active is None:
+            raise RuntimeError(f"session {self.request_id!r} has no active append")
+        return self.active
+
+
+def _split_units(audio: np.ndarray) -> list[np.ndarray]:
+    """[num_units * 16000] float32 -> num_units arrays of [16000] float32."""
+    samples = np.ascontiguousarray(audio, dtype=np.float32)
+    return [samples[start : start + UNIT_SAMPLES] for start in range(0, len(samples), UNIT_SAMPLES)]
+
+
+def _trim_reference(ref_audio: np.ndarray) -> np.ndarray | None:
+    """[n] float32 16 kHz -> whole 100 ms hops ([k * 1600] float32), or None if under one."""
+    usable = (len(ref_audio) // REFERENCE_HOP) * REFERENCE_HOP
+    if usable == 0:
+        return None
+    return np.ascontiguousarray(ref_audio[:usable], dtype=np.float32)

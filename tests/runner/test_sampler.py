@@ -1,0 +1,114 @@
+"""Sampler: greedy, seeded reproducibility, filters, distribution, penalty, hooks.
+
+Strategy: literal cases for the deterministic parts; for the random part, many draws over
+distinct (seed, position) pairs compared with softmax(logits / T) by a per-bin z-score bound,
+so a wrong temperature or a biased noise fails with the measured value in the message.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from backends.runner.sampler import (
+    apply_repetition_penalty,
+    apply_top_k,
+    apply_top_p,
+    make_generator,
+    sample_token,
+    step_seed,
+)
+from backends.runner.types import SampleContext, SamplingParams
+
+NUM_DRAWS = 4000
+Z_BOUND = 5.0  # 5-sigma per bin: a false alarm is ~1e-6 per bin, a temperature bug is >> 5
+
+
+def ctx_at(position: int, seed: int = 0, generated: list[int] | None = None) -> SampleContext:
+    return SampleContext("r", position, make_generator(seed, position, "cpu"), generated or [])
+
+
+def draw(logits: torch.Tensor, params: SamplingParams, position: int) -> int:
+    return sample_token(logits, params, ctx_at(position, params.seed), None)
+
+
+def test_greedy_is_argmax_whatever_the_filters() -> None:
+    logits = torch.tensor([0.1, 3.0, 2.9, -1.0])
+    params = SamplingParams(temperature=0.0, top_k=1, top_p=0.1, seed=5)
+    assert {draw(logits, params, p) for p in range(20)} == {1}
+
+
+def test_same_seed_and_position_same_token_and_logits_untouched() -> None:
+    logits = torch.randn(300, generator=torch.Generator().manual_seed(0))
+    before = logits.clone()
+    params = SamplingParams(temperature=1.0, seed=11)
+    tokens = [draw(logits, params, p) for p in range(40)]
+    assert tokens == [draw(logits, params, p) for p in range(40)]
+    assert len(set(tokens)) > 10, "positions do not vary the noise"
+    assert torch.equal(logits, before)
+    assert step_seed(11, 0) != step_seed(11, 1) != step_seed(12, 0)
+
+
+def test_temperature_distribution_matches_softmax() -> None:
+    logits = torch.tensor([1.0, 0.0, -0.5, 2.0])
+    temperature = 0.7
+    params = SamplingParams(temperature=temperature, seed=3)
+    counts = torch.zeros(4)
+    for position in range(NUM_DRAWS):
+        counts[draw(logits, params, position)] += 1
+    probs = torch.softmax(logits / temperature, dim=0)
+    for token in range(4):
+        expected = NUM_DRAWS * probs[token].item()
+        z = (counts[token].item() - expected) / math.sqrt(expected * (1 - probs[token].item()))
+        assert abs(z) < Z_BOUND, f"token {token}: z = {z:.1f} ({counts.tolist()})"
+
+
+def test_top_k_and_top_p_restrict_support() -> None:
+    logits = torch.tensor([2.0, 1.5, 1.0, 0.5, 0.0, -0.5])
+    top_k = {draw(logits, SamplingParams(temperature=5.0, top_k=2), p) for p in range(300)}
+    assert top_k == {0, 1}
+    # probs at T=1: [.41, .25, .15, .09, .06, .03]; mass before token 2 is .665 < .7, token 3 .817
+    top_p = {draw(logits, SamplingParams(temperature=1.0, top_p=0.7), p) for p in range(300)}
+    assert top_p == {0, 1, 2}
+
+
+def test_filter_literals() -> None:
+    row = torch.tensor([1.0, 3.0, 3.0, 0.0])
+    apply_top_k(row, 2)
+    assert row.tolist() == [float("-inf"), 3.0, 3.0, float("-inf")]
+    row = torch.log(torch.tensor([0.5, 0.3, 0.15, 0.05]))
+    apply_top_p(row, 0.5)  # the first token alone already holds 0.5
+    assert torch.isinf(row[1:]).all() and not torch.isinf(row[0])
+
+
+def test_repetition_penalty_hf_style_over_window() -> None:
+    row = torch.tensor([2.0, -2.0, 2.0, 1.0])
+    apply_repetition_penalty(row, generated=[2, 0, 1, 1], penalty=2.0, window=3)
+    assert row.tolist() == [1.0, -4.0, 2.0, 1.0]  # token 2 is outside the window of 3
+
+
+class RewriteHook:
+    def before_sample(self, logits: torch.Tensor, ctx: SampleContext) -> int | None:
+        logits[0] = float("-inf")
+        return 42 if ctx.position == 7 else None
+
+    def after_sample(self, token: int, ctx: SampleContext) -> int:
+        return token + 100
+
+
+def test_hook_masks_forces_and_rewrites() -> None:
+    logits = torch.tensor([9.0, 1.0, 0.0])
+    greedy = SamplingParams()
+    assert sample_token(logits, greedy, ctx_at(3), RewriteHook()) == 101
+    assert sample_token(logits, greedy, ctx_at(7), RewriteHook()) == 142
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [{"temperature": -1.0}, {"top_k": 0}, {"top_p": 0.0}, {"repetition_penalty": 0.0}],
+)
+def test_invalid_params_rejected(kwargs: dict[str, float]) -> None:
+    with pytest.raises(ValueError, match=next(iter(kwargs))):
+        SamplingParams(**kwargs)

@@ -1,0 +1,393 @@
+"""ThinkerEngine: many sessions on one runner, with session-scoped failures.
+
+Strategy: a tiny random Qwen3 (built directly) with the tiny checkpoint's real tokenizer, and a
+deterministic fake audio encoder (a fixed linear map of the samples) so tests stay fast; one
+test runs the real streaming Whisper encoder. Batch independence compares each session run
+alone against the same sessions interleaved on one engine (mixed prefill + decode steps):
+tokens must be equal and hidden rows equal within float32 batching noise.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+import numpy as np
+import pytest
+import torch
+
+from backends.audio.encoder_model import AudioEncoderModel
+from backends.checkpoint.tiny_tokenizer import EOS_TOKEN, train_tiny_tokenizer
+from backends.checkpoint.tokenizer import SpecialTokens, TextTokenizer
+from backends.models.qwen3 import Qwen3Config, Qwen3ForCausalLM
+from backends.models.whisper_encoder import WhisperEncoderConfig
+from backends.runner.types import RunnerConfig, StepInput
+from backends.stages.contracts import (
+    ACTION_STOP,
+    DECISION_LISTEN,
+    DECISION_SPEAK,
+    ThinkerRequest,
+    ThinkerUnitResult,
+)
+from backends.stages.sink import ListSink
+from backends.stages.thinker_engine import ThinkerEngine, ThinkerEngineConfig
+
+HIDDEN = 32
+UNIT = 16000
+# Rows of one session computed alone vs in a mixed batch go through different matmul shapes;
+# float32 reassociation differs by ~1e-6 relative at these widths.
+HIDDEN_ATOL = 1e-4
+MAX_STEPS = 2000
+
+
+class FakeEncoder:
+    """[16000] samples -> [10, HIDDEN] by a fixed projection; counts resets."""
+
+    def __init__(self, fail_on_unit: int | None = None) -> None:
+        generator = torch.Generator().manual_seed(99)
+        self.weight = torch.randn(1600, HIDDEN, generator=generator)
+        self.fail_on_unit = fail_on_unit
+        self.num_units = 0
+        self.num_resets = 0
+
+    def encode_unit(self, samples: np.ndarray) -> torch.Tensor:
+        self.num_units += 1
+        if self.num_units == self.fail_on_unit:
+            raise RuntimeError("injected encoder failure")
+        return torch.from_numpy(samples).view(10, 1600) @ self.weight
+
+    def encode_reference(self, samples: np.ndarray) -> torch.Tensor:
+        return torch.from_numpy(samples).view(-1, 1600) @ self.weight
+
+    def reset(self) -> None:
+        self.num_resets += 1
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _one_thread() -> Iterator[None]:
+    """Tiny ops are dominated by thread hand-off; on a loaded 2-core CI box the default pool
+    made each tiny SDPA call ~50 ms instead of ~50 us."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)
+
+
+@pytest.fixture(scope="module")
+def tokenizer() -> TextTokenizer:
+    return TextTokenizer(train_tiny_tokenizer(), EOS_TOKEN)
+
+
+@pytest.fixture(scope="module")
+def special(tokenizer: TextTokenizer) -> SpecialTokens:
+    return SpecialTokens.resolve(tokenizer)
+
+
+@pytest.fixture(scope="module")
+def llm(tokenizer: TextTokenizer) -> Qwen3ForCausalLM:
+    torch.manual_seed(0)
+    config = Qwen3Config(
+        hidden_size=HIDDEN, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        head_dim=8, intermediate_size=64, vocab_size=1024,
+    )
+    return Qwen3ForCausalLM(config).eval()
+
+
+EngineFactory = Callable[..., ThinkerEngine]
+
+
+@pytest.fixture()
+def make_engine(llm, tokenizer, special) -> EngineFactory:
+    def make(
+        encoders: list[FakeEncoder] | None = None, max_context: int = 0, max_num_reqs: int = 4
+    ) -> ThinkerEngine:
+        pool = list(encoders or [])
+        runner = RunnerConfig(num_blocks=96, max_num_reqs=max_num_reqs, max_model_len=512)
+        return ThinkerEngine(
+            llm, None, tokenizer, special, runner,
+            ThinkerEngineConfig(max_context_tokens=max_context),
+            encoder_factory=lambda: pool.pop(0) if pool else FakeEncoder(),
+        )
+
+    return make
+
+
+def _audio(num_units: int, seed: int, amplitude: float = 0.1) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    return (rng.standard_normal(num_units * UNIT) * amplitude).astype(np.float32)
+
+
+def _silence(num_units: int = 1) -> np.ndarray:
+    return np.zeros(num_units * UNIT, dtype=np.float32)
+
+
+def _run(engine: ThinkerEngine) -> None:
+    for _ in range(MAX_STEPS):
+        if not engine.has_work():
+            return
+        engine.step()
+    raise AssertionError("engine did not go idle")
+
+
+def _knob_session(request_id: str) -> list[ThinkerRequest]:
+    """A forced two-unit reply to the initial text, user speech, then silence (a new reply)."""
+    first = ThinkerRequest(
+        request_id, _audio(1, 1), seq=0, initial_user_text="hello there", seed=5,
+        reply_units=2, reply_tokens_per_unit=3,
+    )
+    later = [_audio(1, 2), _audio(1, 3), _silence(), _silence()]
+    return [first] + [ThinkerRequest(request_id, a, seq=i + 1) for i, a in enumerate(later)]
+
+
+def _free_session(request_id: str) -> list[ThinkerRequest]:
+    """The natural policy on noise (speech-level RMS), including a two-unit append."""
+    audios = [_audio(1, 10), _audio(2, 11), _audio(1, 12), _audio(1, 13)]
+    return [ThinkerRequest(request_id, a, seq=i, seed=7) for i, a in enumerate(audios)]
+
+
+def _submit_all(engine: ThinkerEngine, requests: list[ThinkerRequest]) -> list[ListSink]:
+    sinks = [ListSink() for _ in requests]
+    for request, sink in zip(requests, sinks):
+        engine.submit(request, sink)
+    return sinks
+
+
+def _units(sinks: list[ListSink]) -> list[ThinkerUnitResult]:
+    for sink in sinks:
+        assert sink.closed and sink.error is None, sink.error
+        assert len(sink.results) == 1
+    return [sink.results[0] for sink in sinks]
+
+
+def _alone(make_engine: EngineFactory, requests: list[ThinkerRequest]) -> list[ThinkerUnitResult]:
+    engine = make_engine()
+    sinks = _submit_all(engine, requests)
+    _run(engine)
+    return _units(sinks)
+
+
+def _assert_same(got: list[ThinkerUnitResult], want: list[ThinkerUnitResult]) -> None:
+    assert len(got) == len(want)
+    for a, b in zip(got, want):
+        assert a.decision == b.decision and a.unit_index == b.unit_index
+        np.testing.assert_array_equal(a.token_ids, b.token_ids)
+        np.testing.assert_array_equal(a.tts_token_ids, b.tts_token_ids)
+        np.testing.assert_allclose(a.tts_hidden, b.tts_hidden, rtol=0, atol=HIDDEN_ATOL)
+        assert (a.text, a.turn_start, a.turn_end, a.segment_end) == (
+            b.text, b.turn_start, b.turn_end, b.segment_end)
+
+
+# ---- results -------------------------------------------------------------------------------
+
+
+def test_reply_knobs_give_speak_units_with_exact_text(make_engine, special) -> None:
+    units = _alone(make_engine, _knob_session("k"))
+    assert [u.decision for u in units] == [
+        DECISION_SPEAK, DECISION_SPEAK, DECISION_LISTEN, DECISION_SPEAK, DECISION_SPEAK]
+    first, last = units[0], units[1]
+    assert first.turn_start and not first.turn_end and first.segment_end
+    assert len(first.tts_token_ids) == 3 and first.text
+    assert not last.turn_start and last.turn_end
+    assert len(last.tts_token_ids) == 4 and last.tts_token_ids[-1] == special.turn_eos
+    assert last.tts_hidden.shape == (4, HIDDEN) and last.tts_hidden.dtype == np.float32
+    assert units[2].tts_token_ids.size == 0 and units[2].token_ids.tolist() == [special.listen]
+    assert units[3].turn_start and not units[4].turn_start and units[4].turn_end
+    assert [u.unit_index for u in units] == [0, 1, 2, 3, 4]
+
+
+def test_kv_holds_every_row_and_reinjects_the_terminator(make_engine, special) -> None:
+    engine = make_engine()
+    requests = _free_session("f")
+    sinks = _submit_all(engine, requests[:2])
+    _run(engine)
+    first, second = _units(sinks)
+    kv = engine.runner.token_ids("f")
+    context_rows = kv.index(special.unit)
+    assert context_rows + 11 + len(first.token_ids) - 1 + 13 + 12 + len(second.token_ids) - 1 == len(kv)
+    head = context_rows + 11 + len(first.token_ids) - 1
+    assert kv[head : head + 3] == [int(first.token_ids[-1]), special.unit_end, special.unit]
+    assert kv[head - len(first.token_ids) + 1 : head] == first.token_ids[:-1].tolist()
+    assert second.unit_index == 2  # the two-unit append decides once, for its last unit
+    assert all(len(u.token_ids) <= 20 for u in (first, second))
+
+
+def test_sessions_interleaved_equal_sessions_alone(make_engine, monkeypatch) -> None:
+    knob, free = _knob_session("k"), _free_session("f")
+    want_knob, want_free = _alone(make_engine, knob), _alone(make_engine, free)
+    engine = make_engine()
+    shapes: list[list[int]] = []
+    real_step = engine.runner.step
+
+    def spy(inputs: list[StepInput]):
+        shapes.append([inp.num_rows for inp in inputs])
+        return real_step(inputs)
+
+    monkeypatch.setattr(engine.runner, "step", spy)
+    sinks_knob = _submit_all(engine, knob[:1])
+    engine.step()
+    sinks_free = _submit_all(engine, free)
+    sinks_knob += _submit_all(engine, knob[1:])
+    _run(engine)
+    _assert_same(_units(sinks_knob), want_knob)
+    _assert_same(_units(sinks_free), want_free)
+    assert any(max(s) > 1 and min(s) == 1 for s in shapes if len(s) == 2), "no mixed step"
+
+
+# ---- stop ----------------------------------------------------------------------------------
+
+
+def test_stop_frees_everything(make_engine, special) -> None:
+    encoder = FakeEncoder()
+    engine = make_engine([encoder])
+    free_at_start = engine.runner.num_free_blocks()
+    requests = _free_session("a")
+    done = _submit_all(engine, requests[:1])
+    _run(engine)
+    pending = _submit_all(engine, requests[1:3])
+    engine.step()  # the second append is now mid-flight
+    engine.stop("a")
+    assert engine.runner.num_free_blocks() == free_at_start
+    assert not engine.runner.has_request("a") and engine.num_sessions() == 0
+    assert not engine.has_work() and encoder.num_resets == 1
+    assert done[0].error is None
+    assert [s.error.code for s in pending] == ["cancelled", "cancelled"]
+    engine.stop("a")  # idempotent
+    assert encoder.num_resets == 1
+    late = ListSink()
+    engine.submit(requests[3], late)
+    assert late.error is not None and late.error.code == "invalid_argument"
+
+
+def test_stop_of_an_unknown_request_touches_nothing(make_engine) -> None:
+    """Edge case 1: a stop for a request never prefilled (or unknown) must not disturb others."""
+    free = _free_session("f")
+    want = _alone(make_engine, free)
+    engine = make_engine()
+    sinks = _submit_all(engine, free)
+    engine.step()
+    engine.stop("never-started")
+    stop_sink = ListSink()
+    engine.submit(ThinkerRequest("other", _silence(), action=ACTION_STOP), stop_sink)
+    assert stop_sink.closed and stop_sink.error is None
+    _run(engine)
+    _assert_same(_units(sinks), want)
+
+
+def test_stop_before_the_first_prefill_releases_the_slot(make_engine) -> None:
+    engine = make_engine(max_num_reqs=1)
+    first = ListSink()
+    engine.submit(_free_session("a")[0], first)
+    engine.stop("a")
+    assert first.error.code == "cancelled" and engine.runner.num_free_blocks() == 96
+    again = _submit_all(engine, _free_session("b")[:1])
+    _run(engine)
+    assert again[0].error is None and len(again[0].results) == 1
+
+
+# ---- errors --------------------------------------------------------------------------------
+
+
+def _forced_listen_session(request_id: str, count: int) -> list[ThinkerRequest]:
+    return [
+        ThinkerRequest(request_id, _audio(1, i), seq=i, force_listen=True) for i in range(count)
+    ]
+
+
+def test_context_overflow_ends_the_request_once(make_engine, monkeypatch) -> None:
+    """Every unit is one forced <|listen|>: KV = context + 11, then + 13 per unit. With a
+    70-token context the third append (48 + 13 + 19 decode budget) no longer fits."""
+    engine = make_engine(max_context=70)
+    freed: list[str] = []
+    real_free = engine.runner.free_request
+    monkeypatch.setattr(
+        engine.runner, "free_request", lambda rid: (freed.append(rid), real_free(rid)))
+    other = _submit_all(engine, _free_session("b")[:1])
+    sinks = _submit_all(engine, _forced_listen_session("a", 4))
+    _run(engine)
+    assert engine.runner.num_tokens("b") > 0
+    assert [s.error for s in sinks[:2]] == [None, None]
+    assert [s.error.code for s in sinks[2:]] == ["context_length_exceeded"] * 2
+    assert sinks[2].error.message.startswith("context_length_exceeded")
+    assert freed == ["a"]
+    assert _units(other)[0].request_id == "b"
+    late = ListSink()
+    engine.submit(ThinkerRequest("a", _audio(1, 9), seq=9), late)
+    assert late.error.code == "invalid_argument"
+
+
+def test_encoder_failure_fails_only_its_session(make_engine) -> None:
+    free = _free_session("f")
+    want = _alone(make_engine, free)
+    engine = make_engine([FakeEncoder(fail_on_unit=2), FakeEncoder()])
+    broken = _submit_all(engine, _free_session("a")[:3])
+    sinks = _submit_all(engine, free)
+    _run(engine)
+    assert broken[0].error is None
+    assert [s.error.code for s in broken[1:]] == ["internal", "internal"]
+    _assert_same(_units(sinks), want)
+    assert not engine.runner.has_request("a")
+
+
+def test_policy_failure_inside_the_runner_step_fails_only_its_session(make_engine) -> None:
+    free = _free_session("f")
+    want = _alone(make_engine, free)
+    engine = make_engine()
+    broken = _submit_all(engine, _free_session("a")[:2])
+    sinks = _submit_all(engine, free)
+    engine.step()
+
+    def explode(*_: object) -> int:
+        raise RuntimeError("injected policy failure")
+
+    engine._sessions["a"].policy.before_sample = explode  # type: ignore[method-assign]
+    _run(engine)
+    assert any(s.error is not None and s.error.code == "internal" for s in broken)
+    assert "injected policy failure" in next(s.error.message for s in broken if s.error)
+    _assert_same(_units(sinks), want)
+
+
+@pytest.mark.parametrize(
+    ("request_kwargs", "fragment"),
+    [
+        (dict(audio=np.zeros(15999, dtype=np.float32)), "whole units"),
+        (dict(audio=np.zeros(UNIT, dtype=np.float64)), "float32"),
+        (dict(seq=3), "unknown request"),
+        (dict(action="rewind"), "unknown action"),
+        (dict(reply_units=2), "reply"),
+    ],
+)
+def test_bad_requests_are_answered(make_engine, request_kwargs, fragment) -> None:
+    engine = make_engine()
+    fields = dict(request_id="x", audio=_silence(), seq=0) | request_kwargs
+    sink = ListSink()
+    engine.submit(ThinkerRequest(**fields), sink)
+    assert sink.error.code == "invalid_argument" and fragment in sink.error.message
+    assert engine.num_sessions() == 0 and engine.runner.num_free_blocks() == 96
+
+
+def test_admission_limit(make_engine) -> None:
+    engine = make_engine(max_num_reqs=1)
+    _submit_all(engine, _free_session("a")[:1])
+    refused = ListSink()
+    engine.submit(_free_session("b")[0], refused)
+    assert refused.error.code == "resource_exhausted"
+
+
+# ---- the real streaming encoder ------------------------------------------------------------
+
+
+def test_real_streaming_encoder_and_reference_audio(llm, tokenizer, special) -> None:
+    torch.manual_seed(3)
+    whisper = WhisperEncoderConfig(
+        d_model=32, encoder_layers=1, encoder_attention_heads=4, encoder_ffn_dim=128)
+    audio_model = AudioEncoderModel.from_config(whisper, HIDDEN)
+    engine = ThinkerEngine(
+        llm, audio_model, tokenizer, special,
+        RunnerConfig(num_blocks=64, max_num_reqs=2, max_model_len=512),
+    )
+    first = ThinkerRequest("r", _audio(1, 1), seq=0, ref_audio=_audio(1, 4)[:4000])
+    sinks = _submit_all(engine, [first, ThinkerRequest("r", _audio(1, 2), seq=1)])
+    _run(engine)
+    units = _units(sinks)
+    kv = engine.runner.token_ids("r")
+    assert kv.count(special.unit) == 2 + 2  # two reference rows (4000 -> 3200 samples) + 2 units
+    assert kv.count(special.audio) == 20 and len(units) == 2

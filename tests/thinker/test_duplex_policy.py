@@ -1,0 +1,338 @@
+"""DuplexPolicy: one test per rule of facts 2.3, plus the reply-shape knobs.
+
+Strategy: drive the hook exactly as the runner does (before_sample on a float32 logits row,
+then after_sample with the final token) with logits built to make each rule decisive, and the
+runner's seeded per-position generators. Statistical checks use many seeds with a bound of
+several standard deviations, the measured value in the message.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import pytest
+import torch
+
+from backends.checkpoint.tokenizer import SpecialTokens, TextTokenizer
+from backends.runner.sampler import make_generator
+from backends.runner.types import SampleContext
+from backends.thinker.duplex_policy import DuplexPolicy, PolicyConfig
+
+VOCAB = 1024  # tiny tokenizer ids 0..999 + 24 padding rows of the embedding table
+BAD_IDS = range(1000, VOCAB)
+NUM_SEEDS = 1500
+SIGMAS = 5.0  # a fair implementation fails a 5-sigma bound about once in 2 million runs
+
+
+def _ctx(seed: int = 0, position: int = 100) -> SampleContext:
+    return SampleContext("r", position, make_generator(seed, position, "cpu"), [])
+
+
+def _policy(tokenizer: TextTokenizer, special: SpecialTokens, **cfg: object) -> DuplexPolicy:
+    return DuplexPolicy(special, tokenizer, PolicyConfig(**cfg), BAD_IDS)  # type: ignore[arg-type]
+
+
+def _logits(favour: dict[int, float] | None = None) -> torch.Tensor:
+    row = torch.zeros(VOCAB)
+    for token, value in (favour or {}).items():
+        row[token] = value
+    return row
+
+
+def _sample(policy: DuplexPolicy, logits: torch.Tensor, seed: int = 0, position: int = 100) -> int:
+    ctx = _ctx(seed, position)
+    forced = policy.before_sample(logits.clone(), ctx)
+    assert forced is not None  # the duplex policy always decides the token itself
+    return policy.after_sample(forced, ctx)
+
+
+def _text_ids(tokenizer: TextTokenizer, text: str) -> list[int]:
+    return tokenizer.encode(text)
+
+
+def _run_unit(
+    policy: DuplexPolicy, logits_fn: Callable[[int], torch.Tensor], seed: int = 0
+) -> list[int]:
+    tokens: list[int] = []
+    terminators = policy.terminators
+    while not tokens or tokens[-1] not in terminators:
+        tokens.append(_sample(policy, logits_fn(len(tokens)), seed, 200 + len(tokens)))
+        assert len(tokens) <= 20
+    return tokens
+
+
+# ---- rule 1: force-listen pre-pass ------------------------------------------------------------
+
+
+def test_force_listen_flag_forces_listen_and_closes_the_turn(tokenizer, special) -> None:
+    policy = _policy(tokenizer, special)
+    policy.open_turn_with_text()
+    policy.begin_unit(force_listen=True, speech=[True])
+    token = _sample(policy, _logits({special.speak: 50.0}))
+    assert token == special.listen
+    assert not policy.latches.turn_open
+    assert policy.latches.pending_terminator == special.listen
+
+
+def test_silent_unit_with_nothing_to_answer_is_forced_to_listen(tokenizer, special) -> None:
+    policy = _policy(tokenizer, special)
+    policy.begin_unit(force_listen=False, speech=[False])
+    assert _sample(policy, _logits({special.speak: 50.0})) == special.listen
+
+
+def test_speech_unit_is_not_forced(tokenizer, special) -> None:
+    policy = _policy(tokenizer, special)
+    policy.begin_unit(force_listen=False, speech=[True])
+    assert _sample(policy, _logits({special.speak: 50.0})) == special.speak
+
+
+def test_pending_speech_context_lifts_the_silence_force(tokenizer, special) -> None:
+    """A silent unit right after user speech must let the model decide (answer)."""
+    policy = _policy(tokenizer, special)
+    policy.begin_unit(False, [True])
+    _sample(policy, _logits({special.listen: 50.0}))
+    policy.begin_unit(False, [False])
+    assert _sample(policy, _logits({special.speak: 50.0})) == special.speak
+
+
+# ---- rule 2: async lookahead guard ------------------------------------------------------------
+
+
+def test_lookahead_after_a_terminator_reemits_it_without_state_change(tokenizer, special) -> None:
+    policy = _policy(tokenizer, special)
+    policy.begin_unit(False, [True])
+    word = _text_ids(tokenizer, "hi")[0]
+    _sample(policy, _logits({word: 50.0}))
+    assert _sample(policy, _logits({special.chunk_eos: 50.0})) == special.chunk_eos
+    history = list(policy.latches.history)
+    unit = policy.unit_tokens
+    token = _sample(policy, _logits({special.speak: 50.0}))
+    assert token == special.chunk_eos
+    assert list(policy.latches.history) == history and policy.unit_tokens == unit
+
+
+# ---- rule 3: hard length cut ------------------------------------------------------------------
+
+
+def test_twentieth_token_is_chunk_eos(tokenizer, special) -> None:
+    policy = _policy(tokenizer, special, max_chars_per_unit=10_000, temperature=0.0)
+    policy.begin_unit(False, [True])
+    words = _text_ids(tokenizer, " the and of to in is")
+    tokens = _run_unit(policy, lambda i: _logits({words[i % len(words)]: 30.0}))
+    assert len(tokens) == 20 and tokens[-1] == special.chunk_eos
+    assert special.chunk_eos not in tokens[:-1]
+
+
+# ---- rule 4: boundary draw from the raw softmax -----------------------------------------------
+
+
+def test_greedy_boundary_draw_takes_argmax_chunk_eos(tokenizer, special) -> None:
+    policy = _policy(tokenizer, special, temperature=0.0)
+    policy.begin_unit(False, [True])
+    word = _text_ids(tokenizer, "hi")[0]
+    assert _sample(policy, _logits({special.chunk_eos: 5.0, word: 4.0})) == special.chunk_eos
+
+
+def test_boundary_draw_uses_the_untempered_softmax(tokenizer, special) -> None:
+    """chunk_eos has raw probability 0.3 against one word; at temperature 0.2 a tempered draw
+    would give it about 0.01. The rate must match the raw 0.3."""
+    word = _text_ids(tokenizer, "hi")[0]
+    logits = torch.full((VOCAB,), -1e4)
+    logits[special.chunk_eos] = math.log(0.3)
+    logits[word] = math.log(0.7)
+    hits = 0
+    for seed in range(NUM_SEEDS):
+        policy = _policy(tokenizer, special, temperature=0.2)
+        policy.begin_unit(False, [True])
+        hits += _sample(policy, logits, seed) == special.chunk_eos
+    rate, sigma = hits / NUM_SEEDS, math.sqrt(0.3 * 0.7 / NUM_SEEDS)
+    assert abs(rate - 0.3) < SIGMAS * sigma, f"chunk_eos rate {rate:.3f}, expected 0.3"
+
+
+# ---- rule 5: masks, penalty, temperature / top-k / top-p --------------------------------------
+
+
+def test_tts_pad_bad_ids_and_chunk_eos_are_masked_after_the_draw(tokenizer, special) -> None:
+    word = _text_ids(tokenizer, "hi")[0]
+    favour = {special.tts_pad: 60.0, 1005: 60.0, special.chunk_eos: -1.0, word: 1.0}
+    for seed in range(50):
+        policy = _policy(tokenizer, special)
+        policy.begin_unit(False, [True])
+        token = _sample(policy, _logits(favour), seed)
+        assert token not in (special.tts_pad, 1005)
+
+
+def test_repetition_penalty_applies_to_recent_distinct_tokens(tokenizer, special) -> None:
+    policy = _policy(tokenizer, special, temperature=0.0, max_chars_per_unit=10_000)
+    first, second = _text_ids(tokenizer, " the and")[:2]
+    policy.begin_unit(False, [True])
+    assert _sample(policy, _logits({first: 30.0})) == first
+    # 2.0 / 1.05 = 1.905 < 1.95: the seen token loses to an unseen one.
+    assert _sample(policy, _logits({first: 2.0, second: 1.95})) == second
+
+
+def test_repetition_penalty_window_is_the_last_512(tokenizer, special) -> None:
+    policy = _policy(tokenizer, special, temperature=0.0)
+    first, second = _text_ids(tokenizer, " the and")[:2]
+    policy.latches.history.extend([first] + [special.speak] * 512)
+    policy.begin_unit(False, [True])
+    assert _sample(policy, _logits({first: 2.0, second: 1.95})) == first
+
+
+def test_top_k_keeps_twenty(tokenizer, special) -> None:
+    """25 candidates with nearly equal logits: only the 20 largest may ever be drawn."""
+    candidates = list(range(300, 325))
+    favour = {token: 10.0 - 0.001 * i for i, token in enumerate(candidates)}
+    seen = set()
+    for seed in range(300):
+        policy = _policy(tokenizer, special, temperature=1.0, top_p=1.0)
+        policy.begin_unit(False, [True])
+        seen.add(_sample(policy, _logits(favour), seed))
+    assert seen <= set(candidates[:20]) and len(seen) > 10
+
+
+def test_top_p_drops_the_tail(tokenizer, special) -> None:
+    """Probabilities 0.85 / 0.15 at temperature 1: top-p 0.8 keeps only the first token."""
+    first, second = 300, 301
+    logits = torch.full((VOCAB,), -1e4)
+    logits[first], logits[second] = math.log(0.85), math.log(0.15)
+    for seed in range(200):
+        policy = _policy(tokenizer, special, temperature=1.0)
+        policy.begin_unit(False, [True])
+        assert _sample(policy, logits, seed) == first
+
+
+def test_sampling_is_a_function_of_seed_and_position(tokenizer, special) -> None:
+    logits = torch.randn(VOCAB, generator=torch.Generator().manual_seed(3))
+
+    def draw(seed: int, position: int) -> int:
+        policy = _policy(tokenizer, special, temperature=1.0)
+        policy.begin_unit(False, [True])
+        return _sample(policy, logits, seed, position)
+
+    assert [draw(1, 5) for _ in range(3)] == [draw(1, 5)] * 3
+    assert len({draw(seed, 5) for seed in range(40)}) > 1
+
+
+# ---- rule 6: 28-character cut -----------------------------------------------------------------
+
+
+def test_character_cut_at_28(tokenizer, special) -> None:
+    text = " the and of to in is it you that he was"
+    words = _text_ids(tokenizer, text)
+    policy = _policy(tokenizer, special, temperature=0.0)
+    policy.begin_unit(False, [True])
+    tokens = _run_unit(policy, lambda i: _logits({words[i % len(words)]: 30.0}))
+    assert tokens[-1] == special.chunk_eos
+    spoken = tokenizer.decode(tokens[:-1])
+    with_next = tokenizer.decode(tokens[:-1] + [words[(len(tokens) - 1) % len(words)]])
+    assert len(spoken) < 28 <= len(with_next), (spoken, with_next)
+
+
+def test_character_cut_lets_special_candidates_through(tokenizer, special) -> None:
+    """At 4 characters with a limit of 5, another word is cut but a special token is not."""
+    the, also = _text_ids(tokenizer, " the and")[:2]
+    outcomes = []
+    for candidate in (also, special.turn_eos):
+        policy = _policy(tokenizer, special, temperature=0.0, max_chars_per_unit=5)
+        policy.begin_unit(False, [True])
+        _sample(policy, _logits({the: 30.0}))
+        outcomes.append(_sample(policy, _logits({candidate: 30.0})))
+    assert outcomes == [special.chunk_eos, special.turn_eos]
+
+
+# ---- rule 7: mid-turn listen rewrite ----------------------------------------------------------
+
+
+def test_listen_in_an_open_turn_becomes_tts_bos(tokenizer, special) -> None:
+    policy = _policy(tokenizer, special, temperature=0.0)
+    policy.open_turn_with_text()
+    policy.begin_unit(False, [True])
+    assert _sample(policy, _logits({special.listen: 30.0})) == special.tts_bos
+
+
+def test_listen_without_a_turn_stays_listen(tokenizer, special) -> None:
+    policy = _policy(tokenizer, special, temperature=0.0)
+    policy.begin_unit(False, [True])
+    assert _sample(policy, _logits({special.listen: 30.0})) == special.listen
+
+
+# ---- rule 8: latches --------------------------------------------------------------------------
+
+
+def test_latches_follow_the_final_tokens(tokenizer, special) -> None:
+    policy = _policy(tokenizer, special, temperature=0.0)
+    latches = policy.latches
+    policy.begin_unit(False, [True])
+    assert latches.pending_speech_context and not latches.turn_open
+    _sample(policy, _logits({special.speak: 30.0}))
+    assert latches.turn_open and latches.pending_speech_context  # speak is not content
+    _sample(policy, _logits({_text_ids(tokenizer, "hi")[0]: 30.0}))
+    assert not latches.pending_speech_context
+    _sample(policy, _logits({special.turn_eos: 30.0}))
+    assert not latches.turn_open and latches.pending_terminator is None
+    _sample(policy, _logits({special.chunk_tts_eos: 30.0}))
+    assert latches.pending_terminator == special.chunk_tts_eos
+    assert len(latches.history) == 4
+
+
+# ---- knobs ------------------------------------------------------------------------------------
+
+
+def _random_logits(special: SpecialTokens) -> Callable[[int], torch.Tensor]:
+    """Random rows whose special tokens dominate: the knob must still pick text."""
+    generator = torch.Generator().manual_seed(11)
+
+    def make(_: int) -> torch.Tensor:
+        row = torch.randn(VOCAB, generator=generator)
+        for token in (special.listen, special.chunk_eos, special.turn_eos, special.speak):
+            row[token] = 40.0
+        return row
+
+    return make
+
+
+def test_reply_knob_shapes_a_two_unit_reply(tokenizer, special) -> None:
+    policy = _policy(tokenizer, special, reply_units=2, reply_tokens_per_unit=4)
+    policy.open_turn_with_text()
+    logits = _random_logits(special)
+    units = []
+    for _ in range(3):
+        policy.begin_unit(False, [False])
+        units.append(_run_unit(policy, logits))
+    first, last, after = units
+    specials = policy.special_ids
+    assert first[0] == special.speak and first[-1] == special.chunk_eos and len(first) == 6
+    assert last[0] == special.speak and last[-2:] == [special.turn_eos, special.chunk_eos]
+    assert all(t not in specials for t in first[1:5] + last[1:5])
+    assert len(last) == 7
+    assert after == [special.listen]
+
+
+def test_reply_knob_opens_a_turn_when_speech_is_followed_by_silence(tokenizer, special) -> None:
+    policy = _policy(tokenizer, special, reply_units=1, reply_tokens_per_unit=2)
+    logits = _random_logits(special)
+    policy.begin_unit(False, [True])
+    assert _run_unit(policy, logits) == [special.listen]  # user still talking, no turn
+    policy.begin_unit(False, [False])
+    reply = _run_unit(policy, logits)
+    assert reply[0] == special.speak and reply[-2:] == [special.turn_eos, special.chunk_eos]
+    policy.begin_unit(False, [False])
+    assert _run_unit(policy, logits) == [special.listen]
+
+
+def test_force_listen_beats_the_reply_knob(tokenizer, special) -> None:
+    policy = _policy(tokenizer, special, reply_units=2, reply_tokens_per_unit=2)
+    policy.open_turn_with_text()
+    policy.begin_unit(True, [False])
+    assert _run_unit(policy, _random_logits(special)) == [special.listen]
+
+
+@pytest.mark.parametrize(
+    "knobs",
+    [dict(reply_units=2), dict(reply_tokens_per_unit=3), dict(reply_units=1, reply_tokens_per_unit=18)],
+)
+def test_reply_knobs_are_validated(knobs: dict[str, int]) -> None:
+    with pytest.raises(ValueError, match="reply"):
+        PolicyConfig(**knobs)
