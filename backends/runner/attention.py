@@ -51,6 +51,8 @@ def write_kv(
 
     k_cache, v_cache: [num_blocks, block_size, num_kv_heads, head_dim];
     key, value: [num_tokens, num_kv_heads, head_dim]; slot_mapping: [num_tokens] int64.
+    Every entry must be a real row: the CPU path has no padding rows, and a padded GPU path
+    must skip negative entries in its own write kernel.
     """
     num_kv_heads, head_dim = k_cache.shape[2], k_cache.shape[3]
     k_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, key.to(k_cache.dtype))

@@ -39,6 +39,13 @@ class BlockTable:
     def clear_row(self, slot: int) -> None:
         self.set_row(slot, [])
 
+    def move_pages_to_end(self, slot: int, first_page: int, num_pages: int) -> None:
+        """Move pages [first_page, first_page + num_pages) of a row to its end; later pages
+        move up. The row keeps the same blocks, so a request's reservation is unchanged."""
+        row = self.row(slot)
+        moved = row[first_page : first_page + num_pages]
+        self.set_row(slot, row[:first_page] + row[first_page + num_pages :] + moved)
+
     def row(self, slot: int) -> list[int]:
         return self.table_np[slot, : self.num_blocks_np[slot]].tolist()
 

@@ -33,7 +33,11 @@ from backends.runner.types import (
 
 
 class ModelRunner:
-    """One per stage, driven by one engine thread (no internal locking)."""
+    """One per stage, driven by one engine thread (no internal locking).
+
+    The model's weights must already be on `config.device` in `config.dtype`; the KV cache,
+    block table and per-step tensors are created there.
+    """
 
     def __init__(self, model: DecoderModel, config: RunnerConfig) -> None:
         check_backend(config.attention_backend)
@@ -54,8 +58,6 @@ class ModelRunner:
             config.max_num_reqs, config.max_blocks_per_req, config.device
         )
         self.states = RequestStates(config.max_num_reqs, config.max_model_len)
-
-    # ---- admission -------------------------------------------------------------------------
 
     def add_request(
         self,
@@ -103,8 +105,6 @@ class ModelRunner:
         self.block_table.clear_row(slot)
         self.states.remove(request_id)
 
-    # ---- queries ---------------------------------------------------------------------------
-
     def num_tokens(self, request_id: str) -> int:
         """Tokens now held in KV for the request."""
         return int(self.states.num_computed_tokens_np[self.states.slot_of(request_id)])
@@ -122,8 +122,6 @@ class ModelRunner:
     def block_ids(self, request_id: str) -> list[int]:
         """The request's reserved KV blocks in logical order."""
         return self.block_table.row(self.states.slot_of(request_id))
-
-    # ---- the step --------------------------------------------------------------------------
 
     def step(self, inputs: list[StepInput]) -> list[StepResult]:
         """One forward over every input's rows; results in input order.
@@ -247,8 +245,6 @@ class ModelRunner:
             hidden=captured,
         )
 
-    # ---- re-anchoring ----------------------------------------------------------------------
-
     def reanchor(self, request_id: str, keep_prefix: int, drop: int) -> None:
         """Drop the `drop` tokens after the first `keep_prefix` and re-RoPE the rest.
 
@@ -266,15 +262,13 @@ class ModelRunner:
         self._check_reanchor(request_id, keep_prefix, drop, num_computed)
         if drop == 0:
             return
-        row = self.block_table.row(slot)
         first_kept = keep_prefix // self.block_size
-        first_moved = (keep_prefix + drop) // self.block_size
+        self.block_table.move_pages_to_end(slot, first_kept, drop // self.block_size)
         num_retained = num_computed - keep_prefix - drop
-        retained = row[first_moved : first_moved + -(-num_retained // self.block_size)]
+        num_retained_pages = -(-num_retained // self.block_size)
+        retained = self.block_table.row(slot)[first_kept : first_kept + num_retained_pages]
         if retained:
             self._rotate_keys(retained, -drop)
-        new_row = row[:first_kept] + row[first_moved:] + row[first_kept:first_moved]
-        self.block_table.set_row(slot, new_row)
         self.states.drop_tokens(slot, keep_prefix, drop)
 
     def _check_reanchor(

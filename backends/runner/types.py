@@ -49,7 +49,9 @@ class SampleContext:
     request_id: str
     position: int  # position of the token being sampled
     generator: torch.Generator  # seeded from (seed, position): draw from it for any randomness
-    generated: list[int]  # this request's generated-token history (most recent last)
+    # this request's generated-token history (most recent last); the runner's live list, so
+    # read it, never mutate it
+    generated: list[int]
 
 
 class SamplingHook(Protocol):

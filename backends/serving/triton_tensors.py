@@ -52,9 +52,16 @@ def output_tensors(pb_utils: Any, arrays: dict[str, np.ndarray]) -> list[Any]:
         if array.dtype == np.object_:
             tensors.append(pb_utils.Tensor(name, array))
         else:
-            data = torch.from_numpy(np.ascontiguousarray(array))
-            tensors.append(pb_utils.Tensor.from_dlpack(name, torch_dlpack.to_dlpack(data)))
+            tensors.append(pb_utils.Tensor.from_dlpack(name, torch_dlpack.to_dlpack(_c_order(array))))
     return tensors
+
+
+def _c_order(array: np.ndarray) -> torch.Tensor:
+    """A tensor with canonical C strides, which the stub checks on every dim. numpy (and
+    torch.from_numpy) give empty arrays arbitrary strides, e.g. (0, 0) for shape (0, 64)."""
+    if array.size == 0:
+        return torch.empty(array.shape, dtype=torch.from_numpy(array[:0].copy()).dtype)
+    return torch.from_numpy(array.copy(order="C"))
 
 
 __all__ = ["ContractError", "decode_request", "encode_response", "output_tensors", "tensor_specs"]

@@ -56,3 +56,10 @@ def test_row_longer_than_capacity_is_rejected() -> None:
     table = BlockTable(max_num_reqs=1, max_blocks_per_req=2, device="cpu")
     with pytest.raises(ValueError, match="max_blocks_per_req=2"):
         table.set_row(0, [1, 2, 3])
+
+
+def test_move_pages_to_end_keeps_the_reservation() -> None:
+    table = BlockTable(max_num_reqs=1, max_blocks_per_req=5, device="cpu")
+    table.set_row(0, [3, 8, 1, 6, 2])
+    table.move_pages_to_end(0, first_page=1, num_pages=2)
+    assert table.row(0) == [3, 6, 2, 8, 1]

@@ -31,7 +31,7 @@ HIDDEN_ATOL = 2e-5
 VOCAB = 300
 # Weighted towards steps so requests live long enough to fill pages, get re-anchored and
 # have their slots recycled with history behind them.
-OP_MIX = ["add", "add", "step", "step", "step", "step", "step", "reanchor", "finish", "cancel"]
+OP_MIX = ["add", "step", "step", "step", "step", "step", "step", "reanchor", "finish", "cancel"]
 
 
 class RecordingHook:

@@ -49,7 +49,8 @@ def test_rerotate_composes_positions(delta: int) -> None:
     cos, sin = rope.cos_sin(positions, torch.float32)
     moved_cos, moved_sin = rope.cos_sin(positions + delta, torch.float32)
     got = rope.rerotate_keys(apply_rotary(x, cos, sin), delta)
-    torch.testing.assert_close(got, apply_rotary(x, moved_cos, moved_sin), atol=REROTATE_ATOL, rtol=0)
+    expected = apply_rotary(x, moved_cos, moved_sin)
+    torch.testing.assert_close(got, expected, atol=REROTATE_ATOL, rtol=0)
 
 
 def test_rerotate_zero_is_identity_and_keeps_dtype() -> None:

@@ -49,6 +49,8 @@ class RawStream:
         self.client.start_stream(callback=self._on_response)
         self._count = 0
         self._lock = threading.Lock()
+        self.start_request_id: str | None = None
+        self.ended = False
 
     def _on_response(self, result, error) -> None:
         if error is not None:
@@ -73,6 +75,9 @@ class RawStream:
             t = grpcclient.InferInput("AUDIO", list(audio.shape), _triton_dtype(audio))
             t.set_data_from_numpy(audio)
             tensors.append(t)
+        if start:
+            self.start_request_id = rid
+        self.ended = self.ended or end
         self.client.async_stream_infer("duplex", tensors, request_id=rid, sequence_id=self.session_id,
                                        sequence_start=start, sequence_end=end, enable_empty_final_response=True,
                                        parameters=params or None)
@@ -95,7 +100,14 @@ class RawStream:
                 self.received.put(item)
 
     def close(self) -> None:
-        self.client.stop_stream()
+        """END an open session (so it frees its admission slot now), then close the stream."""
+        if self.start_request_id is not None and not self.ended:
+            try:
+                self.send(end=True)
+                self.collect_until_final(self.start_request_id, timeout_s=15)
+            except queue.Empty:
+                pass
+        self.client.stop_stream(cancel_requests=True)
         self.client.close()
 
 

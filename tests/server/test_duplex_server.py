@@ -1,0 +1,95 @@
+"""The `duplex` model on a real tritonserver (cpu profile, tiny model): whole sessions through
+the client library, concurrency and seeded reproducibility, and every bad input of
+ARCHITECTURE.md section 4 followed by a valid session on the same server.
+
+Sessions stream faster than real time (SPEED) to keep CI short; the server cuts the same
+1-second units either way, and `max_units_per_append` = 1 keeps one decision per unit.
+"""
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from client.events import AudioDelta, ResponseDone, SessionClosed
+from client.params import SessionParams
+from client.session import DuplexSession
+from client.streaming import StreamConfig, stream_utterance
+from client.wav import read_wav
+
+SPEED = 4.0
+DEMO_WAV = Path(__file__).resolve().parents[2] / "client" / "data" / "hello_16k.wav"
+FIRST_CHUNK = 20160  # 25 frames - the 3840-sample cross-fade hold (facts 1.4)
+STEADY_CHUNK = 24000  # 25 frames x 960 samples
+SAMPLES_PER_FRAME = 960
+# Batched and solo forwards differ in float rounding only (runner parity tests: ~1e-5);
+# after int16 conversion that is at most a couple of LSBs.
+AUDIO_LSB_TOLERANCE = 4
+
+
+def _speech() -> np.ndarray:
+    return read_wav(DEMO_WAV).samples[:, 0]
+
+
+def _session(url: str, session_id: str, seed: int = 7, reply_units: int = 3):
+    events: list = []
+    params = SessionParams(initial_user_text="Tell me about the sea.", seed=seed,
+                           reply_units=reply_units, reply_tokens_per_unit=4)
+    with DuplexSession.connect(url, session_id=session_id) as session:
+        report = stream_utterance(session, _speech(), params, StreamConfig(speed=SPEED, max_seconds=20),
+                                  on_event=events.append)
+    return report, events
+
+
+def test_session_start_to_end_streams_a_reply(server):
+    report, events = _session(server.grpc_url, "srv-basic")
+    assert report.ok and report.closed_cleanly, report.errors
+    types = [e.type for e in events]
+    assert types[0] == "session.created" and types[-1] == "session.closed"
+    assert types.count("session.closed") == 1
+    created = [i for i, t in enumerate(types) if t == "response.created"]
+    done = [i for i, t in enumerate(types) if t == "response.done"]
+    assert len(created) == len(done) >= 1, "exactly one response.done per turn"
+    first = created[0]
+    assert types[first + 1] == "response.speak"
+    audio = [e for e in events if isinstance(e, AudioDelta)]
+    assert audio and all(first < events.index(e) < done[0] for e in audio if e.response_id == audio[0].response_id)
+    assert isinstance(events[done[0]], ResponseDone) and events[done[0]].status == "completed"
+    sizes = [e.audio.size for e in audio]
+    assert all(e.audio.dtype == np.int16 for e in audio)
+    assert sizes[0] == FIRST_CHUNK and all(s % SAMPLES_PER_FRAME == 0 for s in sizes)
+    assert all(s <= STEADY_CHUNK for s in sizes[:-1]) and STEADY_CHUNK in sizes
+    assert audio[0].ttfp_ms is not None and audio[0].ttfp_ms > 0
+    assert audio[-1].audio_ms == pytest.approx(1000.0 * sum(sizes) / 24000, abs=0.1)
+    assert np.abs(np.concatenate([e.audio for e in audio])).max() > 100, "reply audio is silent"
+    closed = events[-1]
+    assert isinstance(closed, SessionClosed) and closed.reason == "client"
+
+
+def test_concurrent_sessions_are_isolated_and_reproducible(server):
+    alone_report, alone = _session(server.grpc_url, "srv-alone", seed=11)
+    results: dict[str, tuple] = {}
+
+    def run(sid: str, seed: int) -> None:
+        results[sid] = _session(server.grpc_url, sid, seed=seed)
+
+    threads = [threading.Thread(target=run, args=(sid, seed)) for sid, seed in (("srv-a", 11), ("srv-b", 12))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    for sid, (report, events) in results.items():
+        assert report.ok, (sid, report.errors)
+        assert {e.session_id for e in events} == {sid}, "events crossed sessions"
+        response_ids = {e.response_id for e in events if isinstance(e, AudioDelta)}
+        assert all(rid.startswith(f"resp-{sid}-") for rid in response_ids)
+    same_seed = results["srv-a"][1]
+    texts = lambda evs: [e.text for e in evs if e.type == "response.text.delta"]  # noqa: E731
+    assert texts(same_seed) == texts(alone)
+    audio_a = np.concatenate([e.audio for e in same_seed if isinstance(e, AudioDelta)]).astype(np.int32)
+    audio_alone = np.concatenate([e.audio for e in alone if isinstance(e, AudioDelta)]).astype(np.int32)
+    assert audio_a.shape == audio_alone.shape
+    assert np.abs(audio_a - audio_alone).max() <= AUDIO_LSB_TOLERANCE
+    assert texts(results["srv-b"][1]) != texts(alone), "a different seed should give a different reply"
