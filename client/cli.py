@@ -29,7 +29,7 @@ from client.events import (
 from client.metrics import OUTPUT_SAMPLE_RATE, SessionReport, TurnMetrics
 from client.params import SessionParams
 from client.resample import UPLINK_SAMPLE_RATE, to_uplink_pcm
-from client.session import MODEL_NAME, DuplexSession
+from client.session import AFFINITY_HEADER, MODEL_NAME, DuplexSession
 from client.streaming import StreamConfig, stream_utterance
 from client.wav import WavAudio, read_wav, write_wav
 
@@ -46,6 +46,9 @@ def build_parser() -> argparse.ArgumentParser:
     add("--output", type=Path, default=Path("reply.wav"), help="where to write the reply audio")
     add("--json", type=Path, default=None, help="write the session report as JSON here")
     add("--session-id", default=None, help="sequence id of the session (default: random)")
+    add("--affinity-header", default=None, metavar="NAME",
+        help=f"send the session id in this gRPC header for a load balancer's session affinity "
+             f"(e.g. {AFFINITY_HEADER})")
     add("--instructions", default=None, help="system prompt")
     add("--initial-user-text", default=None, help="open the session with this user text")
     add("--temperature", type=float, default=None)
@@ -71,7 +74,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ValueError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    with DuplexSession.connect(args.url, args.session_id, model_name=args.model) as session:
+    affinity = {"affinity_header": args.affinity_header} if args.affinity_header else {}
+    connect = DuplexSession.connect
+    with connect(args.url, args.session_id, model_name=args.model, **affinity) as session:
         try:
             session.check_ready(args.timeout)
         except DuplexStreamError as exc:

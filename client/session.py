@@ -25,6 +25,8 @@ from client.events import AudioDelta, DuplexEvent
 from client.params import SessionParams
 
 MODEL_NAME = "duplex"
+# The header a session-affinity load balancer hashes on (deploy/README.md "Scale-out").
+AFFINITY_HEADER = "x-session-id"
 INPUT_SAMPLE_RATE = 16000
 _EMPTY_PCM = np.zeros(0, dtype=np.int16)  # [0] int16: control-only requests
 
@@ -32,9 +34,10 @@ _EMPTY_PCM = np.zeros(0, dtype=np.int16)  # [0] int16: control-only requests
 class StreamClient(Protocol):
     """The part of `tritonclient.grpc.InferenceServerClient` that a session uses."""
 
-    def is_model_ready(self, model_name: str, client_timeout: float | None = None) -> bool: ...
+    def is_model_ready(self, model_name: str, client_timeout: float | None = None,
+                       **kwargs: Any) -> bool: ...
 
-    def start_stream(self, callback: Callable[..., None]) -> None: ...
+    def start_stream(self, callback: Callable[..., None], **kwargs: Any) -> None: ...
 
     def async_stream_infer(
         self, model_name: str, inputs: list[InferInput], **kwargs: Any
@@ -55,9 +58,8 @@ class _Phase(enum.Enum):
 class DuplexSession:
     """A client session of the `duplex` model: uplink requests in, downlink events out."""
 
-    def __init__(
-        self, client: StreamClient, session_id: str | int, *, model_name: str = MODEL_NAME
-    ):
+    def __init__(self, client: StreamClient, session_id: str | int, *, model_name: str = MODEL_NAME,
+                 headers: dict[str, str] | None = None):
         if isinstance(session_id, bool) or session_id in (0, ""):
             raise ValueError(
                 f"session_id must be a non-empty string or a non-zero int, got {session_id!r}"
@@ -65,6 +67,8 @@ class DuplexSession:
         self._client = client
         self.session_id = session_id
         self.model_name = model_name
+        # gRPC metadata of every call: e.g. {AFFINITY_HEADER: session id} behind a load balancer
+        self._headers = {str(k): str(v) for k, v in (headers or {}).items()}
         self.started_s: float | None = None  # time.monotonic() when START was sent
         self._inbox: queue.Queue[Arrival] = queue.Queue()
         self._demux = DownlinkDemux(session_id)
@@ -73,16 +77,23 @@ class DuplexSession:
         self._chunks: list[tuple[str, np.ndarray]] = []  # (response_id, [n] int16 24 kHz)
 
     @classmethod
-    def connect(
-        cls, url: str, session_id: str | int | None = None, *, model_name: str = MODEL_NAME
-    ) -> DuplexSession:
-        """A session on its own `InferenceServerClient` (`url` is host:port of gRPC)."""
+    def connect(cls, url: str, session_id: str | int | None = None, *, model_name: str = MODEL_NAME,
+                affinity_header: str | None = None) -> DuplexSession:
+        """A session on its own `InferenceServerClient` (`url` is host:port of gRPC).
+        `affinity_header` (e.g. AFFINITY_HEADER) sends the session id in that header, which a
+        load balancer hashes on to keep every stream of the session on one replica."""
         sid = session_id if session_id is not None else f"client-{uuid.uuid4().hex[:12]}"
-        return cls(InferenceServerClient(url=url), sid, model_name=model_name)
+        headers = {affinity_header: str(sid)} if affinity_header else None
+        return cls(InferenceServerClient(url=url), sid, model_name=model_name, headers=headers)
+
+    def _header_kwargs(self) -> dict[str, Any]:
+        return {"headers": dict(self._headers)} if self._headers else {}
 
     def check_ready(self, timeout_s: float) -> None:
         try:
-            ready = self._client.is_model_ready(self.model_name, client_timeout=timeout_s)
+            ready = self._client.is_model_ready(
+                self.model_name, client_timeout=timeout_s, **self._header_kwargs()
+            )
         except InferenceServerException as exc:
             raise DuplexStreamError(f"cannot reach the server: {exc.message()}") from exc
         if not ready:
@@ -98,7 +109,7 @@ class DuplexSession:
         if ref_audio is not None:
             _check_pcm(ref_audio, "ref_audio")
         try:
-            self._client.start_stream(callback=self._on_response)
+            self._client.start_stream(callback=self._on_response, **self._header_kwargs())
         except InferenceServerException as exc:
             raise DuplexStreamError(f"cannot open the gRPC stream: {exc.message()}") from exc
         self._phase = _Phase.OPEN

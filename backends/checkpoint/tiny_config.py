@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-TINY_FORMAT = 1  # bump whenever generated content changes, so cached tiny dirs regenerate
+TINY_FORMAT = 2  # bump whenever generated content changes, so cached tiny dirs regenerate
 TINY_MARKER_KEY = "_tiny"
 TINY_HIDDEN = 64
 TINY_INTERMEDIATE = 192

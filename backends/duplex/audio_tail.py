@@ -1,7 +1,10 @@
 """The audio tail of one session: speak unit -> Talker frames -> codec windows -> audio deltas.
 
 Runs on the session's audio thread. One Talker request and one Code2Wav stream per epoch;
-each response (model turn) is one Code2Wav cache epoch, closed by the turn-end flush.
+each response (model turn) is one Code2Wav cache epoch, closed by the turn-end flush. This
+thread is the only sender of both, so after voicing a unit whose epoch ended meanwhile it stops
+the two requests itself: a barge-in stop may have overtaken a condition or window that would
+otherwise restart them (facts edge cases 1 and 7).
 """
 from __future__ import annotations
 
@@ -36,7 +39,12 @@ class AudioTail:
             if not stale:
                 self._session.close("error", exc.error)
                 return False
+        finally:
+            self._session.stop_if_stale(work.epoch, self._request_id(work.epoch), (TALKER, CODE2WAV))
         return True
+
+    def _request_id(self, epoch: int) -> str:
+        return f"{self._session.session_id}.e{epoch}"
 
     def _voice(self, work: SpeakWork) -> None:
         request = self._talker_request(work)
@@ -70,8 +78,11 @@ class AudioTail:
             )
 
     def _vocode(self, work: SpeakWork, window: CodecWindow) -> None:
+        with self._session.lock():
+            if not self._session.is_current(work.epoch):  # barge-in: no new codec state for it
+                return
         request = Code2WavRequest(
-            request_id=f"{self._session.session_id}.e{work.epoch}", cache_epoch=window.cache_epoch,
+            request_id=self._request_id(work.epoch), cache_epoch=window.cache_epoch,
             chunk_seq=window.chunk_seq, codes=np.asarray(window.codes, dtype=np.int32),
             num_left_context=window.num_left_context, last_chunk=window.last_chunk,
         )

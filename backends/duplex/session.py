@@ -6,6 +6,10 @@ decision; the audio-tail loop turns speak units into codec frames (Talker) and 2
 Every emission is fenced by the epoch: after a barge-in (`cancel`) or a close, nothing of the
 old epoch reaches the client. `_finish` runs once, on the audio loop's exit, and is the only
 place that sends `session.closed` and the downlink FINAL.
+
+Stage requests of an old epoch are stopped when the epoch ends (StageStops), and again by the
+loop that called a stage if its epoch went stale meanwhile: that stop may have overtaken the
+call (facts edge case 1), and each loop is the only sender of its stages' requests.
 """
 from __future__ import annotations
 
@@ -13,38 +17,32 @@ import logging
 import queue
 import threading
 import time
-from dataclasses import dataclass
-from typing import Callable, Protocol
+from typing import Callable
 
 import numpy as np
 
 from backends.duplex import events as ev
 from backends.duplex.audio_tail import AudioTail
+from backends.duplex.downlink import Downlink
 from backends.duplex.responses import EpochIds, ResponseState, SpeakWork, UnitWork
-from backends.duplex.stage_clients import STAGES, THINKER, StageCallError, StageClients
+from backends.duplex.stage_clients import THINKER, StageCallError, StageClients
+from backends.duplex.stage_stops import StageStops
 from backends.duplex.unit_buffer import UnitBuffer
+from backends.duplex.unit_queue import SessionConfig, UnitQueue, thinker_request
 from backends.duplex.uplink import SessionOptions
-from backends.stages.contracts import DECISION_SPEAK, ThinkerRequest, ThinkerUnitResult
+from backends.stages.contracts import DECISION_SPEAK, ThinkerUnitResult
 from backends.stages.sink import StageError
 
 log = logging.getLogger(__name__)
 
-
-class Downlink(Protocol):
-    def send(self, event: ev.ServerEvent) -> None: ...
-
-    def close(self) -> None: ...
-
-
-@dataclass(frozen=True, slots=True)
-class SessionConfig:
-    # Units per Thinker append when the uplink is ahead of the Thinker. A multi-unit append
-    # is decided once (on its last unit), so >1 trades decisions for catching up under load.
-    max_units_per_append: int = 1
-
-    def __post_init__(self) -> None:
-        if self.max_units_per_append < 1:
-            raise ValueError(f"max_units_per_append must be >= 1, got {self.max_units_per_append}")
+CLOSE_CLIENT = "client"  # the client's END
+CLOSE_SHUTDOWN = "server_shutdown"
+CLOSE_IDLE = "idle"
+CLOSE_CLIENT_GONE = "client_gone"
+CLOSE_ERROR = "error"
+# Closes that no END of the client has ended: the session frees the transport itself (a client
+# that is gone, silent or was told `error` may never send END). Shutdown frees everything anyway.
+_KEEPS_TRANSPORT = (CLOSE_CLIENT, CLOSE_SHUTDOWN)
 
 
 class Session:
@@ -54,18 +52,19 @@ class Session:
         self.session_id = session_id
         self.options = options
         self._downlink, self._stages, self._config = downlink, stages, config
+        self._stops = StageStops(stages)
         self._on_finished, self._clock = on_finished, clock
         self._lock = threading.Lock()  # guards every field below; held only for state, never for I/O
         self._ids = EpochIds(session_id, 0)
         self._buffer = UnitBuffer()
-        self._units: queue.SimpleQueue[UnitWork | None] = queue.SimpleQueue()
+        self._units = UnitQueue(config.max_units_per_append)
         self._speak: queue.SimpleQueue[SpeakWork | None] = queue.SimpleQueue()
         self._open: dict[str, ResponseState] = {}  # response_id -> response not yet done
         self._thinker_response: ResponseState | None = None  # the response new speak units join
         self._turn_counter = 0
         self._units_in_epoch = 0
         self._closing = False
-        self._close_reason = "client"
+        self._close_reason = CLOSE_CLIENT
         self._finished = False
         self.last_activity = clock()
         self._tail = AudioTail(self, stages)
@@ -113,7 +112,9 @@ class Session:
         self._units.put(None)
 
     def close(self, reason: str, error: StageError | None = None) -> None:
-        """Close now (idle, error, shutdown): drop queued work, stop stage requests."""
+        """Close now (idle, client gone, error, shutdown): drop queued work, stop stage requests."""
+        if reason == CLOSE_SHUTDOWN:
+            self._stops.disable()
         with self._lock:
             if self._finished:
                 return
@@ -153,35 +154,46 @@ class Session:
     def is_current(self, epoch: int) -> bool:
         return epoch == self._ids.epoch and not self._finished
 
+    @property
+    def is_closing(self) -> bool:
+        return self._closing  # a bool read: no lock needed for the reaper's check
+
+    def client_gone(self) -> bool:
+        """Whether the client cancelled the downlink stream (closed it or disconnected)."""
+        try:
+            return bool(self._downlink.is_cancelled())
+        except Exception as exc:  # a sender already closed cannot tell; the session ends anyway
+            log.debug("cancellation check of %s failed: %r", self.session_id, exc)
+            return False
+
+    def stop_if_stale(self, epoch: int, request_id: str, stages: tuple[str, ...]) -> None:
+        """After a stage call of `epoch`: stop its request if the epoch ended meanwhile."""
+        with self._lock:
+            stale = not self.is_current(epoch)
+        if stale:
+            self._stops.stop(request_id, stages)
+
     # ---- Thinker loop ------------------------------------------------------------------------
 
     def _thinker_loop(self) -> None:
         try:
-            while (work := self._units.get()) is not None:
-                batch = self._drain_batch(work)
+            while (batch := self._units.next_batch()) is not None:
+                with self._lock:
+                    batch = [w for w in batch if self.is_current(w.epoch)]
                 if batch and not self._run_thinker(batch):
                     break
         except Exception as exc:  # a bug here must still close the session cleanly
             log.exception("thinker loop of %s failed", self.session_id)
-            self.close("error", StageError("internal", f"{type(exc).__name__}: {exc}"))
+            self.close(CLOSE_ERROR, StageError("internal", f"{type(exc).__name__}: {exc}"))
         finally:
             self._speak.put(None)
-
-    def _drain_batch(self, first: UnitWork) -> list[UnitWork]:
-        batch = [first]
-        while len(batch) < self._config.max_units_per_append and not self._units.empty():
-            nxt = self._units.get()
-            if nxt is None:
-                self._units.put(None)  # keep the sentinel for the outer loop
-                break
-            batch.append(nxt)
-        with self._lock:
-            return [w for w in batch if self.is_current(w.epoch) and w.force_listen == batch[0].force_listen]
 
     def _run_thinker(self, batch: list[UnitWork]) -> bool:
         with self._lock:
             ids, epoch = self._ids, batch[0].epoch
-            request = self._thinker_request(ids, batch)
+            if not self.is_current(epoch):  # a barge-in since `_drain_batch`
+                return True
+            request = thinker_request(ids, batch, self.options)
             ids.started.add(THINKER)
         try:
             # A multi-unit append is decided once, on its last unit (the Thinker's contract).
@@ -192,24 +204,11 @@ class Session:
                 stale = not self.is_current(epoch)
             if stale:  # a stop after barge-in or close ends the old request; not an error
                 return True
-            self.close("error", exc.error)
+            self.close(CLOSE_ERROR, exc.error)
             return False
+        finally:
+            self.stop_if_stale(epoch, request.request_id, (THINKER,))
         return True
-
-    def _thinker_request(self, ids: EpochIds, batch: list[UnitWork]) -> ThinkerRequest:
-        seq = ids.next_seq
-        ids.next_seq += 1
-        opts = self.options
-        setup = seq == 0
-        return ThinkerRequest(
-            request_id=ids.request_id, audio=np.concatenate([w.samples for w in batch]), seq=seq,
-            force_listen=batch[0].force_listen,
-            instructions=opts.instructions if setup else "",
-            initial_user_text=opts.initial_user_text if setup and ids.epoch == 0 else "",
-            ref_audio=opts.ref_audio if setup and opts.ref_audio is not None else np.zeros((0,), np.float32),
-            temperature=opts.temperature, seed=opts.seed + ids.epoch,
-            reply_units=opts.reply_units, reply_tokens_per_unit=opts.reply_tokens_per_unit,
-        )
 
     def _on_unit(self, epoch: int, work: UnitWork, result: ThinkerUnitResult) -> None:
         with self._lock:
@@ -256,7 +255,7 @@ class Session:
                     break
         except Exception as exc:
             log.exception("audio loop of %s failed", self.session_id)
-            self.close("error", StageError("internal", f"{type(exc).__name__}: {exc}"))
+            self.close(CLOSE_ERROR, StageError("internal", f"{type(exc).__name__}: {exc}"))
         finally:
             self._finish()
 
@@ -275,11 +274,7 @@ class Session:
     # ---- teardown ------------------------------------------------------------------------------
 
     def _stop_stage_requests(self, ids: EpochIds) -> None:
-        for stage in STAGES:
-            try:
-                self._stages.stop(stage, ids.request_id)
-            except Exception as exc:  # a stage that is down must not block the close
-                log.warning("stop of %s %s failed: %r", stage, ids.request_id, exc)
+        self._stops.stop(ids.request_id)
 
     def _finish(self) -> None:
         # Drain the Thinker loop first: it may still hold a BLS stream of this session.
@@ -291,4 +286,9 @@ class Session:
             self.emit(ev.SESSION_CLOSED, reason=self._close_reason)
         self._stop_stage_requests(old)
         self._downlink.close()
+        if self._close_reason not in _KEEPS_TRANSPORT:
+            try:
+                self._downlink.abandon()
+            except Exception as exc:  # the slot then waits for Triton's own idle timer
+                log.warning("releasing the sequence of %s failed: %r", self.session_id, exc)
         self._on_finished(self)

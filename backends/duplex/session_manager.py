@@ -1,8 +1,12 @@
-"""Sessions by sequence id: routing of uplink requests, admission, and the idle reaper.
+"""Sessions by sequence id: routing of uplink requests, admission, and the reaper.
 
 Triton never tells a model about idle sequences (triton_notes.md section 3), so the reaper
 here closes a session that sent nothing for `idle_timeout_s` with `session.closed` reason
-`idle`, before Triton's own (longer) sequence timeout frees the slot.
+`idle`, before Triton's own (longer) sequence timeout frees the slot. A session that sent END
+is finishing its last audio and gets `CLOSING_GRACE` times as long. The same sweep, every `REAP_PERIOD_S`, closes
+the sessions whose client is gone (the START request's stream was cancelled: the client
+stopped its stream or disconnected) with reason `client_gone`, and hands `stats()` to an
+optional observer (the resource gauges: this thread is the only one that updates them).
 """
 from __future__ import annotations
 
@@ -14,12 +18,17 @@ from typing import Callable, Protocol
 
 from backends.duplex import events as ev
 from backends.duplex.errors import INTERNAL, NOT_FOUND, RESOURCE_EXHAUSTED, SESSION_EXISTS, DuplexError
-from backends.duplex.session import Downlink, Session, SessionConfig
+from backends.duplex.session import (
+    CLOSE_CLIENT_GONE, CLOSE_IDLE, CLOSE_SHUTDOWN, Downlink, Session, SessionConfig,
+)
 from backends.duplex.stage_clients import StageClients
 from backends.duplex.unit_buffer import SAMPLE_RATE
 from backends.duplex.uplink import RawUplink, Uplink, parse_uplink
 
 log = logging.getLogger(__name__)
+
+REAP_PERIOD_S = 0.5  # client-gone detection delay; one cancellation check per session per sweep
+CLOSING_GRACE = 3  # idle limit factor after END: its flush may outlast a short idle timeout
 
 
 class UplinkReply(Protocol):
@@ -50,10 +59,12 @@ class ManagerConfig:
 
 class SessionManager:
     def __init__(self, config: ManagerConfig, stages: StageClients,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 observer: Callable[[dict[str, int]], None] | None = None) -> None:
         self.config = config
         self._stages = stages
         self._clock = clock
+        self._observer = observer
         self._lock = threading.Lock()  # guards _sessions
         self._sessions: dict[str, Session] = {}
         self._stopping = threading.Event()
@@ -64,6 +75,10 @@ class SessionManager:
     def num_sessions(self) -> int:
         with self._lock:
             return len(self._sessions)
+
+    def stats(self) -> dict[str, int]:
+        """What the orchestrator holds: open sessions and threads (two per session)."""
+        return {"sessions": self.num_sessions, "threads": threading.active_count()}
 
     def handle(self, raw: RawUplink, reply: UplinkReply, open_downlink: Callable[[], Downlink]) -> None:
         """Route one uplink request. START requests become the session downlink."""
@@ -143,21 +158,36 @@ class SessionManager:
                 del self._sessions[session.session_id]
 
     def _reap_loop(self) -> None:
-        period = min(1.0, self.config.idle_timeout_s / 4)
+        period = min(REAP_PERIOD_S, self.config.idle_timeout_s / 4)
         while not self._stopping.wait(period):
-            now = self._clock()
-            with self._lock:
-                idle = [s for s in self._sessions.values() if now - s.last_activity > self.config.idle_timeout_s]
-            for session in idle:
-                log.info("session %s reaped after %.0f s idle", session.session_id, self.config.idle_timeout_s)
-                session.close("idle")
+            for session, reason in self._doomed():
+                log.info("session %s closed: %s", session.session_id, reason)
+                session.close(reason)
+            if self._observer is not None:
+                try:
+                    self._observer(self.stats())
+                except Exception as exc:  # gauges are best effort; the reaper must go on
+                    log.warning("session stats observer failed: %r", exc)
+
+    def _doomed(self) -> list[tuple[Session, str]]:
+        now = self._clock()
+        with self._lock:
+            sessions = list(self._sessions.values())
+        doomed = []
+        for session in sessions:  # outside the lock: each check is an IPC round trip
+            if session.client_gone():
+                doomed.append((session, CLOSE_CLIENT_GONE))
+            elif now - session.last_activity > self.config.idle_timeout_s * (
+                    CLOSING_GRACE if session.is_closing else 1):
+                doomed.append((session, CLOSE_IDLE))
+        return doomed
 
     def shutdown(self) -> None:
         self._stopping.set()
         with self._lock:
             sessions = list(self._sessions.values())
         for session in sessions:
-            session.close("server_shutdown")
+            session.close(CLOSE_SHUTDOWN)
         self._reaper.join(5.0)
 
 

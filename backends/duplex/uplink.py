@@ -14,6 +14,7 @@ import numpy as np
 
 from backends.duplex.errors import INVALID_ARGUMENT, DuplexError
 from backends.duplex.unit_buffer import SAMPLE_RATE
+from backends.thinker.context_window import WINDOW_MODES
 
 ACTIONS = ("append", "commit", "cancel")
 MAX_TEXT_CHARS = 4000
@@ -43,6 +44,7 @@ class SessionOptions:
     reply_units: int = 0
     reply_tokens_per_unit: int = 0
     force_listen_count: int = 0
+    sliding_window_mode: str = ""  # off | basic | context; "" = the Thinker's default (off)
     ref_audio: np.ndarray | None = None  # [n] float32 16 kHz
 
 
@@ -65,6 +67,7 @@ _START_PARAMS: dict[str, tuple[tuple[type, ...], Any]] = {
     "reply_units": ((int,), lambda v: None if 0 <= v <= 64 else "must be in [0, 64]"),
     "reply_tokens_per_unit": ((int,), lambda v: None if 0 <= v <= 19 else "must be in [0, 19]"),
     "force_listen_count": ((int,), lambda v: None if 0 <= v <= 1000 else "must be in [0, 1000]"),
+    "sliding_window_mode": ((str,), lambda v: None if v in WINDOW_MODES else f"must be one of {list(WINDOW_MODES)}"),
     "voice": ((str,), lambda v: None if v in ("", "default") else "only 'default' or REF_AUDIO is supported"),
 }
 _ANY_PARAMS = ("action", "sample_rate")

@@ -4,10 +4,17 @@ Module and parameter names equal Hugging Face's (`embed_tokens`, `layers.N.self_
 `layers.N.mlp.gate_proj`, `input_layernorm`, `norm`, ...), so a transformers state dict loads
 with a plain `load_state_dict`. Qwen3 differs from Llama only by the per-head q/k RMSNorm
 (applied before RoPE), which `BackboneSpec.has_qk_norm` switches on.
+
+With the "triton" attention backend the stack runs its fast path (`_forward_fused`): q|k|v and
+gate|up each become one matmul over a fused weight, and the elementwise work between matmuls
+runs in the fused kernels of `backends.runner.triton_layer_ops`. The fused weights are built
+once, lazily, and the HF-named parameters are re-pointed to views of them, so the state dict
+and the memory footprint stay as they were.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -65,6 +72,35 @@ class RMSNorm(nn.Module):
         return self.weight * x32.to(x.dtype)
 
 
+FusedLinear = tuple[torch.Tensor, torch.Tensor | None]  # ([out, in] weight, [out] bias)
+
+
+def fuse_linears(linears: Sequence[nn.Linear]) -> FusedLinear:
+    """One weight (and bias) for linears that share an input, rows in `linears` order.
+
+    Each linear's parameters become views of the fused tensors, so loading a state dict
+    afterwards still updates the fused weight and no second copy stays alive. Call it after
+    the module reached its final device and dtype (`is_fused` notices a later move).
+    """
+    with torch.no_grad():
+        weight = torch.cat([linear.weight.detach() for linear in linears], dim=0)
+        biases = [linear.bias for linear in linears if linear.bias is not None]
+        bias = torch.cat([b.detach() for b in biases]) if biases else None
+        offset = 0
+        for linear in linears:
+            rows = linear.weight.shape[0]
+            linear.weight.data = weight[offset : offset + rows]
+            if bias is not None and linear.bias is not None:
+                linear.bias.data = bias[offset : offset + rows]
+            offset += rows
+    return weight, bias
+
+
+def is_fused(fused: FusedLinear | None, first: nn.Linear) -> bool:
+    """Whether `fused` still backs `first` (a `.to()` re-allocates parameters)."""
+    return fused is not None and fused[0].data_ptr() == first.weight.data_ptr()
+
+
 class GatedMLP(nn.Module):
     """SwiGLU: down(silu(gate(x)) * up(x))."""
 
@@ -74,9 +110,19 @@ class GatedMLP(nn.Module):
         self.gate_proj = nn.Linear(spec.hidden_size, spec.intermediate_size, bias=bias)
         self.up_proj = nn.Linear(spec.hidden_size, spec.intermediate_size, bias=bias)
         self.down_proj = nn.Linear(spec.intermediate_size, spec.hidden_size, bias=bias)
+        self._gate_up: FusedLinear | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+    def forward_fused(self, x: torch.Tensor) -> torch.Tensor:
+        """x: [num_tokens, hidden] -> [num_tokens, hidden]: one gate|up matmul + fused SwiGLU."""
+        from backends.runner.triton_layer_ops import silu_and_mul
+
+        if not is_fused(self._gate_up, self.gate_proj):
+            self._gate_up = fuse_linears([self.gate_proj, self.up_proj])
+        weight, bias = self._gate_up  # type: ignore[misc]
+        return self.down_proj(silu_and_mul(F.linear(x, weight, bias)))
 
 
 class PagedSelfAttention(nn.Module):
@@ -94,6 +140,7 @@ class PagedSelfAttention(nn.Module):
         self.o_proj = nn.Linear(q_size, spec.hidden_size, bias=bias)
         self.q_norm = RMSNorm(spec.head_dim, spec.rms_norm_eps) if spec.has_qk_norm else None
         self.k_norm = RMSNorm(spec.head_dim, spec.rms_norm_eps) if spec.has_qk_norm else None
+        self._qkv: FusedLinear | None = None
 
     def forward(
         self,
@@ -115,6 +162,32 @@ class PagedSelfAttention(nn.Module):
         write_kv(k_cache, v_cache, key, value, meta.slot_mapping)
         out = attend(query, k_cache, v_cache, meta, self.scale)
         return self.o_proj(out.reshape(num_tokens, self.num_heads * self.head_dim))
+
+    def forward_fused(
+        self,
+        x: torch.Tensor,
+        positions: torch.Tensor,
+        inv_freq: torch.Tensor,
+        meta: AttentionMetadata,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+    ) -> torch.Tensor:
+        """x: [num_tokens, hidden] normed; positions: [num_tokens] int64; inv_freq:
+        [head_dim // 2] float32 -> [num_tokens, hidden]. Writes this step's K/V."""
+        from backends.runner.triton_layer_ops import qk_norm_rope_store_kv
+
+        if not is_fused(self._qkv, self.q_proj):
+            self._qkv = fuse_linears([self.q_proj, self.k_proj, self.v_proj])
+        weight, bias = self._qkv  # type: ignore[misc]
+        qk_norm = None
+        if self.q_norm is not None and self.k_norm is not None:
+            qk_norm = (self.q_norm.weight, self.k_norm.weight, self.q_norm.eps)
+        query = qk_norm_rope_store_kv(
+            F.linear(x, weight, bias), positions, meta.slot_mapping, inv_freq, qk_norm,
+            k_cache, v_cache, self.num_heads,
+        )  # fmt: skip
+        out = attend(query, k_cache, v_cache, meta, self.scale)
+        return self.o_proj(out.view(x.shape[0], self.num_heads * self.head_dim))
 
 
 class DecoderLayer(nn.Module):
@@ -160,8 +233,35 @@ class DecoderBackbone(nn.Module):
     ) -> torch.Tensor:
         """embeds: [num_tokens, hidden]; positions: [num_tokens] int64 -> [num_tokens, hidden]
         post-norm hidden states."""
+        if meta.backend == "triton":
+            return self._forward_fused(embeds, positions, meta, kv)
         cos, sin = self.rotary.cos_sin(positions, embeds.dtype)
         x = embeds
         for layer_idx, layer in enumerate(self.layers):
             x = layer(x, cos, sin, meta, kv.key_cache(layer_idx), kv.value_cache(layer_idx))
         return self.norm(x)
+
+    def _forward_fused(
+        self,
+        embeds: torch.Tensor,
+        positions: torch.Tensor,
+        meta: AttentionMetadata,
+        kv: KVCache,
+    ) -> torch.Tensor:
+        """The fast path: each norm is fused with the residual add before it, so a layer is
+        4 matmuls, attention and 4 small kernels."""
+        from backends.runner.triton_layer_ops import rms_norm
+
+        first = self.layers[0].input_layernorm
+        normed, x = rms_norm(embeds, first.weight, first.eps)
+        norms_after = [layer.input_layernorm for layer in self.layers[1:]] + [self.norm]
+        for layer_idx, (layer, next_norm) in enumerate(zip(self.layers, norms_after)):
+            attn = layer.self_attn.forward_fused(
+                normed, positions, self.rotary.inv_freq, meta,
+                kv.key_cache(layer_idx), kv.value_cache(layer_idx),
+            )  # fmt: skip
+            post = layer.post_attention_layernorm
+            normed, x = rms_norm(attn, post.weight, post.eps, residual=x)
+            mlp = layer.mlp.forward_fused(normed)
+            normed, x = rms_norm(mlp, next_norm.weight, next_norm.eps, residual=x)
+        return normed

@@ -3,7 +3,9 @@
 The reference backend gathers each request's pages and runs SDPA in float32 with an explicit
 lower-right causal mask (a query chunk with cached context must see the whole prefix; SDPA's
 `is_causal` is upper-left aligned and would be wrong there). Faster backends register in
-`ATTENTION_BACKENDS` under a name chosen by `RunnerConfig.attention_backend`.
+`ATTENTION_BACKENDS` under a name chosen by `RunnerConfig.attention_backend`: "triton" is the
+CUDA fast path (`triton_paged_attention`), which also switches the model to its fused layer
+kernels and the runner to persistent buffers and CUDA graphs (`fast_path`).
 """
 
 from __future__ import annotations
@@ -117,13 +119,27 @@ def _attend_one(
     return out.transpose(0, 1).to(query.dtype)
 
 
+def _paged_attention_triton(
+    query: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    meta: AttentionMetadata,
+    scale: float,
+) -> torch.Tensor:
+    # Imported on first use: Triton exists only where the fast path runs (GPU, or the
+    # interpreter in tests), and the reference path must import without it.
+    from backends.runner.triton_paged_attention import paged_attention_triton
+
+    return paged_attention_triton(query, k_cache, v_cache, meta, scale)
+
+
 AttentionBackend = Callable[
     [torch.Tensor, torch.Tensor, torch.Tensor, AttentionMetadata, float], torch.Tensor
 ]
 
 # Read-only: a backend is added here in code, never registered at run time.
 ATTENTION_BACKENDS: Mapping[str, AttentionBackend] = MappingProxyType(
-    {"reference": paged_attention_reference}
+    {"reference": paged_attention_reference, "triton": _paged_attention_triton}
 )
 
 

@@ -10,6 +10,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from backends.runner.host_staging import to_device
+
 PAD_BLOCK_ID = -1  # unused table entries; never a valid index into the KV pool
 
 
@@ -54,8 +56,8 @@ class BlockTable:
         if not self._dirty_slots:
             return
         slots = sorted(self._dirty_slots)
-        rows = torch.from_numpy(self.table_np[slots]).to(self.table.device, non_blocking=True)
-        self.table[torch.tensor(slots, device=self.table.device)] = rows
+        rows = to_device(self.table_np[slots], self.table.device)
+        self.table[to_device(np.asarray(slots, dtype=np.int64), self.table.device)] = rows
         self._dirty_slots.clear()
 
     def gather(self, idx_mapping: torch.Tensor) -> torch.Tensor:

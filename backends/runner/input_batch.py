@@ -14,6 +14,7 @@ import torch
 
 from backends.runner.attention import AttentionMetadata
 from backends.runner.block_table import BlockTable
+from backends.runner.host_staging import to_device
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,5 +72,6 @@ def build_input_batch(
 
 
 def _to_device(array: np.ndarray, device: torch.device) -> torch.Tensor:
-    # A fresh tensor per step; the GPU path swaps this for persistent pinned staging buffers.
-    return torch.from_numpy(array).to(device, non_blocking=True)
+    # A fresh tensor per step, staged through pinned memory on CUDA (no host wait). Graphed
+    # decode batches use persistent buffers instead (`cuda_graphs`).
+    return to_device(array, device)

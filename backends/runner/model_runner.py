@@ -6,7 +6,9 @@ request states, input batch, sampler, attention, rope).
 
 Host work per step happens in `_prepare` (slot lookups, batch layout, embeddings) and after the
 forward (`_sample`, the single place where sampled token values reach the host); the model's
-forward itself never reads device values.
+forward itself never reads device values. With the "triton" backend a step goes through
+`FastPath` instead (graphed decode, device sampling, async outputs); `launch_step` returns the
+step before its outputs are read, and every other runner call settles it first.
 """
 
 from __future__ import annotations
@@ -14,11 +16,14 @@ from __future__ import annotations
 import torch
 
 from backends.models.decoder import DecoderModel
+from backends.runner.async_output import PendingStep
 from backends.runner.attention import check_backend
 from backends.runner.block_pool import BlockPool
 from backends.runner.block_table import BlockTable
+from backends.runner.fast_path import FastPath
 from backends.runner.input_batch import InputBatch, build_input_batch
 from backends.runner.kv_cache import KVCache
+from backends.runner.reanchor import check_reanchor, reanchor_slot
 from backends.runner.request_states import RequestStates
 from backends.runner.sampler import make_generator, sample_token
 from backends.runner.types import (
@@ -36,7 +41,8 @@ class ModelRunner:
     """One per stage, driven by one engine thread (no internal locking).
 
     The model's weights must already be on `config.device` in `config.dtype`; the KV cache,
-    block table and per-step tensors are created there.
+    block table and per-step tensors are created there. The fast path adds one pad block
+    (id `num_blocks`, never handed out) that padding rows of graphed batches write to.
     """
 
     def __init__(self, model: DecoderModel, config: RunnerConfig) -> None:
@@ -46,7 +52,7 @@ class ModelRunner:
         self.block_size = config.block_size
         self.kv = KVCache(
             num_layers=model.num_layers,
-            num_blocks=config.num_blocks,
+            num_blocks=config.num_blocks + int(config.is_fast_path),
             block_size=config.block_size,
             num_kv_heads=model.num_kv_heads,
             head_dim=model.head_dim,
@@ -58,6 +64,12 @@ class ModelRunner:
             config.max_num_reqs, config.max_blocks_per_req, config.device
         )
         self.states = RequestStates(config.max_num_reqs, config.max_model_len)
+        self.fast_path: FastPath | None = None
+        if config.is_fast_path:
+            self.fast_path = FastPath(
+                model, config, self.kv, self.states, self.block_table, config.num_blocks
+            )
+        self._pending = PendingStep.done([])
 
     def add_request(
         self,
@@ -69,6 +81,7 @@ class ModelRunner:
         """Admit a request and reserve KV for `max_len` tokens (default max_model_len) now, so
         no later step can run out of pages. Raises AdmissionError, changing nothing, if the
         slot or the blocks are not available."""
+        self._pending.wait()
         max_len = self.config.max_model_len if max_len is None else max_len
         if max_len < 1:
             raise ValueError(f"request {request_id!r}: max_len must be >= 1, got {max_len}")
@@ -98,6 +111,7 @@ class ModelRunner:
 
     def free_request(self, request_id: str) -> None:
         """Free the slot and every KV block of the request; unknown ids are ignored."""
+        self._pending.wait()
         slot = self.states.req_id_to_slot.get(request_id)
         if slot is None:
             return
@@ -128,9 +142,18 @@ class ModelRunner:
 
         Validates everything first, so a bad input raises ValueError with no state changed.
         """
+        return self.launch_step(inputs).wait()
+
+    def launch_step(self, inputs: list[StepInput]) -> PendingStep:
+        """`step` split in two: queue the step, read its results with `wait()`. On the fast
+        path the host is free between the two; the next runner call settles it anyway."""
+        self._pending.wait()
         if not inputs:
-            return []
+            return PendingStep.done([])
         slots = self._validate(inputs)
+        if self.fast_path is not None:
+            self._pending = self.fast_path.launch(inputs, slots, self._sample_one)
+            return self._pending
         with torch.no_grad():
             batch = self._prepare(inputs, slots)
             embeds = self._gather_embeds(inputs, batch)
@@ -138,7 +161,8 @@ class ModelRunner:
             for inp, slot in zip(inputs, slots):
                 self.states.append_tokens(slot, inp.token_ids)
             tokens = self._sample(inputs, slots, batch, hidden)
-        return [self._result(i, inp, batch, hidden, tokens) for i, inp in enumerate(inputs)]
+        results = [self._result(i, inp, batch, hidden, tokens) for i, inp in enumerate(inputs)]
+        return PendingStep.done(results)
 
     def _validate(self, inputs: list[StepInput]) -> list[int]:
         request_ids = [inp.request_id for inp in inputs]
@@ -248,52 +272,17 @@ class ModelRunner:
     def reanchor(self, request_id: str, keep_prefix: int, drop: int) -> None:
         """Drop the `drop` tokens after the first `keep_prefix` and re-RoPE the rest.
 
-        Whole pages only: both must be multiples of block_size. The retained keys after the cut
-        are rotated by -drop positions in every layer (values untouched), so every retained
-        token sits at RoPE position == its new KV index and new rows continue from there.
-        In layer 0 this is exactly a fresh prefill of the retained tokens; deeper layers keep
-        the context their K/V was computed with (StreamingLLM semantics; a full re-prefill is
-        the only way to forget it). The dropped pages move to the end of the request's row
-        instead of back to the pool: the request keeps its exact reservation and can grow to
-        max_len again.
+        Whole pages only: both must be multiples of block_size. See `reanchor.reanchor_slot`
+        for the semantics (StreamingLLM-style; the request keeps its exact reservation).
         """
+        self._pending.wait()
         slot = self.states.slot_of(request_id)
-        num_computed = int(self.states.num_computed_tokens_np[slot])
-        self._check_reanchor(request_id, keep_prefix, drop, num_computed)
-        if drop == 0:
-            return
-        first_kept = keep_prefix // self.block_size
-        self.block_table.move_pages_to_end(slot, first_kept, drop // self.block_size)
-        num_retained = num_computed - keep_prefix - drop
-        num_retained_pages = -(-num_retained // self.block_size)
-        retained = self.block_table.row(slot)[first_kept : first_kept + num_retained_pages]
-        if retained:
-            self._rotate_keys(retained, -drop)
-        self.states.drop_tokens(slot, keep_prefix, drop)
-
-    def _check_reanchor(
-        self, request_id: str, keep_prefix: int, drop: int, num_computed: int
-    ) -> None:
-        bs = self.block_size
-        if keep_prefix < 0 or drop < 0 or keep_prefix % bs or drop % bs:
-            raise ValueError(
-                f"request {request_id!r}: reanchor keep_prefix={keep_prefix} and drop={drop} "
-                f"must be non-negative multiples of block_size {bs}"
-            )
-        if keep_prefix + drop > num_computed:
-            raise ValueError(
-                f"request {request_id!r}: reanchor keep_prefix={keep_prefix} + drop={drop} "
-                f"exceeds the {num_computed} tokens in KV"
-            )
-
-    def _rotate_keys(self, block_ids: list[int], delta: int) -> None:
-        """Rotate every key in `block_ids`, all layers, by `delta` positions, in place.
-
-        Unfilled tail rows of the last page get rotated too; harmless, they are rewritten
-        before any query can read them.
-        """
-        keys = self.kv.all_keys()  # [num_layers, num_blocks, block_size, num_kv_heads, head_dim]
-        index = torch.tensor(block_ids, dtype=torch.int64, device=keys.device)
+        check_reanchor(
+            request_id, keep_prefix, drop, int(self.states.num_computed_tokens_np[slot]),
+            self.block_size,
+        )  # fmt: skip
         with torch.no_grad():
-            rotated = self.model.rotary.rerotate_keys(keys.index_select(1, index), delta)
-            keys.index_copy_(1, index, rotated)
+            reanchor_slot(
+                slot, keep_prefix, drop, self.states, self.block_table, self.kv,
+                self.model.rotary,
+            )  # fmt: skip

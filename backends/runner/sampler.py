@@ -1,8 +1,10 @@
 """Per-request sampling: a pure function of (seed, position, logits, generated history).
 
-Each sampled row gets its own `torch.Generator` seeded from (request seed, position), and the
-token is a Gumbel-max draw from it, so a request's tokens never depend on which other requests
-share the batch, on batch order or on slot. Order per row (vLLM's): float32 copy ->
+Each sampled row's Gumbel noise is a counter-based function of (request seed, position, token
+id) (`device_sampler.gumbel_noise`, the same noise the device sampler draws), so a request's
+tokens never depend on which other requests share the batch, on batch order, on slot or on
+device. Hooks get a `torch.Generator` seeded from (seed, position) for their own draws.
+Order per row (vLLM's): float32 copy ->
 repetition penalty -> hook.before_sample (may force a token) -> temperature -> top-k ->
 top-p -> Gumbel-max (plain argmax when temperature is 0) -> hook.after_sample.
 """
@@ -11,6 +13,7 @@ from __future__ import annotations
 
 import torch
 
+from backends.runner.device_sampler import gumbel_noise
 from backends.runner.types import SampleContext, SamplingHook, SamplingParams
 
 _MASK64 = (1 << 64) - 1
@@ -93,14 +96,15 @@ def sample_token(
     row = logits.to(torch.float32).clone()
     apply_repetition_penalty(row, ctx.generated, params.repetition_penalty, params.penalty_window)
     forced = hook.before_sample(row, ctx) if hook is not None else None
-    token = forced if forced is not None else _draw(row, params, ctx.generator)
+    token = forced if forced is not None else _draw(row, params, ctx.position)
     return hook.after_sample(token, ctx) if hook is not None else token
 
 
-def _draw(row: torch.Tensor, params: SamplingParams, generator: torch.Generator) -> int:
+def _draw(row: torch.Tensor, params: SamplingParams, position: int) -> int:
     if params.is_greedy:
         return int(torch.argmax(row).item())
     scaled = row / params.temperature
     apply_top_k(scaled, params.top_k)
     apply_top_p(scaled, params.top_p)
-    return int(gumbel_argmax(scaled, 1.0, generator).item())
+    seeds = torch.tensor([step_seed(params.seed, position)], dtype=torch.int64, device=row.device)
+    return int(torch.argmax(scaled + gumbel_noise(seeds, row.shape[0])[0]).item())

@@ -108,7 +108,10 @@ class RunnerConfig:
     block_size: int = 16  # tokens per KV page
     device: str = "cpu"
     dtype: torch.dtype = torch.float32  # KV cache and activation dtype
-    attention_backend: str = "reference"  # see backends.runner.attention.ATTENTION_BACKENDS
+    # see backends.runner.attention.ATTENTION_BACKENDS; "triton" selects the fast path
+    attention_backend: str = "reference"
+    use_cuda_graphs: bool = True  # fast path on CUDA: replay decode batches from graphs
+    cuda_graph_sizes: tuple[int, ...] = (1, 2, 4, 8, 16, 32)  # decode batch-size buckets
 
     def __post_init__(self) -> None:
         for name in ("num_blocks", "max_num_reqs", "max_model_len", "block_size"):
@@ -117,6 +120,15 @@ class RunnerConfig:
                 raise ValueError(f"RunnerConfig.{name} must be a positive int, got {value!r}")
         if not self.dtype.is_floating_point:
             raise ValueError(f"RunnerConfig.dtype must be a floating dtype, got {self.dtype}")
+        sizes = self.cuda_graph_sizes
+        if not sizes or any(not isinstance(s, int) or s < 1 for s in sizes):
+            raise ValueError(
+                f"RunnerConfig.cuda_graph_sizes must be positive ints, got {sizes!r}"
+            )
+
+    @property
+    def is_fast_path(self) -> bool:
+        return self.attention_backend == "triton"
 
     @property
     def max_blocks_per_req(self) -> int:

@@ -2,13 +2,15 @@
 
 `execute()` never touches the engine: it posts commands (submit, stop) here and returns.
 The thread drains all pending commands, then runs one engine step, and sleeps on the
-command queue whenever the engine has nothing to do (no polling).
+command queue whenever the engine has nothing to do (no polling). An optional `observer` runs
+on this thread after each round (the resource gauges: one thread per process updates metrics).
 """
 from __future__ import annotations
 
 import logging
 import queue
 import threading
+import time
 from typing import Any, Callable, Protocol
 
 from backends.stages.sink import ResponseSink, StageError, StageFailure
@@ -29,10 +31,14 @@ class SteppedEngine(Protocol):
 
 
 class EngineThread:
-    def __init__(self, engine: SteppedEngine, name: str, on_error: Callable[[str], None] | None = None) -> None:
+    def __init__(self, engine: SteppedEngine, name: str, on_error: Callable[[str], None] | None = None,
+                 observer: Callable[[], None] | None = None,
+                 on_step: Callable[[float], None] | None = None) -> None:
         self.engine = engine
         self._commands: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._on_error = on_error or log.error
+        self._observer = observer
+        self._on_step = on_step  # called on this thread with each step's wall time in seconds
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
@@ -45,6 +51,10 @@ class EngineThread:
     def call(self, fn: Callable[..., Any], *args: Any) -> None:
         """Run `fn(*args)` on the engine thread (for state the engine thread owns)."""
         self._commands.put((fn, args))
+
+    def is_alive(self) -> bool:
+        """False once the thread has ended (shutdown, or an error outside the contained paths)."""
+        return self._thread.is_alive()
 
     def shutdown(self, timeout_s: float = 10.0) -> None:
         self._commands.put(_STOP)
@@ -69,6 +79,8 @@ class EngineThread:
                 command = self._next_command(block=False)
             if self.engine.has_work():
                 self._step()
+            if self._observer is not None:
+                self._run_command((self._observer, ()))
 
     def _next_command(self, block: bool) -> Any:
         try:
@@ -84,6 +96,7 @@ class EngineThread:
             self._on_error(f"engine command {getattr(fn, '__name__', fn)} failed: {exc!r}")
 
     def _step(self) -> None:
+        started = time.perf_counter()
         try:
             self.engine.step()
         except Exception as exc:  # engines contain per-request faults; this is an engine bug
@@ -91,3 +104,5 @@ class EngineThread:
             abort_all = getattr(self.engine, "abort_all", None)
             if abort_all is not None:
                 abort_all(StageError("internal", f"engine step failed: {type(exc).__name__}: {exc}"))
+        if self._on_step is not None:
+            self._run_command((self._on_step, (time.perf_counter() - started,)))

@@ -14,12 +14,11 @@ import socket
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from backends.serving.checkpoints import prepare_checkpoint
+from backends.serving.health import HEALTH_MODEL, server_ready
 from backends.serving.profiles import Profile, get_profile
 from backends.serving.repository import render_repository
 from backends.serving.triton_install import find_triton
@@ -111,11 +110,10 @@ class ServerProcess:
                            + self.log_tail())
 
     def is_ready(self) -> bool:
-        try:
-            with urllib.request.urlopen(f"{self.http_url}/v2/health/ready", timeout=2) as resp:
-                return resp.status == 200
-        except (urllib.error.URLError, ConnectionError, TimeoutError):
-            return False
+        """Every model loaded (Triton's strict readiness) and every stage able to serve (the
+        `health` model, when the repository has it: backends/serving/health.py)."""
+        has_health = (self.options.repository / HEALTH_MODEL).is_dir()
+        return server_ready(self.http_url, check_stages=has_health, timeout_s=5)
 
     def log_tail(self, num_bytes: int = 4000) -> str:
         try:
@@ -146,7 +144,7 @@ class ServerProcess:
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--profile", default="cpu", help="cpu | gpu")
+    parser.add_argument("--profile", default="cpu", help="cpu | gpu | gpu-split (deploy/README.md)")
     parser.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
                         help="override a configuration variable (README table)")
     parser.add_argument("--address", default="127.0.0.1")
@@ -156,6 +154,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--repository", type=Path, default=DEFAULT_REPOSITORY)
     parser.add_argument("--workdir", type=Path, default=DEFAULT_WORKDIR)
     parser.add_argument("--log-file", type=Path)
+    parser.add_argument("--server-id", default=None,
+                        help="name of this replica (Triton --id; the `name` of server metadata)")
     return parser.parse_args(argv)
 
 
@@ -166,6 +166,7 @@ def main(argv: list[str] | None = None) -> int:
     server = ServerProcess(ServerOptions(
         profile=profile, repository=args.repository, workdir=args.workdir, address=args.address,
         http_port=args.http_port, grpc_port=args.grpc_port, metrics_port=args.metrics_port, log_file=args.log_file,
+        extra_args=[f"--id={args.server_id}"] if args.server_id else [],
     ))
     stop_requested = []
     for sig in (signal.SIGINT, signal.SIGTERM):

@@ -1,15 +1,27 @@
 """Deployment profiles: the values rendered into every `config.pbtxt.tmpl`.
 
-One table of variables (README "Configuration variables") shared by all four models.
+One table of variables (deploy/README.md "Configuration variables") shared by all models;
+`minicpmo-server --profile NAME --set VAR=VALUE` picks a profile and overrides any variable.
 `cpu` is the profile the committed `config.pbtxt` files are rendered from, so the
 repository also loads as committed.
+
+Placement: each stage (thinker, talker, code2wav) is ONE model instance on one device,
+because its engine keeps per-session state (KV, encoder and vocoder caches) that a second
+instance would not see; the engine batches across sessions instead. What scales out is the
+`duplex` orchestrator (instances share the sessions through the sequence batcher) and, past
+one server, replicas behind a load balancer (deploy/README.md "Scale-out").
 """
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
 
+from backends.serving.fault_injection import SETTINGS as FAULT_SETTINGS
+
 KINDS = ("KIND_CPU", "KIND_GPU")
+STAGES = ("thinker", "talker", "code2wav")
+# Per-GPU share of the stage caps: the rest is CUDA contexts and allocator slack.
+MAX_GPU_SHARE = 0.95
 
 
 @dataclass(frozen=True, slots=True)
@@ -19,34 +31,84 @@ class Profile:
     device: str = "cpu"  # torch device of the stage runners: cpu | cuda
     dtype: str = "float32"  # runner dtype: float32 | bfloat16
     checkpoint: str = "tiny"  # tiny | full-random | an absolute checkpoint directory
-    thinker_gpus: str = ""  # e.g. "0"; empty for CPU
+    thinker_gpus: str = ""  # GPU id of the stage's one instance; empty on CPU
     talker_gpus: str = ""
     code2wav_gpus: str = ""
-    max_sessions: int = 4  # admission limit of the duplex orchestrator
+    thinker_memory_fraction: float = 0.0  # cap of the stage's torch allocator (share of its GPU); 0 = none
+    talker_memory_fraction: float = 0.0
+    code2wav_memory_fraction: float = 0.0
+    duplex_instances: int = 1  # orchestrator processes; sessions are spread over them
+    max_sessions: int = 4  # sessions of the whole server (admission limit; stage engines are sized for it)
     idle_timeout_s: int = 60  # a session with no uplink request for this long is reaped
     max_append_ms: int = 10000  # largest accepted AUDIO append
     max_context_tokens: int = 8192  # Thinker KV reserved per session (window off)
     talker_context_tokens: int = 4096
+    fault_injection: str = "off"  # test-only: `on` makes stage requests marked fault-<stage> fail
 
     def __post_init__(self) -> None:
         if self.instance_kind not in KINDS:
             raise ValueError(f"instance_kind must be one of {KINDS}, got {self.instance_kind!r}")
         if self.device not in ("cpu", "cuda"):
             raise ValueError(f"device must be cpu or cuda, got {self.device!r}")
+        if (self.device == "cuda") != (self.instance_kind == "KIND_GPU"):
+            raise ValueError(f"device {self.device!r} does not match instance_kind {self.instance_kind!r} "
+                             "(cuda goes with KIND_GPU, cpu with KIND_CPU)")
         if self.dtype not in ("float32", "bfloat16"):
             raise ValueError(f"dtype must be float32 or bfloat16, got {self.dtype!r}")
-        for name in ("max_sessions", "idle_timeout_s", "max_append_ms", "max_context_tokens"):
+        if self.fault_injection not in FAULT_SETTINGS:
+            raise ValueError(f"fault_injection must be one of {FAULT_SETTINGS}, got {self.fault_injection!r}")
+        for name in ("duplex_instances", "max_sessions", "idle_timeout_s", "max_append_ms", "max_context_tokens",
+                     "talker_context_tokens"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        if self.max_sessions % self.duplex_instances:
+            raise ValueError(f"max_sessions ({self.max_sessions}) must be a multiple of duplex_instances "
+                             f"({self.duplex_instances}): each instance admits an equal share")
+        self._check_placement()
+
+    def _check_placement(self) -> None:
+        share: dict[int, float] = {}
+        for stage in STAGES:
+            gpu, fraction = self.stage_gpu(stage), getattr(self, f"{stage}_memory_fraction")
+            if not 0.0 <= fraction <= 1.0:
+                raise ValueError(f"{stage}_memory_fraction must be in [0, 1], got {fraction}")
+            if gpu is None and fraction:
+                raise ValueError(f"{stage}_memory_fraction applies to GPU stages only, got {fraction} on CPU")
+            if gpu is not None:
+                share[gpu] = share.get(gpu, 0.0) + fraction
+        for gpu, total in sorted(share.items()):
+            if total > MAX_GPU_SHARE + 1e-9:
+                raise ValueError(f"memory fractions of the stages on GPU {gpu} add up to {total:.2f}, "
+                                 f"over {MAX_GPU_SHARE}")
+
+    def stage_gpu(self, stage: str) -> int | None:
+        """The GPU id of a stage's one instance; None on CPU. Raises on a malformed value."""
+        text = getattr(self, f"{stage}_gpus").strip()
+        if self.instance_kind == "KIND_CPU":
+            if text:
+                raise ValueError(f"{stage}_gpus must be empty with KIND_CPU, got {text!r}")
+            return None
+        if not text.isdigit():
+            raise ValueError(f"{stage}_gpus must be one GPU id (a stage is one instance: its engine holds the "
+                             f"sessions' state), got {text!r}")
+        return int(text)
+
+    @property
+    def sessions_per_duplex_instance(self) -> int:
+        return self.max_sessions // self.duplex_instances
 
     def template_vars(self) -> dict[str, str]:
         values = {f.name: str(getattr(self, f.name)) for f in dataclasses.fields(self)}
-        for stage in ("thinker", "talker", "code2wav"):
-            gpus = getattr(self, f"{stage}_gpus")
-            values[f"{stage}_gpus_clause"] = f"gpus: [ {gpus} ]" if gpus else ""
+        for stage in STAGES:
+            gpu = self.stage_gpu(stage)
+            values[f"{stage}_gpus_clause"] = "" if gpu is None else f"gpus: [ {gpu} ]"
+        per_instance = self.sessions_per_duplex_instance
+        values["duplex_max_sessions"] = str(per_instance)
         # More sequence slots than sessions: a START over the limit must reach our admission
         # check (and be refused at once) instead of waiting in Triton's silent backlog.
-        values["sequence_slots"] = str(4 * self.max_sessions + 16)
+        # Triton hands new sequences to the lowest free slot number across instances, so
+        # the instances fill evenly.
+        values["sequence_slots"] = str(4 * per_instance + 16)
         # Triton's own idle reaper must fire after ours, which answers the client.
         values["sequence_idle_us"] = str((self.idle_timeout_s + 30) * 1_000_000)
         return values
@@ -56,16 +118,32 @@ class Profile:
         unknown = sorted(set(overrides) - set(fields))
         if unknown:
             raise ValueError(f"unknown configuration variables {unknown}; known: {sorted(fields)}")
-        typed = {k: type(getattr(self, k))(v) for k, v in overrides.items()}
+        typed = {}
+        for key, text in overrides.items():
+            try:
+                typed[key] = type(getattr(self, key))(text)
+            except ValueError as exc:
+                raise ValueError(f"{key}={text!r}: {exc}") from exc
         return dataclasses.replace(self, **typed)
 
 
 PROFILES: dict[str, Profile] = {
     "cpu": Profile(name="cpu"),
+    # One GPU: every stage on GPU 0, the allocator caps keep the Thinker's KV from starving
+    # the Talker and the vocoder (Qwen3-8B bf16 ~17 GB + 34 slots x 8k tokens x 144 KiB KV
+    # ~40 GB; Code2Wav's batched windows peaked at 26 GB for 16 streams with the bf16 flow).
     "gpu": Profile(
-        name="gpu", instance_kind="KIND_GPU", device="cuda", dtype="bfloat16",
-        checkpoint="full-random", thinker_gpus="0", talker_gpus="0", code2wav_gpus="0",
-        max_sessions=32, max_context_tokens=16384,
+        name="gpu", instance_kind="KIND_GPU", device="cuda", dtype="bfloat16", checkpoint="full-random",
+        thinker_gpus="0", talker_gpus="0", code2wav_gpus="0",
+        thinker_memory_fraction=0.45, talker_memory_fraction=0.12, code2wav_memory_fraction=0.36,
+        duplex_instances=2, max_sessions=32, max_context_tokens=8192,
+    ),
+    # Two GPUs: the Thinker alone on GPU 0, the audio tail (Talker + Code2Wav) on GPU 1.
+    "gpu-split": Profile(
+        name="gpu-split", instance_kind="KIND_GPU", device="cuda", dtype="bfloat16", checkpoint="full-random",
+        thinker_gpus="0", talker_gpus="1", code2wav_gpus="1",
+        thinker_memory_fraction=0.9, talker_memory_fraction=0.45, code2wav_memory_fraction=0.45,
+        duplex_instances=4, max_sessions=64, max_context_tokens=8192,
     ),
 }
 

@@ -1,6 +1,18 @@
-"""Triton side of the `duplex` orchestrator: downlink, uplink replies, BLS stage clients."""
+"""Triton side of the `duplex` orchestrator: downlink, uplink replies, BLS stage clients.
+
+Sequence slots: Triton frees a session's slot only when an END request is released or its
+own idle timer fires, and until then counts the sequence in flight (a server stop waits
+`--exit-timeout-secs` for it). When a session ends without the client's END (client gone,
+idle, error), the downlink therefore sends the orchestrator itself an END for that sequence
+(`abandon`), marked with `RELEASE_PARAMETER` so that `execute` answers it without touching any
+session. A later request of that client meets Triton's "must specify the START flag" error.
+A refused START is left to the client's END (our client always sends one): releasing it here
+could end a retried START with the same id.
+"""
 from __future__ import annotations
 
+import json
+import threading
 from typing import Any, Callable, Iterator
 
 import numpy as np
@@ -20,6 +32,16 @@ from backends.stages.tensor_codec import from_arrays, tensor_specs, to_arrays
 # DuplexError.code -> TritonError code attribute name
 _UPLINK_ERROR_CODES = {"invalid_argument": "INVALID_ARG", "session_not_found": "NOT_FOUND",
                        "resource_exhausted": "UNAVAILABLE"}
+RELEASE_PARAMETER = "duplex_release_sequence"  # request parameter of the orchestrator's own END
+
+
+def is_sequence_release(request: Any) -> bool:
+    """Whether `request` is the orchestrator's own END that frees a dead session's slot."""
+    try:
+        params = json.loads(request.parameters() or "{}")
+    except ValueError:
+        return False
+    return isinstance(params, dict) and params.get(RELEASE_PARAMETER) is True
 
 
 def raw_uplink(pb_utils: Any, request: Any) -> RawUplink:
@@ -40,12 +62,25 @@ def _optional_input(pb_utils: Any, request: Any, name: str) -> np.ndarray | None
 
 
 class TritonDownlink:
-    """The START request's response sender, kept open for the whole session."""
+    """The START request's response sender, kept open for the whole session.
 
-    def __init__(self, pb_utils: Any, sender: Any, responses: ResponseThread) -> None:
+    `close` lets go of the sender: the stub frees the request's response factory, which pins
+    the `duplex` model (a server stop waits for it), only when the sender object is destroyed,
+    and a finished session may live on in a reference cycle until the garbage collector runs.
+    `is_cancelled` and `close` exclude each other: a cancellation check that reaches the server
+    after the FINAL asks about a response factory the server may already have freed (seen as
+    heap corruption in tritonserver and as a `duplex` model that never unloads).
+    """
+
+    def __init__(self, pb_utils: Any, sender: Any, responses: ResponseThread,
+                 sequence: tuple[str, int | str] | None = None) -> None:
         self._pb, self._sender, self._responses = pb_utils, sender, responses
+        self._sequence = sequence  # (model name, correlation id as the client sent it)
+        self._lock = threading.Lock()  # guards _sender between close() and is_cancelled()
 
     def send(self, event: ServerEvent) -> None:
+        if self._sender is None:
+            raise RuntimeError(f"event {event.type} after the downlink closed")
         arrays = {"EVENT": np.array([event.to_json().encode("utf-8")], dtype=np.object_)}
         if event.audio is not None:
             arrays["AUDIO_OUT"] = event.audio
@@ -53,7 +88,25 @@ class TritonDownlink:
         self._responses.put(self._sender, response, 0)
 
     def close(self) -> None:
-        self._responses.put(self._sender, None, self._pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        with self._lock:
+            sender, self._sender = self._sender, None
+        if sender is not None:
+            self._responses.put(sender, None, self._pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+
+    def is_cancelled(self) -> bool:
+        with self._lock:  # held across the IPC: the FINAL cannot be queued meanwhile
+            return self._sender is not None and bool(self._sender.is_cancelled())
+
+    def abandon(self) -> None:
+        """Free the session's sequence slot (its client is gone): an END to ourselves."""
+        if self._sequence is None:
+            return
+        model, correlation_id = self._sequence
+        bls = self._pb.InferenceRequest(
+            model_name=model, inputs=[], requested_output_names=[], correlation_id=correlation_id,
+            flags=self._pb.TRITONSERVER_REQUEST_FLAG_SEQUENCE_END, parameters={RELEASE_PARAMETER: True})
+        for _ in bls.exec(decoupled=True):  # drained: the answer carries nothing
+            pass
 
 
 class TritonUplinkReply:
@@ -61,12 +114,19 @@ class TritonUplinkReply:
         self._pb, self._sender, self._responses = pb_utils, sender, responses
 
     def ok(self) -> None:
-        self._responses.put(self._sender, None, self._pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        self._responses.put(self._take(), None, self._pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
 
     def fail(self, error: DuplexError) -> None:
         code = getattr(self._pb.TritonError, _UPLINK_ERROR_CODES.get(error.code, "INTERNAL"))
         response = self._pb.InferenceResponse(error=self._pb.TritonError(f"[{error.code}] {error.message}", code))
-        self._responses.put(self._sender, response, self._pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        self._responses.put(self._take(), response, self._pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+
+    def _take(self) -> Any:
+        """The sender, once: this object must not keep it alive (see TritonDownlink)."""
+        sender, self._sender = self._sender, None
+        if sender is None:
+            raise RuntimeError("uplink request answered twice")
+        return sender
 
 
 class BlsStageClients:

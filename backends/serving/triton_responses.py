@@ -56,11 +56,17 @@ class ResponseThread:
 
     def _run(self) -> None:
         while (item := self._queue.get()) is not None:
-            sender, response, flags = item
-            try:
-                sender.send(response, flags=flags) if response is not None else sender.send(flags=flags)
-            except Exception as exc:  # a client that went away must not stop the others
-                log.warning("response send failed: %r", exc)
+            self._send(*item)
+            # Hold no sender while waiting: the stub frees a request's response factory, which
+            # pins its model (unload waits for it), only when the sender object is destroyed.
+            item = None
+
+    @staticmethod
+    def _send(sender: Any, response: Any, flags: int) -> None:
+        try:
+            sender.send(response, flags=flags) if response is not None else sender.send(flags=flags)
+        except Exception as exc:  # a client that went away must not stop the others
+            log.warning("response send failed: %r", exc)
 
 
 class TritonSink:

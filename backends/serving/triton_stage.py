@@ -1,8 +1,9 @@
 """The body of a stage model (thinker, talker, code2wav) behind its thin `model.py`.
 
 `execute` decodes each request into the stage contract and posts it to the engine thread;
-a `stop` action is answered at once. Bad input is answered with INVALID_ARG + FINAL and
-never reaches the engine.
+a `stop` action is answered at once, and so is a `health` action (UNAVAILABLE once the
+engine thread is gone: backends/serving/health.py). Bad input is answered with INVALID_ARG +
+FINAL and never reaches the engine. Metrics go through the instance's one MetricsThread.
 """
 from __future__ import annotations
 
@@ -11,6 +12,11 @@ import logging
 from typing import Any, Callable
 
 from backends.serving.engine_thread import EngineThread, SteppedEngine
+from backends.serving.fault_injection import install_fault_hook
+from backends.serving.health import ACTION_HEALTH
+from backends.serving.metrics_stage import StageMetrics
+from backends.serving.metrics_thread import MetricsThread
+from backends.serving.resource_gauges import ResourceGauges
 from backends.serving.triton_responses import ResponseThread, TritonSink, triton_error
 from backends.serving.triton_tensors import ContractError, decode_request, encode_response
 from backends.stages.contracts import ACTION_RUN, ACTION_STOP
@@ -23,13 +29,33 @@ def model_parameters(args: dict[str, Any]) -> dict[str, str]:
     return {key: value["string_value"] for key, value in config.get("parameters", {}).items()}
 
 
+def apply_memory_fraction(params: dict[str, str], device_id: str) -> None:
+    """Cap this stage process's torch allocator on its GPU (profile variable
+    `<stage>_memory_fraction`), so stages sharing a GPU cannot starve each other."""
+    fraction = float(params.get("gpu_memory_fraction", "0") or 0)
+    if fraction <= 0 or params.get("device", "cpu") != "cuda":
+        return
+    import torch
+
+    torch.cuda.set_per_process_memory_fraction(fraction, torch.device(f"cuda:{device_id}"))
+
+
 class StageAdapter:
-    def __init__(self, pb_utils: Any, name: str, request_cls: type, engine: SteppedEngine) -> None:
+    def __init__(self, pb_utils: Any, name: str, request_cls: type, engine: SteppedEngine,
+                 params: dict[str, str] | None = None, instance: str = "") -> None:
         self._pb = pb_utils
         self._name = name
         self._request_cls = request_cls
         self._responses = ResponseThread(pb_utils, f"{name}-responses")
-        self.engine_thread = EngineThread(engine, f"{name}-engine", on_error=pb_utils.Logger.log_error)
+        if install_fault_hook(engine, name, (params or {}).get("fault_injection", "off")):
+            pb_utils.Logger.log_warn(f"[{name}] fault_injection=on: requests marked 'fault-{name}' will fail")
+        self._metrics = StageMetrics(MetricsThread(pb_utils, name, instance), ResourceGauges(pb_utils, name))
+        counts = getattr(engine, "resource_counts", None)
+        observer = None if counts is None else (lambda: self._metrics.publish(counts()))
+        self.engine_thread = EngineThread(engine, f"{name}-engine", on_error=pb_utils.Logger.log_error,
+                                          observer=observer, on_step=self._metrics.on_step)
+        if observer is not None:  # publish the idle engine's counts now, not at the first request
+            self.engine_thread.call(observer)
 
     def execute(self, requests: list[Any]) -> None:
         for request in requests:
@@ -45,8 +71,9 @@ class StageAdapter:
         sender = request.get_response_sender()
         try:
             parsed = decode_request(self._pb, request, self._request_cls)
-            if parsed.action not in (ACTION_RUN, ACTION_STOP):
-                raise ContractError(f"ACTION must be {ACTION_RUN!r} or {ACTION_STOP!r}, got {parsed.action!r}")
+            if parsed.action not in (ACTION_RUN, ACTION_STOP, ACTION_HEALTH):
+                raise ContractError(f"ACTION must be {ACTION_RUN!r}, {ACTION_STOP!r} or {ACTION_HEALTH!r}, "
+                                    f"got {parsed.action!r}")
         except ContractError as exc:
             self._fail(sender, StageError("invalid_argument", f"[{self._name}] {exc}"))
             return
@@ -54,17 +81,29 @@ class StageAdapter:
             self.engine_thread.stop_request(parsed.request_id)
             self._responses.put(sender, None, self._pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
             return
-        sink = TritonSink(self._pb, sender, self._responses, lambda result: encode_response(self._pb, result))
+        if parsed.action == ACTION_HEALTH:
+            self._answer_health(sender)
+            return
+        sink = self._metrics.sink(
+            TritonSink(self._pb, sender, self._responses, lambda result: encode_response(self._pb, result)))
         self.engine_thread.submit(parsed, sink)
 
+    def _answer_health(self, sender: Any) -> None:
+        if self.engine_thread.is_alive():
+            self._responses.put(sender, None, self._pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+            return
+        self._fail(sender, StageError("unavailable", f"[{self._name}] the engine thread is not running"))
+
     def _fail(self, sender: Any, error: StageError) -> None:
+        self._metrics.count_error(error.code)
         response = self._pb.InferenceResponse(error=triton_error(self._pb, error))
         self._responses.put(sender, response, self._pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
 
     def finalize(self) -> None:
         self.engine_thread.shutdown()
         self._responses.shutdown()
+        self._metrics.shutdown()
 
 
 EngineFactory = Callable[[dict[str, str]], SteppedEngine]
-__all__ = ["StageAdapter", "model_parameters", "EngineFactory", "logging"]
+__all__ = ["StageAdapter", "model_parameters", "apply_memory_fraction", "EngineFactory", "logging"]

@@ -6,21 +6,22 @@ Windows are validated at `submit` against the request's (cache_epoch, chunk_seq)
 and replaces the request's vocoder state; a lower epoch is `stale_cache_epoch`. A rejected
 window never advances the sequence and is answered by an error result at the next `step`.
 `step` decodes the oldest pending window of every request in one batched forward; a request
-id appears at most once per forward, so its later windows wait for later steps.
+id appears at most once per forward, so its later windows wait for later steps. Every epoch's
+stream starts from the engine's prepared voice (its prompt caches are shared, never copied).
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict, deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import logging
 
 import numpy as np
-import torch
 
 from backends.audio.codec_windows import CodecWindow
-from backends.models.token2wav import StreamWindow, Token2Wav, Token2WavStream
+from backends.models.token2wav import StreamWindow, Token2Wav, Token2WavStream, Voice
 from backends.stages.contracts import ACTION_STOP, Code2WavRequest
 
 _LOG = logging.getLogger(__name__)
@@ -79,7 +80,7 @@ class _State:
 @dataclass(slots=True)
 class Code2WavEngine:
     token2wav: Token2Wav
-    speaker: torch.Tensor | None = None  # [spk_embed_dim] float32; None -> default voice
+    voice: Voice  # prepared by `token2wav` (its caches belong to that model)
     # request_id -> accepted, not yet decoded windows (oldest first); insertion order = age
     _pending: OrderedDict[str, deque[Code2WavRequest]] = field(
         init=False, default_factory=OrderedDict
@@ -87,6 +88,8 @@ class Code2WavEngine:
     _sequences: dict[str, _Sequence] = field(init=False, default_factory=dict)
     _states: dict[str, _State] = field(init=False, default_factory=dict)
     _errors: list[Code2WavResult] = field(init=False, default_factory=list)
+    # Test-only, set by backends/serving/fault_injection.py when fault_injection=on.
+    fault_hook: Callable[[str], None] | None = field(init=False, default=None)
 
     def submit(self, request: Code2WavRequest) -> None:
         if request.action == ACTION_STOP:
@@ -105,10 +108,14 @@ class Code2WavEngine:
         """Decode the oldest pending window of every request in one forward; also return
         the errors of windows rejected since the last step."""
         results, self._errors = self._errors, []
-        batch = [self._pop_oldest(request_id) for request_id in list(self._pending)]
+        batch, windows = [], []
+        for request in [self._pop_oldest(request_id) for request_id in list(self._pending)]:
+            window = self._prepare(request, results)
+            if window is not None:
+                batch.append(request)
+                windows.append(window)
         if not batch:
             return results
-        windows = [StreamWindow(self._stream_for(r), r.codes, r.last_chunk) for r in batch]
         try:
             decoded = self.token2wav.decode(windows)
         except Exception as exc:  # the forward is shared: every stream in it is suspect
@@ -122,6 +129,23 @@ class Code2WavEngine:
                 cache_epoch=request.cache_epoch, last_chunk=request.last_chunk,
             ))
         return results
+
+    def _prepare(self, request: Code2WavRequest, errors: list[Code2WavResult]) -> StreamWindow | None:
+        """The request's window for this forward; a failure ends that request only."""
+        try:
+            if self.fault_hook is not None:
+                self.fault_hook(request.request_id)
+            return StreamWindow(self._stream_for(request), request.codes, request.last_chunk)
+        except Exception as exc:  # request-scoped: the other windows of the step go on
+            _LOG.exception("code2wav request %s failed", request.request_id)
+            self.release(request.request_id)
+            errors.append(_error_result(request, f"{ERROR_INTERNAL}: {type(exc).__name__}: {exc}"))
+            return None
+
+    def resource_counts(self) -> dict[str, int]:
+        """What the engine holds (leak checks; published as gauges by the serving layer)."""
+        return {"codec_states": len(self._states), "codec_sequences": len(self._sequences),
+                "codec_pending": self.num_pending()}
 
     def release(self, request_id: str) -> None:
         """Drop the request's state and pending windows (idempotent)."""
@@ -194,7 +218,7 @@ class Code2WavEngine:
         """The request's stream; a new epoch starts from fresh state (the old one is dropped)."""
         state = self._states.get(request.request_id)
         if state is None or state.cache_epoch != request.cache_epoch:
-            state = _State(request.cache_epoch, self.token2wav.new_stream(self.speaker))
+            state = _State(request.cache_epoch, self.token2wav.new_stream(self.voice))
             self._states[request.request_id] = state
         return state.stream
 

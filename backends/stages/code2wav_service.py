@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 
-from backends.stages.code2wav_engine import Code2WavEngine, Code2WavResult
+from backends.stages.code2wav_engine import ERROR_INTERNAL, Code2WavEngine, Code2WavResult
 from backends.stages.contracts import ACTION_STOP, Code2WavAudio, Code2WavRequest
 from backends.stages.sink import ResponseSink, StageError
 
@@ -47,6 +47,10 @@ class Code2WavService:
     def num_states(self) -> int:
         return self.engine.num_states()
 
+    def resource_counts(self) -> dict[str, int]:
+        """What the stage holds (leak checks; published as gauges by the serving layer)."""
+        return {"requests": len(self._sinks), **self.engine.resource_counts()}
+
     def step(self) -> None:
         try:
             results = self.engine.step()
@@ -63,7 +67,9 @@ class Code2WavService:
             return
         if result.error is not None:
             code, _, detail = result.error.partition(": ")
-            sink.close(StageError("invalid_argument", f"{code}: {detail}"))
+            if code == ERROR_INTERNAL:  # the engine dropped the request: end its other windows too
+                self.stop(result.request_id)
+            sink.close(StageError("internal" if code == ERROR_INTERNAL else "invalid_argument", f"{code}: {detail}"))
             return
         sink.send(Code2WavAudio(result.request_id, result.chunk_seq, result.audio))
         sink.close()

@@ -41,6 +41,7 @@ class ThinkerRequest:
     seed: int = 0
     reply_units: int = 0  # policy knob for random weights: force replies of N speak units (0 = off)
     reply_tokens_per_unit: int = 0  # policy knob: text tokens per forced speak unit (0 = off)
+    sliding_window_mode: str = ""  # off | basic | context (facts 2.6); "" = the engine default (off)
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import torch
 
+from backends.checkpoint.full_random import FullRandomCheckpoint, full_random_checkpoint
 from backends.checkpoint.loader import Checkpoint, load_checkpoint
 from backends.runner.types import RunnerConfig
 from backends.serving.checkpoints import FULL_RANDOM, prepare_checkpoint
@@ -43,9 +44,9 @@ class StageSetup:
             talker_context_tokens=int(params.get("talker_context_tokens", "4096")),
         )
 
-    def load(self) -> Checkpoint:
+    def load(self) -> Checkpoint | FullRandomCheckpoint:
         if self.checkpoint == FULL_RANDOM:
-            raise NotImplementedError("the full-random profile is not available yet (issue #6)")
+            return full_random_checkpoint()  # real dimensions, weights drawn on the device
         cache = Path(os.environ.get("MINICPMO_HOME", Path(__file__).resolve().parents[2] / "var")) / "checkpoints"
         path = prepare_checkpoint(self.checkpoint, cache)
         return load_checkpoint(path)
@@ -53,8 +54,11 @@ class StageSetup:
     def runner_config(self, max_len: int) -> RunnerConfig:
         blocks_per_request = -(-max_len // BLOCK_SIZE)
         num_reqs = self.max_sessions + SLOT_MARGIN
+        # On CUDA: the Triton-language paged attention and CUDA graphs for decode batches.
+        backend = "triton" if self.device.type == "cuda" else "reference"
         return RunnerConfig(num_blocks=num_reqs * blocks_per_request, max_num_reqs=num_reqs, max_model_len=max_len,
-                            block_size=BLOCK_SIZE, device=str(self.device), dtype=self.dtype)
+                            block_size=BLOCK_SIZE, device=str(self.device), dtype=self.dtype,
+                            attention_backend=backend)
 
 
 def build_thinker_engine(params: dict[str, str], device_id: str = "0"):
@@ -63,7 +67,10 @@ def build_thinker_engine(params: dict[str, str], device_id: str = "0"):
 
     setup = StageSetup.from_params(params, device_id)
     ckpt = setup.load()
-    model = ThinkerModel.from_checkpoint(ckpt, setup.device, setup.dtype)
+    if isinstance(ckpt, FullRandomCheckpoint):
+        model = ckpt.build_thinker(setup.device, setup.dtype)
+    else:
+        model = ThinkerModel.from_checkpoint(ckpt, setup.device, setup.dtype)
     max_len = min(setup.max_context_tokens, ckpt.config.llm.max_position_embeddings)
     return ThinkerEngine(model.llm, model.audio_encoder, ckpt.tokenizer, ckpt.special_tokens,
                          setup.runner_config(max_len), ThinkerEngineConfig(max_context_tokens=max_len))
@@ -77,18 +84,35 @@ def build_talker_engine(params: dict[str, str], device_id: str = "0"):
     setup = StageSetup.from_params(params, device_id)
     ckpt = setup.load()
     config = TalkerConfig.from_dict(ckpt.config.raw["tts_config"])
-    with torch.device(setup.device):
-        model = TalkerModel(config)
-    load_talker_weights(model, ckpt.weights("tts."))
-    model = model.to(setup.dtype).eval()
+    if isinstance(ckpt, FullRandomCheckpoint):
+        model = ckpt.build_talker(setup.device, setup.dtype)
+    else:
+        with torch.device(setup.device):
+            model = TalkerModel(config)
+        load_talker_weights(model, ckpt.weights("tts."))
+        model = model.to(setup.dtype).eval()
     max_len = min(setup.talker_context_tokens, config.max_position_embeddings)
     return TalkerEngine(model, setup.runner_config(max_len))
 
 
 def build_code2wav_engine(params: dict[str, str], device_id: str = "0") -> Code2WavService:
+    from backends.checkpoint.reference_voice import REFERENCE_VOICE_SAMPLE_RATE, synthesize_reference_voice
     from backends.models.token2wav import load_token2wav
+    from backends.models.token2wav.voice import VOICE_FILE
     from backends.stages.code2wav_engine import Code2WavEngine
 
     setup = StageSetup.from_params(params, device_id)
     ckpt = setup.load()
-    return Code2WavService(Code2WavEngine(load_token2wav(ckpt.token2wav_dir, setup.device)))
+    if isinstance(ckpt, FullRandomCheckpoint):  # no files: the tiny generator's synthetic voice
+        token2wav = ckpt.build_token2wav(setup.device)
+        audio, rate, override = synthesize_reference_voice(ckpt.seed), REFERENCE_VOICE_SAMPLE_RATE, None
+    else:
+        token2wav = load_token2wav(ckpt.token2wav_dir, setup.device)
+        (audio, rate), override = ckpt.reference_voice(), ckpt.token2wav_dir / VOICE_FILE
+    if setup.dtype != torch.float32:  # the profile's dtype: the flow only, the HiFT stays float32
+        token2wav.set_flow_dtype(setup.dtype)
+    # the default voice (HT_ref_audio.wav): prompt caches computed once, shared by every stream
+    voice = token2wav.voice_from_audio(torch.from_numpy(audio).float(), rate, override)
+    if setup.device.type == "cuda":  # after the one-off prompt pass: graphs for window shapes only
+        token2wav.enable_cuda_graphs()
+    return Code2WavService(Code2WavEngine(token2wav, voice))

@@ -58,6 +58,8 @@ class TalkerEngine:
         self.context = min(runner_config.max_model_len, model.config.max_position_embeddings)
         self._streams: dict[str, TalkerStream] = {}
         self._ended = EndedRequests()
+        # Test-only, set by backends/serving/fault_injection.py when fault_injection=on.
+        self.fault_hook: Callable[[str], None] | None = None
 
     @property
     def runner(self) -> ModelRunner:
@@ -68,6 +70,12 @@ class TalkerEngine:
 
     def num_requests(self) -> int:
         return len(self._streams)
+
+    def resource_counts(self) -> dict[str, int]:
+        """What the engine holds (leak checks; published as gauges by the serving layer)."""
+        runner = self._runner
+        return {"requests": len(self._streams), "runner_requests": len(runner.states.req_id_to_slot),
+                "kv_free_blocks": runner.num_free_blocks(), "kv_blocks": runner.config.num_blocks}
 
     def submit(self, request: TalkerRequest, sink: ResponseSink) -> None:
         """Accept one condition; its frames reach `sink` from later `step` calls."""
@@ -201,6 +209,8 @@ class TalkerEngine:
         self._admit(stream, seed)
 
     def _on_result(self, result: StepResult) -> None:
+        if self.fault_hook is not None:
+            self.fault_hook(result.request_id)
         stream = self._streams[result.request_id]
         chunk = stream.active
         token = result.token

@@ -8,7 +8,9 @@ re-injected at the head of the session's next append.
 
 Failures are session-scoped: an exception while preparing, sampling or finishing one session
 closes that session's sinks with an error and frees its state; other sessions keep running.
-A session that outgrows its context ends with `context_length_exceeded`.
+A session that outgrows its context ends with `context_length_exceeded` unless its window
+(backends/thinker/context_window.py) makes room before an append: a `basic` cut re-anchors
+the KV in place on the runner, a `context` drop re-prefills a rebuilt prompt.
 """
 
 from __future__ import annotations
@@ -16,8 +18,6 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-
-import numpy as np
 
 from backends.audio.streaming_encoder import AudioEncoderModel, StreamingAudioEncoder
 from backends.checkpoint.tokenizer import SpecialTokens, TextTokenizer
@@ -31,22 +31,23 @@ from backends.runner.types import (
     StepInput,
     StepResult,
 )
-from backends.stages.contracts import ACTION_RUN, ACTION_STOP, ThinkerRequest
+from backends.stages.contracts import ACTION_STOP, ThinkerRequest
 from backends.stages.sink import ResponseSink, StageError, StageFailure
-from backends.thinker.duplex_policy import DEFAULT_TEMPERATURE, DuplexPolicy, PolicyConfig
-from backends.thinker.prompt_layout import UNIT_SAMPLES, PromptLayout
+from backends.thinker.append_request import check_append, policy_config, window_mode
+from backends.thinker.context_window import WINDOW_MODES, ContextWindow, WindowConfig
+from backends.thinker.duplex_policy import DuplexPolicy
+from backends.thinker.prompt_layout import AppendRows, PromptLayout
 from backends.thinker.session_state import QueuedAppend, ThinkerSession, UnitEncoder
 
 
 logger = logging.getLogger(__name__)
 
-WINDOW_MODES = ("off",)  # TODO(#4): the basic / context windows (facts 2.6) via runner.reanchor
-
 
 @dataclass(frozen=True, slots=True)
 class ThinkerEngineConfig:
     max_context_tokens: int = 0  # per-session KV reservation; 0 -> the runner's max_model_len
-    window_mode: str = "off"  # off: a session grows until context_length_exceeded
+    window_mode: str = "off"  # for sessions that do not choose: off | basic | context
+    window: WindowConfig = WindowConfig()  # watermarks and limits of the basic/context modes
     ledger_rows: int = 64  # captured hidden rows kept per session (a unit forwards <= 19)
 
     def __post_init__(self) -> None:
@@ -56,10 +57,7 @@ class ThinkerEngineConfig:
                 f"{self.max_context_tokens}, {self.ledger_rows}"
             )
         if self.window_mode not in WINDOW_MODES:
-            raise ValueError(
-                f"window_mode {self.window_mode!r} is not available yet (only {WINDOW_MODES}; "
-                "the basic/context windows are issue #4)"
-            )
+            raise ValueError(f"window_mode {self.window_mode!r} is not one of {WINDOW_MODES}")
 
 
 class ThinkerEngine:
@@ -88,6 +86,8 @@ class ThinkerEngine:
         eos = tokenizer.eos_token_id
         self.extra_special_ids = () if eos is None else (eos,)
         self._sessions: dict[str, ThinkerSession] = {}  # owner: the engine thread
+        # Test-only, set by backends/serving/fault_injection.py when fault_injection=on.
+        self.fault_hook: Callable[[str], None] | None = None
 
     # ---- requests --------------------------------------------------------------------------
 
@@ -98,7 +98,7 @@ class ThinkerEngine:
             sink.close()
             return
         try:
-            self._check_request(request)
+            check_append(request)
             session = self._session_for(request)
         except StageFailure as failure:
             sink.close(failure.error)
@@ -118,6 +118,11 @@ class ThinkerEngine:
 
     def num_sessions(self) -> int:
         return len(self._sessions)
+
+    def resource_counts(self) -> dict[str, int]:
+        """What the engine holds (leak checks; published as gauges by the serving layer)."""
+        return {"requests": len(self._sessions), "runner_requests": len(self.runner.states.req_id_to_slot),
+                "kv_free_blocks": self.runner.num_free_blocks(), "kv_blocks": self.runner.config.num_blocks}
 
     # ---- the step --------------------------------------------------------------------------
 
@@ -144,9 +149,12 @@ class ThinkerEngine:
                     yield session, inp
 
     def _next_input(self, session: ThinkerSession) -> StepInput:
+        if self.fault_hook is not None:
+            self.fault_hook(session.request_id)
         if session.active is None:
             active = session.activate()
             assert active.rows is not None  # fresh from activate()
+            self._fit_window(session, active.rows)
             self._check_context(session, active.rows.num_rows)
         embed = self.model.embed_tokens
         return session.next_input(embed, self.runner_config.device, self.runner_config.dtype)
@@ -166,18 +174,6 @@ class ThinkerEngine:
         active.sink.close()
 
     # ---- session life ----------------------------------------------------------------------
-
-    def _check_request(self, request: ThinkerRequest) -> None:
-        if request.action != ACTION_RUN:
-            raise StageFailure("invalid_argument", f"unknown action {request.action!r}")
-        audio = request.audio
-        if not isinstance(audio, np.ndarray) or audio.ndim != 1 or audio.dtype != np.float32:
-            raise StageFailure("invalid_argument", "audio must be a 1-D float32 array")
-        if audio.size == 0 or audio.size % UNIT_SAMPLES:
-            raise StageFailure(
-                "invalid_argument",
-                f"audio must hold whole units of {UNIT_SAMPLES} samples, got {audio.size}",
-            )
 
     def _session_for(self, request: ThinkerRequest) -> ThinkerSession:
         session = self._sessions.get(request.request_id)
@@ -201,13 +197,15 @@ class ThinkerEngine:
 
     def _start_session(self, first: ThinkerRequest) -> ThinkerSession:
         policy = DuplexPolicy(
-            self.special, self.tokenizer, _policy_config(first), self.bad_token_ids,
-            extra_special_ids=self.extra_special_ids,
+            self.special, self.tokenizer, policy_config(first), self.bad_token_ids,
+            extra_special_ids=self.extra_special_ids, seed=first.seed,
         )
         ledger = HiddenLedger(self.model.hidden_size, self.config.ledger_rows)
+        window = ContextWindow(window_mode(first, self.config.window_mode), self.config.window,
+                               self.runner_config.block_size, self.max_len)
         encoder = self.encoder_factory()
         session = ThinkerSession(
-            first.request_id, encoder, policy, self.layout, self.tokenizer, ledger
+            first.request_id, encoder, policy, self.layout, self.tokenizer, ledger, window
         )
         try:
             self.runner.add_request(
@@ -225,16 +223,32 @@ class ThinkerEngine:
         self._sessions[first.request_id] = session
         return session
 
+    def _fit_window(self, session: ThinkerSession, rows: AppendRows) -> None:
+        """Make room before an append: a rebuilt prompt replaces the KV (`context`), or a cut
+        re-anchors it in place (`basic`)."""
+        rid, window = session.request_id, session.window
+        if rows.restarts:
+            window.on_restart(self.runner.num_tokens(rid))
+            self.runner.free_request(rid)
+            sampling = SamplingParams(seed=session.policy.seed)
+            self.runner.add_request(rid, sampling, session.hook, self.max_len)
+        else:
+            incoming = rows.num_rows + session.decode_budget
+            cut = window.plan_cut(self.runner.num_tokens(rid), incoming)
+            if cut is not None:
+                self.runner.reanchor(rid, cut.keep_prefix, cut.drop)
+                window.apply_cut(cut)
+        session.policy.position_offset = window.position_offset
+
     def _check_context(self, session: ThinkerSession, num_rows: int) -> None:
         """The append plus a whole unit's decode (the terminator is never forwarded) must fit:
         the request reserved exactly `max_len` tokens of KV."""
-        budget = session.policy.config.max_tokens_per_unit - 1
-        needed = self.runner.num_tokens(session.request_id) + num_rows + budget
+        needed = self.runner.num_tokens(session.request_id) + num_rows + session.decode_budget
         if needed > self.max_len:
             raise StageFailure(
                 "context_length_exceeded",
                 f"context_length_exceeded: request {session.request_id!r} needs {needed} "
-                f"tokens, its context is {self.max_len}",
+                f"tokens, its context is {self.max_len} (window {session.window.mode})",
             )
 
     def _guarded(self, session: ThinkerSession, work: Callable[[], object]) -> object | None:
@@ -266,18 +280,6 @@ def _close_quietly(sink: ResponseSink, error: StageError) -> None:
         sink.close(error)
     except Exception:  # noqa: BLE001 - a broken sink must not stop the other closes
         logger.exception("closing a thinker sink failed")
-
-
-def _policy_config(first: ThinkerRequest) -> PolicyConfig:
-    temperature = first.temperature if first.temperature >= 0 else DEFAULT_TEMPERATURE
-    try:
-        return PolicyConfig(
-            temperature=temperature,
-            reply_units=first.reply_units,
-            reply_tokens_per_unit=first.reply_tokens_per_unit,
-        )
-    except ValueError as err:
-        raise StageFailure("invalid_argument", str(err)) from err
 
 
 def _max_len(

@@ -39,6 +39,7 @@ from backends.runner.sampler import (
     apply_top_k,
     apply_top_p,
     gumbel_argmax,
+    make_generator,
 )
 from backends.runner.types import SampleContext
 
@@ -130,14 +131,21 @@ class DuplexPolicy:
         config: PolicyConfig,
         bad_token_ids: Iterable[int] = (),
         extra_special_ids: Iterable[int] = (),
+        seed: int = 0,
     ) -> None:
         self.special = special
+        self.seed = seed  # the request's; reseeds the draws once positions are shifted
+        # RoPE positions repeat after a context-window cut or re-prefill; draws are seeded from
+        # position + this offset so the session's random stream never repeats.
+        self.position_offset = 0
         self.tokenizer = tokenizer
         self.config = config
         self.latches = TurnLatches(history=deque(maxlen=config.penalty_window))
         self.terminators = frozenset((special.listen, special.chunk_eos, special.chunk_tts_eos))
         self.special_ids = special_token_ids(special) | frozenset(extra_special_ids)
         self.bad_ids = sorted(set(bad_token_ids) | {special.tts_pad})
+        self.chunk_eos_ids = (special.chunk_eos,)
+        self._mask_cache: dict[tuple[str, int, torch.device], torch.Tensor] = {}
         self.reply_units_done = 0  # speak units finished in the current forced reply
         self._unit = _UnitState()
 
@@ -165,6 +173,11 @@ class DuplexPolicy:
         self._unit = _UnitState(force_listen=force_listen or silent_idle)
 
     def before_sample(self, logits: torch.Tensor, ctx: SampleContext) -> int | None:
+        if self.position_offset:
+            stream_position = ctx.position + self.position_offset
+            ctx = dataclasses.replace(
+                ctx, generator=make_generator(self.seed, stream_position, ctx.generator.device)
+            )
         unit = self._unit
         if unit.force_listen and not unit.tokens:
             return self.special.listen
@@ -177,7 +190,7 @@ class DuplexPolicy:
             return self.special.chunk_eos
         if self._draw(logits, ctx, self.config.temperature) == self.special.chunk_eos:
             return self.special.chunk_eos
-        self._mask(logits, (self.special.chunk_eos,))
+        self._mask(logits, "chunk_eos_ids")
         candidate = self._sample(logits, ctx)
         if self._reaches_char_limit(candidate):
             return self.special.chunk_eos
@@ -227,7 +240,7 @@ class DuplexPolicy:
         if index == 0:
             return sp.speak
         if index <= num_text:
-            self._mask(logits, self.special_ids)
+            self._mask(logits, "special_ids")
             return self._sample(logits, ctx)
         is_last_unit = self.reply_units_done + 1 >= self.config.reply_units
         if index == num_text + 1 and is_last_unit:
@@ -236,7 +249,7 @@ class DuplexPolicy:
 
     def _sample(self, logits: torch.Tensor, ctx: SampleContext) -> int:
         """Rule 5 after the chunk_eos mask: bad ids, penalty, temperature/top-k/top-p, draw."""
-        self._mask(logits, self.bad_ids)
+        self._mask(logits, "bad_ids")
         cfg = self.config
         apply_repetition_penalty(
             logits, list(self.latches.history), cfg.repetition_penalty, cfg.penalty_window
@@ -254,10 +267,21 @@ class DuplexPolicy:
             return int(torch.argmax(logits).item())
         return int(gumbel_argmax(logits, 1.0, ctx.generator).item())
 
-    def _mask(self, logits: torch.Tensor, token_ids: Iterable[int]) -> None:
-        ids = [token for token in token_ids if 0 <= token < logits.shape[0]]
-        if ids:
-            logits[torch.tensor(ids, dtype=torch.int64, device=logits.device)] = float("-inf")
+    def _mask(self, logits: torch.Tensor, id_set: str) -> None:
+        """-inf on the ids of `id_set` ("chunk_eos_ids", "special_ids" or "bad_ids")."""
+        index = self._mask_index(id_set, logits.shape[0], logits.device)
+        if index.numel():
+            logits[index] = float("-inf")
+
+    def _mask_index(self, id_set: str, vocab: int, device: torch.device) -> torch.Tensor:
+        # The bad ids of a full-size vocab are ~150k: build their index tensor once per
+        # (set, vocab, device), not once per sampled token (33 ms each on a CPU).
+        key = (id_set, vocab, device)
+        index = self._mask_cache.get(key)
+        if index is None:
+            ids = sorted(token for token in getattr(self, id_set) if 0 <= token < vocab)
+            index = self._mask_cache[key] = torch.tensor(ids, dtype=torch.int64, device=device)
+        return index
 
     def _reaches_char_limit(self, candidate: int) -> bool:
         """Rule 6: the unit's text since the last turn_eos plus a non-special candidate."""

@@ -1,6 +1,12 @@
 """The Thinker's weights: the Qwen3 language model (`llm.*`) and the shared audio tower
 (`apm.*`, `audio_projection_layer.*`). Per-session state lives elsewhere (the runner's KV and
 `StreamingAudioEncoder`), so one `ThinkerModel` serves every session of a stage.
+
+Both constructors build on the meta device and allocate once, on the target device and in the
+target dtype (backends/thinker/materialize.py): random weights for `full-random`, storage for
+a strict load for a checkpoint. `device="meta"` gives the bare structure (shapes, parameter
+count) without memory. A checkpoint whose tensors do not match raises CheckpointError naming
+the checkpoint keys that are missing, unexpected or of the wrong shape.
 """
 
 from __future__ import annotations
@@ -11,12 +17,14 @@ import torch
 
 from backends.audio.encoder_model import AudioEncoderModel
 from backends.checkpoint.config import LlmConfig, MiniCPMOConfig
-from backends.checkpoint.loader import Checkpoint
+from backends.checkpoint.loader import Checkpoint, CheckpointError
 from backends.models.qwen3 import Qwen3Config, Qwen3ForCausalLM
 from backends.models.whisper_encoder import WhisperEncoderConfig
+from backends.thinker.materialize import materialize
 
 LLM_PREFIX = "llm."
 AUDIO_PREFIXES = ("apm.", "audio_projection_layer.")
+MAX_NAMED_KEYS = 8  # an error lists this many keys of each kind, then a count
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,34 +36,43 @@ class ThinkerModel:
     def from_config(
         cls, config: MiniCPMOConfig, device: torch.device | str, dtype: torch.dtype
     ) -> ThinkerModel:
-        """Randomly initialised (the full-random profile), in eval mode on `device`."""
-        if config.llm.attention_bias:
-            raise ValueError("attention_bias=true selects the Qwen2 backbone, not MiniCPM-o 4.5")
-        # Built on the target device: a full-size float32 init on the host would take minutes.
-        with torch.device(device):
-            llm = Qwen3ForCausalLM(qwen3_config(config.llm))
-        audio = AudioEncoderModel.from_config(
-            WhisperEncoderConfig.from_dict(_audio_fields(config)),
-            config.llm.hidden_size,
-            pool_step=config.audio_pool_step,
-            dtype=dtype,
-            device=device,
-        )
-        return cls(llm.to(dtype=dtype).eval(), audio)
+        """Random weights (the full-random profile) drawn on `device` in `dtype` from the
+        device's default RNG, in eval mode; on "meta", the structure only."""
+        return cls._build(config, device, dtype, random_init=True)
 
     @classmethod
     def from_checkpoint(
         cls, ckpt: Checkpoint, device: torch.device | str, dtype: torch.dtype
     ) -> ThinkerModel:
         """The Thinker of a checkpoint directory (tiny or real), cast to `dtype`."""
-        model = cls.from_config(ckpt.config, device, dtype)
+        model = cls._build(ckpt.config, device, dtype, random_init=False)
         model.load_llm(ckpt.weights(LLM_PREFIX), ckpt.config.llm.tie_word_embeddings)
         audio_state = {
             prefix + key: tensor
             for prefix in AUDIO_PREFIXES
             for key, tensor in ckpt.weights(prefix).items()
         }
-        model.audio_encoder.load_weights(audio_state)
+        model.load_audio(audio_state)
+        return model
+
+    @classmethod
+    def _build(
+        cls, config: MiniCPMOConfig, device: torch.device | str, dtype: torch.dtype,
+        random_init: bool,
+    ) -> ThinkerModel:
+        if config.llm.attention_bias:
+            raise ValueError("attention_bias=true selects the Qwen2 backbone, not MiniCPM-o 4.5")
+        with torch.device("meta"):
+            llm = Qwen3ForCausalLM(qwen3_config(config.llm))
+            audio = AudioEncoderModel(
+                WhisperEncoderConfig.from_dict(_audio_fields(config)),
+                config.llm.hidden_size,
+                pool_step=config.audio_pool_step,
+            )
+        model = cls(llm.to(dtype).eval(), audio.to(dtype).eval())
+        if torch.device(device).type != "meta":
+            materialize(model.llm, device, random_init)
+            materialize(model.audio_encoder, device, random_init)
         return model
 
     def load_llm(self, state: dict[str, torch.Tensor], tie_word_embeddings: bool) -> None:
@@ -63,17 +80,11 @@ class ThinkerModel:
         state = dict(state)
         if tie_word_embeddings and "lm_head.weight" not in state:
             state["lm_head.weight"] = state["model.embed_tokens.weight"]
-        expected = set(self.llm.state_dict())
-        missing, unexpected = sorted(expected - state.keys()), sorted(state.keys() - expected)
-        if missing or unexpected:
-            raise ValueError(
-                f"llm weights do not match the Qwen3 model: missing {missing[:8]}, "
-                f"unexpected {unexpected[:8]}"
-            )
-        try:
-            self.llm.load_state_dict(state, strict=True)
-        except RuntimeError as err:  # shape mismatches
-            raise ValueError(f"llm weights do not fit the Qwen3 model: {err}") from err
+        _load_strict(self.llm, state, LLM_PREFIX)
+
+    def load_audio(self, state: dict[str, torch.Tensor]) -> None:
+        """Load the `apm.*` and `audio_projection_layer.*` tensors (keys with their prefix)."""
+        _load_strict(self.audio_encoder, state, "")
 
 
 def qwen3_config(llm: LlmConfig) -> Qwen3Config:
@@ -89,6 +100,33 @@ def qwen3_config(llm: LlmConfig) -> Qwen3Config:
         rope_theta=llm.rope_theta,
         max_position_embeddings=llm.max_position_embeddings,
     )
+
+
+def _load_strict(module: torch.nn.Module, state: dict[str, torch.Tensor], prefix: str) -> None:
+    """Every parameter from `state`, same shapes; CheckpointError names the checkpoint keys
+    (with `prefix`) that are missing, unexpected or mis-shaped, changing nothing then."""
+    expected = module.state_dict()
+    problems = {
+        "missing": sorted(expected.keys() - state.keys()),
+        "unexpected": sorted(state.keys() - expected.keys()),
+        "wrong shape": sorted(
+            f"{key} {tuple(state[key].shape)} != {tuple(expected[key].shape)}"
+            for key in expected.keys() & state.keys()
+            if state[key].shape != expected[key].shape
+        ),
+    }
+    if any(problems.values()):
+        raise CheckpointError(
+            f"{type(module).__name__} weights do not match the checkpoint: "
+            + "; ".join(_named(kind, keys, prefix) for kind, keys in problems.items() if keys)
+        )
+    module.load_state_dict(state, strict=True)
+
+
+def _named(kind: str, keys: list[str], prefix: str) -> str:
+    shown = ", ".join(prefix + key for key in keys[:MAX_NAMED_KEYS])
+    more = f" and {len(keys) - MAX_NAMED_KEYS} more" if len(keys) > MAX_NAMED_KEYS else ""
+    return f"{kind} {len(keys)}: {shown}{more}"
 
 
 def _audio_fields(config: MiniCPMOConfig) -> dict[str, int]:

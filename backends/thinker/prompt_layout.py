@@ -5,6 +5,11 @@ first unit). Later appends: the previous unit's terminator (re-injected: the lis
 depends on seeing its own past decisions), `</unit>`, `<unit>`, 10 audio embeddings = 13 rows.
 Units after the first in one append get `</unit>` alone before their `<unit>`.
 
+A unit starts at its `<unit>` row: the `context` window (facts 2.6) rebuilds a prompt as the
+system context (with the dropped units' text behind a "previous" marker), then every retained
+unit as `<unit>` + 10 embeddings + its sampled tokens (terminator included) + `</unit>`, then the
+new units: row for row what the session's KV held, minus the dropped units.
+
 The row count is exact by construction: every row here is a real token or a real embedding, so
 no padding ever reaches the KV (surplus pad rows measurably corrupt listen/speak upstream).
 """
@@ -23,6 +28,7 @@ if TYPE_CHECKING:
 UNIT_SAMPLES = 16000  # one unit = 1 s of 16 kHz audio
 EMBEDS_PER_UNIT = 10  # audio embeddings per unit (one per 100 ms)
 DEFAULT_INSTRUCTIONS = "Streaming Omni Conversation."
+PREVIOUS_MARKER = "\n\nprevious: "  # precedes the dropped units' text in a rebuilt context
 
 
 class TextEncoder(Protocol):
@@ -53,7 +59,10 @@ class AppendRows:
     """All rows of one append, in KV order."""
 
     segments: tuple[RowSegment, ...]
-    num_units: int
+    num_units: int  # new units (the last `num_units` entries of unit_offsets)
+    unit_offsets: tuple[int, ...] = ()  # row index of each laid-out unit's <unit> row
+    unit_heads: tuple[int, ...] = ()  # rows before each <unit> that open it (terminator, </unit>)
+    restarts: bool = False  # a rebuilt prompt: it replaces the session's whole KV
 
     @property
     def token_ids(self) -> list[int]:
@@ -107,11 +116,17 @@ class PromptLayout:
         instructions: str = "",
         initial_user_text: str = "",
         ref_embeds: torch.Tensor | None = None,  # [n, hidden] reference-audio embeddings
+        previous_ids: Sequence[int] = (),
     ) -> list[RowSegment]:
         """The session prefix; special tokens are placed by id so the text between them is
-        tokenized alone, as a tokenizer that splits on special tokens does."""
+        tokenized alone, as a tokenizer that splits on special tokens does. `previous_ids`
+        (the `context` window's dropped text) follow the instructions behind PREVIOUS_MARKER,
+        before the reference-audio block [inferred placement: upstream says "after the system
+        prefix, before the suffix"]."""
         sp = self.special
         ids = [sp.im_start, *self._text("system\n" + (instructions or DEFAULT_INSTRUCTIONS))]
+        if previous_ids:
+            ids += [*self._text(PREVIOUS_MARKER), *previous_ids]
         segments: list[RowSegment] = []
         if ref_embeds is not None and ref_embeds.shape[0] > 0:
             if sp.audio_start is None or sp.audio_end is None:
@@ -142,21 +157,48 @@ class PromptLayout:
                 f"terminator (later appends), exactly one; got context={context is not None}, "
                 f"terminator={terminator}"
             )
+        segments = list(context) if context is not None else []
+        head: tuple[int, ...] = () if terminator is None else (terminator, self.special.unit_end)
+        offsets, heads = self._add_units(segments, unit_embeds, head)
+        return AppendRows(tuple(segments), len(unit_embeds), offsets, heads)
+
+    def rebuild(
+        self,
+        system: Sequence[RowSegment],
+        history: Sequence[tuple[torch.Tensor, Sequence[int]]],  # ([10, hidden], tokens) per unit
+        unit_embeds: Sequence[torch.Tensor],  # each [10, hidden]
+    ) -> AppendRows:
+        """A whole prompt (the `context` window): `system`, the retained units with their
+        sampled tokens, then the new units. The offsets cover retained and new units."""
+        segments = list(system)
+        offsets: list[int] = []
+        for embeds, tokens in history:
+            offsets += self._add_units(segments, [embeds], ())[0]
+            segments.append(RowSegment((*tokens, self.special.unit_end)))
+        offsets += self._add_units(segments, unit_embeds, ())[0]
+        heads = (0,) * len(offsets)  # each unit's opening rows close the unit before it
+        return AppendRows(tuple(segments), len(unit_embeds), tuple(offsets), heads, restarts=True)
+
+    def _add_units(
+        self, segments: list[RowSegment], unit_embeds: Sequence[torch.Tensor], head: tuple[int, ...]
+    ) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """Append `<unit>` + embeddings per unit (`head` before the first, `</unit>` before the
+        others) to `segments`; returns each unit's `<unit>` row index and lead length."""
         if not unit_embeds:
             raise ValueError("an append needs at least one unit")
-        sp = self.special
-        segments = list(context) if context is not None else []
-        head: tuple[int, ...] = () if terminator is None else (terminator, sp.unit_end)
+        offsets, heads = [], []
         for index, embeds in enumerate(unit_embeds):
             if embeds.dim() != 2 or embeds.shape[0] != EMBEDS_PER_UNIT:
                 raise ValueError(
                     f"unit {index} has embeds {tuple(embeds.shape)}, "
                     f"expected [{EMBEDS_PER_UNIT}, hidden]"
                 )
-            lead = head if index == 0 else (sp.unit_end,)
-            segments.append(RowSegment((*lead, sp.unit)))
+            lead = head if index == 0 else (self.special.unit_end,)
+            segments.append(RowSegment((*lead, self.special.unit)))
+            offsets.append(sum(len(segment.token_ids) for segment in segments) - 1)
+            heads.append(len(lead))
             segments.append(RowSegment((self.audio_id,) * EMBEDS_PER_UNIT, embeds))
-        return AppendRows(tuple(segments), len(unit_embeds))
+        return tuple(offsets), tuple(heads)
 
     def _text(self, text: str) -> list[int]:
         return list(self.tokenizer.encode(text))

@@ -1,8 +1,9 @@
 """Everything one Thinker session (one resumable runner request) keeps between appends.
 
 The session owns its streaming audio encoder (audio KV cache), its duplex policy (turn latches,
-pending terminator, penalty history), its hidden-row ledger and prompt snapshot, and the queue
-of appends not yet decided. The engine drives it; nothing here touches the runner.
+pending terminator, penalty history), its hidden-row ledger and prompt snapshot, its context
+window (the units in KV), and the queue of appends not yet decided. The engine drives it;
+nothing here touches the runner (the engine applies the window's cuts and restarts there).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from backends.runner.types import SampleContext, StepInput, StepResult
 from backends.stages.contracts import DECISION_LISTEN, DECISION_SPEAK, ThinkerRequest
 from backends.stages.contracts import ThinkerUnitResult
 from backends.stages.sink import ResponseSink
+from backends.thinker.context_window import WINDOW_OFF, ContextWindow, WindowConfig
 from backends.thinker.duplex_policy import DuplexPolicy, TextDecoder
 from backends.thinker.handoff import PromptSnapshot, build_handoff
 from backends.thinker.prompt_layout import UNIT_SAMPLES, AppendRows, PromptLayout, RowSegment
@@ -57,6 +59,7 @@ class ActiveAppend:
     sink: ResponseSink
     rows: AppendRows | None  # None once the rows are in KV
     unit_index: int  # index of the append's last unit since the session started
+    embeds: list[torch.Tensor] = field(default_factory=list)  # each [10, hidden], per new unit
     tokens: list[int] = field(default_factory=list)  # sampled for this unit, in order
 
 
@@ -95,8 +98,10 @@ class ThinkerSession:
         layout: PromptLayout,
         tokenizer: TextDecoder,
         ledger: HiddenLedger,
+        window: ContextWindow | None = None,  # default: off
     ) -> None:
         self.request_id = request_id
+        self.window = window or ContextWindow(WINDOW_OFF, WindowConfig(), 1, 1)
         self.encoder = encoder
         self.policy = policy
         self.layout = layout
@@ -108,6 +113,7 @@ class ThinkerSession:
         self.queue: deque[QueuedAppend] = deque()
         self.active: ActiveAppend | None = None
         self.context: list[RowSegment] | None = None  # system rows, until the first append
+        self.system_args: tuple[str, str, torch.Tensor | None] = ("", "", None)  # for rebuilds
         self.num_units = 0  # units appended since the session started
         self.last_seq = -1
         self.spoke_in_turn = False  # a non-empty handoff already went out in the open turn
@@ -117,13 +123,17 @@ class ThinkerSession:
     def has_work(self) -> bool:
         return self.active is not None or bool(self.queue)
 
+    @property
+    def decode_budget(self) -> int:
+        """KV rows a unit's decode may add: its tokens but the terminator (never forwarded)."""
+        return self.policy.config.max_tokens_per_unit - 1
+
     def setup(self, first: ThinkerRequest) -> None:
         """Session context from the first append (instructions, reference, initial text)."""
         ref = _trim_reference(first.ref_audio)
         ref_embeds = self.encoder.encode_reference(ref) if ref is not None else None
-        self.context = self.layout.system_context(
-            first.instructions, first.initial_user_text, ref_embeds
-        )
+        self.system_args = (first.instructions, first.initial_user_text, ref_embeds)
+        self.context = self.layout.system_context(*self.system_args)
         if first.initial_user_text:
             self.policy.open_turn_with_text()
 
@@ -132,17 +142,30 @@ class ThinkerSession:
         queued = self.queue[0]  # popped only once laid out: a failure leaves its sink queued
         units = _split_units(queued.request.audio)
         embeds = [self.encoder.encode_unit(unit) for unit in units]
-        if self.context is not None:
-            rows = self.layout.append(embeds, context=self.context)
-            self.context = None
-        else:
-            rows = self.layout.append(embeds, terminator=self.pending_terminator)
+        rows = self._layout(embeds)
         self.num_units += len(units)
         speech = [float(np.sqrt(np.mean(np.square(unit)))) >= SPEECH_RMS for unit in units]
         self.policy.begin_unit(queued.request.force_listen, speech)
         self.queue.popleft()
-        self.active = ActiveAppend(queued.request, queued.sink, rows, self.num_units - 1)
+        self.active = ActiveAppend(queued.request, queued.sink, rows, self.num_units - 1, embeds)
         return self.active
+
+    def _layout(self, embeds: list[torch.Tensor]) -> AppendRows:
+        """The append's rows: incremental, or (a `context` window dropping units) the whole
+        rebuilt prompt, which the engine prefills into a fresh KV."""
+        if self.context is not None:
+            rows = self.layout.append(embeds, context=self.context)
+            self.context = None
+            return rows
+        drop = self.window.units_to_drop(len(embeds))
+        if drop == 0:
+            return self.layout.append(embeds, terminator=self.pending_terminator)
+        self.window.drop_oldest(drop, self.policy.special_ids)
+        instructions, initial_user_text, ref_embeds = self.system_args
+        system = self.layout.system_context(
+            instructions, initial_user_text, ref_embeds, tuple(self.window.previous)
+        )
+        return self.layout.rebuild(system, self.window.history(), embeds)
 
     def next_input(
         self,
@@ -164,7 +187,8 @@ class ThinkerSession:
         active = self._require_active()
         if active.rows is not None:
             self.snapshot.update(active.rows.token_ids)
-            active.rows = None
+            rows, active.rows = active.rows, None
+            self.window.on_prefill(result.positions[0], rows, active.embeds)
         else:
             self.snapshot.update(None)  # a decode row carries no prompt snapshot
             self.ledger.record(inp.token_ids, result.positions, result.hidden)
@@ -191,6 +215,7 @@ class ThinkerSession:
         tokens = active.tokens
         # The runner's sampled terminator is canonical: it is what the KV will hold next.
         self.pending_terminator = tokens[-1]
+        self.window.on_decision(tokens)
         speaks = tokens[-1] != self.special.listen and len(tokens) > 1
         # An empty handoff never reaches the Talker, so it cannot carry the turn start.
         handoff = build_handoff(

@@ -147,3 +147,28 @@ def test_encode_unit_rejects_bad_audio(tiny_model: AudioEncoderModel, bad: objec
 def test_encode_units_rejects_partial_units(tiny_model: AudioEncoderModel) -> None:
     with pytest.raises(ValueError, match="multiple"):
         StreamingAudioEncoder(tiny_model).encode_units(np.zeros(UNIT + 1, np.float32))
+
+
+# Streamed and whole-clip paths attend over the same frames in different batch shapes; float32
+# reassociation differs by ~1e-6 at these widths.
+CHUNKING_TOLERANCE = 1e-4
+
+
+def test_streamed_units_equal_the_whole_clip_with_the_chunk_mask(
+    tiny_model: AudioEncoderModel,
+) -> None:
+    """End to end: 8 units streamed one by one (mel window, redundancy crop, KV cache, position
+    offsets, projector, pool) equal the non-streaming encoder run once over the same mel with
+    MiniCPM-o's 1 s block-causal mask, pooled as a whole: the chunking changes nothing."""
+    units = np.split(_audio(8, seed=8), 8)
+    mel = StreamingMel(StreamingMelConfig(), WhisperMel())
+    chunks = [mel.push_unit(torch.from_numpy(u)) for u in units]
+    # chunk k covers mel frames [100k - 2, 100k + 102): 2 redundant frames on each side
+    whole = torch.cat([chunks[0]] + [chunk[:, 4:] for chunk in chunks[1:]], dim=1)
+    assert whole.shape == (80, 802)
+    with torch.inference_mode():
+        frames = tiny_model.apm(whole[None], chunk_frames=50)[0, :400]
+        expected = tiny_model.embed(frames)
+    streamed = StreamingAudioEncoder(tiny_model).encode_units(np.concatenate(units))
+    assert streamed.shape == expected.shape == (80, 48)
+    torch.testing.assert_close(streamed, expected, rtol=0, atol=CHUNKING_TOLERANCE)

@@ -4,6 +4,12 @@ The Thinker speaks units `speak_from .. speak_from + reply_units - 1` of each ep
 one ends the turn) and listens otherwise; the Talker returns 25 frames per condition; Code2Wav
 returns 960 samples per new frame. Stops are recorded; a request of a stopped id fails like
 a real stage would. Fault injection: `fail_on[stage] = n` raises on that stage's n-th call.
+
+`open` mirrors the request tables of the real engines: a first request (thinker seq 0, talker
+condition_seq 0, code2wav chunk_seq 0) opens `(stage, request_id)` when it reaches the stage,
+i.e. after its gate (`gate` for the Thinker, `talker_gate` for the Talker); a stop closes it,
+and so does code2wav's last chunk. A stop that overtakes a held first request therefore leaves
+that request open, exactly the race of facts edge case 1.
 """
 from __future__ import annotations
 
@@ -30,6 +36,14 @@ class ScriptedStages:
         self._lock = threading.Lock()
         self.gate = threading.Event()
         self.gate.set()
+        self.talker_gate = threading.Event()
+        self.talker_gate.set()
+        self.open: set[tuple[str, str]] = set()
+
+    def _arrive(self, stage: str, request_id: str, first: bool) -> None:
+        if first:
+            with self._lock:
+                self.open.add((stage, request_id))
 
     def _count(self, stage: str) -> None:
         with self._lock:
@@ -41,6 +55,7 @@ class ScriptedStages:
         self._count("thinker")
         self.requests.append(request)
         self.gate.wait(10)
+        self._arrive("thinker", request.request_id, request.seq == 0)
         with self._lock:  # one decision per append, on its last unit (as the real Thinker)
             self.units_seen[request.request_id] += request.audio.size // 16000
             index = self.units_seen[request.request_id] - 1
@@ -59,24 +74,39 @@ class ScriptedStages:
     def talker(self, request):
         self._count("talker")
         self.requests.append(request)
+        self.talker_gate.wait(10)
+        self._arrive("talker", request.request_id, request.condition_seq == 0)
         yield TalkerCodes(request.request_id, request.condition_seq, np.arange(25, dtype=np.int32) + 100, True)
 
     def code2wav(self, request):
         self._count("code2wav")
         self.requests.append(request)
+        self._arrive("code2wav", request.request_id, request.chunk_seq == 0)
+        if request.last_chunk:
+            with self._lock:
+                self.open.discard(("code2wav", request.request_id))
         new = request.codes.size - request.num_left_context
         return [Code2WavAudio(request.request_id, request.chunk_seq, np.full(960 * new, 0.25, np.float32))]
 
     def stop(self, stage, request_id):
         with self._lock:
             self.stops.append((stage, request_id))
+            self.open.discard((stage, request_id))
 
 
 class RecordingDownlink:
     def __init__(self) -> None:
         self.events: list = []
         self.closed = threading.Event()
+        self.cancelled = threading.Event()  # set by a test: the client went away
+        self.abandoned = False  # the session freed the transport (no END will come)
         self._lock = threading.Lock()
+
+    def is_cancelled(self) -> bool:
+        return self.cancelled.is_set()
+
+    def abandon(self) -> None:
+        self.abandoned = True
 
     def send(self, event) -> None:
         with self._lock:

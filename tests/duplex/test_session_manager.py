@@ -144,3 +144,21 @@ def test_stage_fault_ends_only_that_session(stage):
     assert "error" in bad.types() and bad.types()[-1] == "session.closed"
     good = _converse(manager, "good")
     assert "error" not in good.types()
+
+
+def test_multi_unit_appends_when_allowed_and_force_listen_never_mixes():
+    from backends.duplex.session import SessionConfig
+
+    stages = ScriptedStages(speak_from=99)
+    stages.gate.clear()  # hold the Thinker so that units queue up
+    manager = SessionManager(ManagerConfig(session=SessionConfig(max_units_per_append=4)), stages)
+    down, _ = _send(manager, "s", start=True, force_listen_count=2)
+    for _ in range(6):
+        _send(manager, "s", 16000)
+    stages.gate.set()
+    _wait(lambda: sum(stages.units_seen.values()) == 6, "all six units decided")
+    sizes = [r.audio.size // 16000 for r in stages.requests if hasattr(r, "force_listen")]
+    flags = [r.force_listen for r in stages.requests if hasattr(r, "force_listen")]
+    assert sum(sizes) == 6 and max(sizes) > 1, sizes
+    assert flags[0] and not flags[-1] and sizes[0] <= 2
+    assert all(f == (i < flags.count(True)) for i, f in enumerate(flags))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 
 import pytest
@@ -11,6 +12,11 @@ import transformers
 from backends.models.qwen3 import Qwen3Config, Qwen3ForCausalLM
 from backends.runner.model_runner import ModelRunner
 from backends.runner.types import RunnerConfig
+
+if not torch.cuda.is_available():
+    # The fast path's Triton kernels run in Triton's interpreter on CPU. The switch is read
+    # when a kernel is defined, so it must be set before any test imports them.
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 TINY_DIMS = dict(
     hidden_size=64,

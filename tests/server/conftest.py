@@ -27,6 +27,22 @@ def server(tmp_path_factory):
         yield proc
 
 
+# The reliability tests (tests/server/test_reliability_*.py) run on their own server: a 4 s idle
+# timeout (the shared server's 20 s would make the idle test wait 20 s), a 320-token Thinker
+# context (overflow after ~20 units instead of ~500) and fault injection on. Both would break or
+# slow down the tests that need production-like settings on the shared server.
+RELIABILITY_OVERRIDES = {"idle_timeout_s": "4", "max_context_tokens": "320", "fault_injection": "on"}
+
+
+@pytest.fixture(scope="session")
+def reliability_server(tmp_path_factory):
+    options = ServerOptions(profile=get_profile("cpu").with_overrides(RELIABILITY_OVERRIDES),
+                            workdir=PROJECT_ROOT / "var",
+                            log_file=tmp_path_factory.mktemp("triton-reliability") / "server.log")
+    with ServerProcess(options) as proc:
+        yield proc
+
+
 @dataclass
 class Received:
     request_id: str

@@ -124,6 +124,15 @@ def test_twentieth_token_is_chunk_eos(tokenizer, special) -> None:
     assert special.chunk_eos not in tokens[:-1]
 
 
+def test_request_max_tokens_caps_the_unit_further(tokenizer, special) -> None:
+    policy = _policy(tokenizer, special, max_chars_per_unit=10_000, temperature=0.0,
+                     max_tokens_per_unit=6)
+    policy.begin_unit(False, [True])
+    words = _text_ids(tokenizer, " the and of to in is")
+    tokens = _run_unit(policy, lambda i: _logits({words[i % len(words)]: 30.0}))
+    assert len(tokens) == 6 and tokens[-1] == special.chunk_eos
+
+
 # ---- rule 4: boundary draw from the raw softmax -----------------------------------------------
 
 
@@ -178,6 +187,42 @@ def test_repetition_penalty_window_is_the_last_512(tokenizer, special) -> None:
     policy.latches.history.extend([first] + [special.speak] * 512)
     policy.begin_unit(False, [True])
     assert _sample(policy, _logits({first: 2.0, second: 1.95})) == first
+
+
+def test_temperature_applies_after_the_boundary_draw(tokenizer, special) -> None:
+    """Raw probabilities 0.7 / 0.3; temperature 0.5 squares them: 0.49 / 0.09 -> 0.845."""
+    first, second = 300, 301
+    logits = torch.full((VOCAB,), -1e4)
+    logits[first], logits[second] = math.log(0.7), math.log(0.3)
+    hits = 0
+    for seed in range(NUM_SEEDS):
+        policy = _policy(tokenizer, special, temperature=0.5, top_p=1.0)
+        policy.begin_unit(False, [True])
+        hits += _sample(policy, logits, seed) == first
+    expected = 0.49 / 0.58
+    rate, sigma = hits / NUM_SEEDS, math.sqrt(expected * (1 - expected) / NUM_SEEDS)
+    assert abs(rate - expected) < SIGMAS * sigma, f"rate {rate:.3f}, expected {expected:.3f}"
+
+
+def test_shifted_positions_reseed_the_draws(tokenizer, special) -> None:
+    """After a window cut the same RoPE position must not replay the same random draw: with
+    an offset the draw is the one of the shifted stream position."""
+    logits = torch.randn(VOCAB, generator=torch.Generator().manual_seed(4))
+
+    def draw(offset: int, position: int) -> int:
+        policy = _policy_seeded(tokenizer, special, seed=9)
+        policy.position_offset = offset
+        policy.begin_unit(False, [True])
+        return _sample(policy, logits, seed=9, position=position)
+
+    draws = [draw(0, 100 + k) for k in range(40)]
+    assert [draw(k, 100) for k in range(40)] == draws
+    assert len(set(draws)) > 1
+
+
+def _policy_seeded(tokenizer: TextTokenizer, special: SpecialTokens, seed: int) -> DuplexPolicy:
+    return DuplexPolicy(special, tokenizer, PolicyConfig(temperature=1.0, top_k=1000, top_p=1.0),
+                        BAD_IDS, seed=seed)
 
 
 def test_top_k_keeps_twenty(tokenizer, special) -> None:
@@ -240,6 +285,16 @@ def test_character_cut_lets_special_candidates_through(tokenizer, special) -> No
         _sample(policy, _logits({the: 30.0}))
         outcomes.append(_sample(policy, _logits({candidate: 30.0})))
     assert outcomes == [special.chunk_eos, special.turn_eos]
+
+
+def test_character_count_restarts_after_turn_eos(tokenizer, special) -> None:
+    """A new turn inside the unit starts a new text: 4 characters before <|turn_eos|> do not
+    count against the 4 after it (limit 5)."""
+    the, also = _text_ids(tokenizer, " the and")[:2]
+    policy = _policy(tokenizer, special, temperature=0.0, max_chars_per_unit=5)
+    policy.begin_unit(False, [True])
+    spoken = [_sample(policy, _logits({token: 30.0})) for token in (the, special.turn_eos, also)]
+    assert spoken == [the, special.turn_eos, also]
 
 
 # ---- rule 7: mid-turn listen rewrite ----------------------------------------------------------

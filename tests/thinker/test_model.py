@@ -1,12 +1,15 @@
 """ThinkerModel: assembly from the generated tiny checkpoint (real key layout).
 
 Strategy: generate the tiny checkpoint once per module, load it, compare every parameter with
-the stored tensor, check the dtype cast and the error paths, then run one append through a
-ThinkerEngine built from the loaded pieces.
+the stored tensor, check the dtype cast and the error paths (copies of the directory with one
+tensor dropped from the index, or a config that no longer fits the tensors, must fail naming
+the checkpoint keys), then run one append through a ThinkerEngine built from the loaded pieces.
 """
 
 from __future__ import annotations
 
+import json
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -15,6 +18,8 @@ import pytest
 import torch
 
 from backends.checkpoint import Checkpoint, ensure_tiny_checkpoint, load_checkpoint
+from backends.checkpoint.loader import CheckpointError
+from backends.checkpoint.weight_shards import INDEX_FILE
 from backends.runner.types import RunnerConfig
 from backends.stages.contracts import ThinkerRequest
 from backends.stages.sink import ListSink
@@ -52,10 +57,52 @@ def test_every_parameter_comes_from_the_checkpoint(ckpt: Checkpoint, model: Thin
         torch.testing.assert_close(param, audio[name], rtol=0, atol=0, msg=name)
 
 
-def test_dtype_cast(ckpt: Checkpoint) -> None:
+def test_dtype_cast(ckpt: Checkpoint, model: ThinkerModel) -> None:
     half = ThinkerModel.from_checkpoint(ckpt, "cpu", torch.bfloat16)
     assert {p.dtype for p in half.llm.parameters()} == {torch.bfloat16}
     assert {p.dtype for p in half.audio_encoder.parameters()} == {torch.bfloat16}
+    # RoPE frequencies stay exact: rounded ones drift the phase at long positions.
+    torch.testing.assert_close(half.llm.rotary.inv_freq, model.llm.rotary.inv_freq, rtol=0, atol=0)
+
+
+def _copy_without(ckpt: Checkpoint, tmp_path: Path, *keys: str) -> Path:
+    copy = Path(shutil.copytree(ckpt.path, tmp_path / "copy"))
+    index = json.loads((copy / INDEX_FILE).read_text())
+    for key in keys:
+        del index["weight_map"][key]
+    (copy / INDEX_FILE).write_text(json.dumps(index))
+    return copy
+
+
+@pytest.mark.parametrize("key", ["llm.model.layers.1.mlp.up_proj.weight", "apm.layers.0.fc1.bias",
+                                 "audio_projection_layer.linear2.weight"])
+def test_a_missing_tensor_is_named_by_its_checkpoint_key(
+    ckpt: Checkpoint, tmp_path: Path, key: str
+) -> None:
+    incomplete = load_checkpoint(_copy_without(ckpt, tmp_path, key))  # prefixes all present
+    with pytest.raises(CheckpointError, match=rf"missing 1: {key.replace('.', '[.]')}$"):
+        ThinkerModel.from_checkpoint(incomplete, "cpu", torch.float32)
+
+
+def test_a_config_that_does_not_fit_the_tensors_names_them(
+    ckpt: Checkpoint, tmp_path: Path
+) -> None:
+    wrong = Path(shutil.copytree(ckpt.path, tmp_path / "wrong"))
+    config = json.loads((wrong / "config.json").read_text())
+    config["intermediate_size"] = 96
+    (wrong / "config.json").write_text(json.dumps(config))
+    with pytest.raises(CheckpointError) as caught:
+        ThinkerModel.from_checkpoint(load_checkpoint(wrong), "cpu", torch.float32)
+    message = str(caught.value)
+    assert "wrong shape 6: llm.model.layers.0.mlp.down_proj.weight (64, 192) != (64, 96)" in message
+    assert "missing" not in message and "unexpected" not in message
+
+
+def test_many_problems_are_counted(ckpt: Checkpoint, model: ThinkerModel) -> None:
+    state = {f"extra.{i}": torch.zeros(1) for i in range(10)}
+    state.update(ckpt.weights("llm."))
+    with pytest.raises(CheckpointError, match=r"unexpected 10: llm[.]extra[.]0, .* and 2 more"):
+        model.load_llm(state, tie_word_embeddings=False)
 
 
 def test_missing_llm_weight_is_named(ckpt: Checkpoint, model: ThinkerModel) -> None:

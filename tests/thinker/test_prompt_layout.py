@@ -114,3 +114,47 @@ def test_append_needs_context_xor_terminator(
 def test_append_rejects_wrong_unit_shape(layout: PromptLayout, special: SpecialTokens) -> None:
     with pytest.raises(ValueError, match="expected \\[10, hidden\\]"):
         layout.append([torch.zeros(9, HIDDEN)], terminator=special.listen)
+
+
+def test_unit_offsets_and_heads(layout: PromptLayout, special: SpecialTokens) -> None:
+    rows = layout.append(_units(3), terminator=special.chunk_eos)
+    assert rows.unit_offsets == (2, 14, 26) and rows.unit_heads == (2, 1, 1)
+    assert [rows.token_ids[i] for i in rows.unit_offsets] == [special.unit] * 3
+    first = layout.append(_units(1), context=layout.system_context())
+    assert first.unit_heads == (0,) and first.token_ids[first.unit_offsets[0]] == special.unit
+    assert not rows.restarts and not first.restarts
+
+
+def test_previous_text_follows_the_instructions(
+    layout: PromptLayout, tokenizer: TextTokenizer
+) -> None:
+    previous = tokenizer.encode(" the end")
+    segments = layout.system_context("Be brief.", "hi", torch.randn(2, HIDDEN), previous)
+    ids = [t for s in segments for t in s.token_ids]
+    expected = (
+        "<|im_start|>system\nBe brief.\n\nprevious:  the end\n<|audio_start|><unit><unit>"
+        "<|audio_end|><|im_end|>\n<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+    )
+    assert tokenizer.decode(ids) == expected
+
+
+def test_rebuild_equals_the_kv_a_session_held_minus_dropped_units(
+    layout: PromptLayout, special: SpecialTokens
+) -> None:
+    """Units 1 and 2 of a session, appended one by one after unit 0, then rebuilt without
+    unit 0: the rows after the system context are the same rows in the same order."""
+    units = _units(4)
+    tokens = [(special.listen,), (special.speak, 300, special.chunk_eos), (special.listen,)]
+    streamed: list[int] = []
+    for index in (1, 2, 3):
+        rows = layout.append([units[index]], terminator=tokens[index - 1][-1])
+        streamed += rows.token_ids + list(tokens[index][:-1]) if index < 3 else rows.token_ids
+    system = layout.system_context()
+    rebuilt = layout.rebuild(system, [(units[1], tokens[1]), (units[2], tokens[2])], [units[3]])
+    num_system = sum(len(s.token_ids) for s in system)
+    assert rebuilt.token_ids[num_system:] == streamed[2:]  # unit 0's terminator and </unit>
+    assert rebuilt.restarts and rebuilt.num_units == 1 and rebuilt.unit_heads == (0, 0, 0)
+    assert [rebuilt.token_ids[i] for i in rebuilt.unit_offsets] == [special.unit] * 3
+    embeds = rebuilt.materialize(torch.nn.Embedding(1000, HIDDEN), "cpu", torch.float32)
+    for unit, offset in zip(units[1:], rebuilt.unit_offsets):
+        torch.testing.assert_close(embeds[offset + 1 : offset + 11], unit, rtol=0, atol=0)

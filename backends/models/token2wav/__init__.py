@@ -1,16 +1,22 @@
-"""Code2Wav vocoder (Step-Audio2 token2wav structure): codes -> mel (flow) -> 24 kHz (HiFT)."""
+"""Code2Wav vocoder (Step-Audio2 token2wav): codes -> mel (flow: Conformer encoder + CFM with a
+DiT estimator) -> 24 kHz audio (HiFT), streamed in windows for many streams at once."""
 
 from backends.models.token2wav.assets import load_token2wav, write_token2wav_assets
 from backends.models.token2wav.config import (
+    CFMConfig,
+    DiTConfig,
     EncoderConfig,
     FlowConfig,
     HiFTConfig,
     Token2WavConfig,
 )
 from backends.models.token2wav.stream import Token2WavStream
-from backends.models.token2wav.token2wav import StreamWindow, Token2Wav
+from backends.models.token2wav.token2wav import StreamWindow, Token2Wav, Voice
+from backends.models.token2wav.voice import VoicePrompt
 
 __all__ = [
+    "CFMConfig",
+    "DiTConfig",
     "EncoderConfig",
     "FlowConfig",
     "HiFTConfig",
@@ -18,6 +24,8 @@ __all__ = [
     "Token2Wav",
     "Token2WavConfig",
     "Token2WavStream",
+    "Voice",
+    "VoicePrompt",
     "load_token2wav",
     "write_token2wav_assets",
 ]

@@ -1,11 +1,13 @@
 """The `assets/token2wav/` folder: write random-weight assets, load assets into a Token2Wav.
 
 Files: `flow.yaml` (dimensions, in the real file's hyperpyyaml layout: `flow: !new:...` with
-an `encoder` node), `flow.pt` (flow state dict) and `hift.pt` (HiFT state dict with the
-weight-normalised layers stored as parametrization (g, v) pairs, like the reference file).
-The reader accepts any `!tag` (it only reads values), so the real flow.yaml parses too; the
-`hift` node is ours (the reference builds its HiFT in code with default arguments), and
-without it the real HiFT sizes are used.
+`encoder` and `decoder` (CFM with its `estimator` DiT) nodes), `flow.pt` (flow state dict, the
+reference's key names) and `hift.pt` (HiFT state dict with the weight-normalised layers stored
+as parametrization (g, v) pairs, like the reference file). The reader accepts any `!tag` (it
+only reads values), so the real flow.yaml parses too; the `hift` node and the CFM's
+`n_timesteps` are ours (the reference builds its HiFT in code with default arguments and
+passes the step count at call time), and without them the real values are used. `voice.pt`
+(see `voice`) is optional.
 """
 
 from __future__ import annotations
@@ -18,17 +20,29 @@ from typing import Any
 import torch
 import yaml
 
-from backends.models.token2wav.config import EncoderConfig, FlowConfig, HiFTConfig, Token2WavConfig
+from backends.models.token2wav.config import (
+    CFMConfig,
+    DiTConfig,
+    EncoderConfig,
+    FlowConfig,
+    HiFTConfig,
+    Token2WavConfig,
+)
 from backends.models.token2wav.token2wav import Token2Wav
 from backends.models.weight_norm import fold_weight_norm_keys, split_weight_norm
 
 ASSET_SUBDIR = Path("assets") / "token2wav"
 _FLOW_TARGET = "cosyvoice2.flow.flow.CausalMaskedDiffWithXvec"
 _ENCODER_TARGET = "cosyvoice2.transformer.upsample_encoder_v2.UpsampleConformerEncoderV2"
+_CFM_TARGET = "cosyvoice2.flow.flow_matching.CausalConditionalCFM"
+_DIT_TARGET = "cosyvoice2.flow.decoder_dit.DiT"
 _HIFT_TARGET = "cosyvoice2.hifigan.generator.HiFTGenerator"
 _HIFT_PREFIX = "generator."  # some reference hift.pt files prefix every key with it
-_POST_GAIN = 0.1  # random conv_post scale: log-magnitudes vary by well under +-1
-_POST_LOG_MAGNITUDE = -0.5  # random conv_post bias: rms about 0.03-0.05, peaks below the clip
+_POST_GAIN = 0.04  # random conv_post scale: log-magnitudes vary by well under +-1
+_POST_LOG_MAGNITUDE = -1.0  # random conv_post bias: rms about 0.05, peaks well below the clip
+_F0_HZ = 120.0  # random F0 around a voice's pitch, so the harmonic source is exercised
+_F0_SPREAD = 20.0
+_DIT_MODULATION_STD = 0.02  # keeps gates and shifts well below 1: velocities stay O(1)
 _REF = re.compile(r"^<(\w+)>$")
 
 
@@ -48,7 +62,7 @@ def write_token2wav_assets(model_dir: Path, config: Token2WavConfig, seed: int) 
     model = random_token2wav(config, seed)
     (out / "flow.yaml").write_text(render_flow_yaml(config))
     torch.save(model.flow.state_dict(), out / "flow.pt")
-    torch.save(_weight_normed_state(model), out / "hift.pt")
+    torch.save(weight_normed_state(model), out / "hift.pt")
     return out
 
 
@@ -70,15 +84,26 @@ def random_token2wav(config: Token2WavConfig, seed: int) -> Token2Wav:
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = Token2Wav(config)
+        _init_dit(model.flow.decoder.estimator)
         _init_hift(model.hift)
     return model.eval()
+
+
+@torch.no_grad()
+def _init_dit(dit: torch.nn.Module) -> None:
+    """Small random adaLN and output layers: the reference zero-initialises them (a fresh DiT
+    outputs exactly 0), which would make random-weight tests blind to the estimator."""
+    for name, param in dit.named_parameters():
+        if "adaLN_modulation" in name or name.startswith("final_layer.linear"):
+            param.normal_(0.0, _DIT_MODULATION_STD)
 
 
 @torch.no_grad()
 def _init_hift(hift: torch.nn.Module) -> None:
     """Variance-preserving conv weights and zero biases, so random audio varies with the
     codes instead of collapsing to the biases; the post conv is scaled so that
-    exp(log-magnitude) stays small and the output does not saturate at the audio limit."""
+    exp(log-magnitude) stays small and the output does not saturate at the audio limit; the F0
+    head is biased to a voiced pitch (else every frame is unvoiced noise)."""
     for module in hift.modules():
         if isinstance(module, (torch.nn.Conv1d, torch.nn.ConvTranspose1d)):
             weight = module.weight
@@ -88,14 +113,19 @@ def _init_hift(hift: torch.nn.Module) -> None:
             module.bias.zero_()
     hift.conv_post.weight.mul_(_POST_GAIN)
     hift.conv_post.bias.fill_(_POST_LOG_MAGNITUDE)
+    hift.f0_predictor.classifier.weight.mul_(_F0_SPREAD)
+    hift.f0_predictor.classifier.bias.fill_(_F0_HZ)
 
 
 def render_flow_yaml(config: Token2WavConfig) -> str:
     flow = dataclasses.asdict(config.flow)
     encoder = flow.pop("encoder")
     encoder["input_size"] = config.flow.input_size
+    decoder = flow.pop("decoder")
+    decoder["estimator"] = _New(_DIT_TARGET, decoder.pop("estimator"))
     flow["output_type"] = "mel"
     flow["encoder"] = _New(_ENCODER_TARGET, encoder)
+    flow["decoder"] = _New(_CFM_TARGET, decoder)
     doc = {
         "flow": _New(_FLOW_TARGET, flow),
         "hift": _New(_HIFT_TARGET, _lists(dataclasses.asdict(config.hift))),
@@ -109,9 +139,14 @@ def read_flow_yaml(path: Path) -> Token2WavConfig:
     doc = yaml.load(Path(path).read_text(), Loader=_loader())
     if not isinstance(doc, dict) or not isinstance(doc.get("flow"), dict):
         raise ValueError(f"{path}: no `flow` mapping")
-    flow = {k: _resolve(v, doc) for k, v in doc["flow"].items()}
-    encoder = {k: _resolve(v, doc) for k, v in flow.get("encoder", {}).items()}
-    flow_config = _pick(FlowConfig, flow, encoder=_pick(EncoderConfig, encoder))
+    flow = _resolved(doc["flow"], doc)
+    decoder = _resolved(flow.get("decoder"), doc)
+    estimator = _pick(DiTConfig, _resolved(decoder.get("estimator"), doc))
+    flow_config = _pick(
+        FlowConfig, flow,
+        encoder=_pick(EncoderConfig, _resolved(flow.get("encoder"), doc)),
+        decoder=_pick(CFMConfig, decoder, estimator=estimator),
+    )
     hift = doc.get("hift") or {}
     return Token2WavConfig(
         flow=flow_config,
@@ -120,7 +155,8 @@ def read_flow_yaml(path: Path) -> Token2WavConfig:
     )
 
 
-def _weight_normed_state(model: Token2Wav) -> dict[str, torch.Tensor]:
+def weight_normed_state(model: Token2Wav) -> dict[str, torch.Tensor]:
+    """The HiFT state dict in hift.pt's spelling: each weight-normalised layer as (g, v)."""
     state = dict(model.hift.state_dict())
     for layer in model.hift.weight_norm_layers():
         g, v = split_weight_norm(state.pop(f"{layer}.weight"))
@@ -142,6 +178,11 @@ def _pick(cls: type, mapping: dict[str, Any], **overrides: Any) -> Any:
     names = {f.name for f in dataclasses.fields(cls)}
     values = {k: _tuples(v) for k, v in mapping.items() if k in names}
     return cls(**{**values, **overrides})
+
+
+def _resolved(node: Any, doc: dict[str, Any]) -> dict[str, Any]:
+    """A mapping node with its `<name>` references resolved ({} when absent)."""
+    return {k: _resolve(v, doc) for k, v in node.items()} if isinstance(node, dict) else {}
 
 
 def _resolve(value: Any, doc: dict[str, Any]) -> Any:

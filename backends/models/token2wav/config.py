@@ -1,8 +1,9 @@
-"""Token2wav dimensions: the flow (codes -> mel) and the HiFT vocoder (mel -> 24 kHz audio).
+"""Token2wav dimensions: the flow (codes -> mel: encoder + CFM with a DiT estimator) and the
+HiFT vocoder (mel -> 24 kHz audio).
 
-Defaults are the real Step-Audio2 token2wav sizes (token2wav_facts.md 1.2 and 1.8); `tiny()`
-gives the CPU test/CI profile. Field names follow flow.yaml / HiFTGenerator arguments so the
-asset file reads like the real one.
+Defaults are the real Step-Audio2 token2wav sizes (token2wav_facts.md 1.2, 1.5, 1.6 and 1.8);
+`tiny()` gives the CPU test/CI profile. Field names follow flow.yaml / HiFTGenerator arguments
+so the asset file reads like the real one.
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ def _require_positive(owner: str, values: dict[str, int | float]) -> None:
 
 @dataclass(frozen=True, slots=True)
 class EncoderConfig:
+    """`UpsampleConformerEncoderV2` (rel-pos Conformer, 3-code look-ahead, x2 up-sampling)."""
+
     output_size: int = 512
     attention_heads: int = 8
     linear_units: int = 2048
@@ -26,35 +29,92 @@ class EncoderConfig:
     num_up_blocks: int = 4  # mel-rate Conformer layers after the x2 up-sampling
     pre_lookahead_len: int = 3  # right-context codes each window consumes
     up_stride: int = 2  # mel frames per code
-    max_cache_frames: int = 100  # mel-rate attention cache kept per layer (token rate: half)
+    max_positions: int = 5000  # the rel-pos table covers distances up to this - 1
 
     def __post_init__(self) -> None:
         _require_positive("EncoderConfig", {
             "output_size": self.output_size, "attention_heads": self.attention_heads,
             "linear_units": self.linear_units, "num_blocks": self.num_blocks,
             "num_up_blocks": self.num_up_blocks, "pre_lookahead_len": self.pre_lookahead_len,
-            "up_stride": self.up_stride, "max_cache_frames": self.max_cache_frames,
+            "up_stride": self.up_stride, "max_positions": self.max_positions,
         })
-        if self.output_size % self.attention_heads:
+        if self.output_size % self.attention_heads or self.output_size % 2:
             raise ValueError(
-                f"EncoderConfig.output_size={self.output_size} is not a multiple of "
+                f"EncoderConfig.output_size={self.output_size} must be even and a multiple of "
                 f"attention_heads={self.attention_heads}"
             )
 
 
 @dataclass(frozen=True, slots=True)
+class DiTConfig:
+    """The CFM estimator `DiT` (adaLN-Zero blocks with a causal conv, no positional code)."""
+
+    in_channels: int = 320  # x_t | mu | speaker | cond, 80 each
+    out_channels: int = 80
+    mlp_ratio: float = 4.0
+    depth: int = 16
+    num_heads: int = 8
+    head_dim: int = 64
+    hidden_size: int = 512
+
+    def __post_init__(self) -> None:
+        _require_positive("DiTConfig", {
+            "in_channels": self.in_channels, "out_channels": self.out_channels,
+            "mlp_ratio": self.mlp_ratio, "depth": self.depth, "num_heads": self.num_heads,
+            "head_dim": self.head_dim, "hidden_size": self.hidden_size,
+        })
+        if self.in_channels != 4 * self.out_channels:
+            raise ValueError(
+                f"DiTConfig.in_channels={self.in_channels} must be 4 x out_channels="
+                f"{self.out_channels} (x, mu, speaker and cond are concatenated)"
+            )
+
+    @property
+    def mlp_hidden(self) -> int:
+        return int(self.hidden_size * self.mlp_ratio)
+
+
+@dataclass(frozen=True, slots=True)
+class CFMConfig:
+    """`CausalConditionalCFM`: Euler steps on the cosine grid with classifier-free guidance."""
+
+    inference_cfg_rate: float = 0.7
+    n_timesteps: int = 10  # HF's Token2wav default; not in flow.yaml
+    noise_frames: int = 50 * 600  # the fixed noise stream covers 600 s of mel frames
+    estimator: DiTConfig = field(default_factory=DiTConfig)
+
+    def __post_init__(self) -> None:
+        _require_positive("CFMConfig", {
+            "inference_cfg_rate": self.inference_cfg_rate, "n_timesteps": self.n_timesteps,
+            "noise_frames": self.noise_frames,
+        })
+
+
+@dataclass(frozen=True, slots=True)
 class FlowConfig:
     vocab_size: int = 6561  # speech codes 0..6560; the Talker EOS 6561 must never reach here
-    input_size: int = 512  # code embedding width
+    input_size: int = 512  # code embedding width (= the encoder width, see __post_init__)
     output_size: int = 80  # mel bins
     spk_embed_dim: int = 192  # campplus speaker embedding
     encoder: EncoderConfig = field(default_factory=EncoderConfig)
+    decoder: CFMConfig = field(default_factory=CFMConfig)
 
     def __post_init__(self) -> None:
         _require_positive("FlowConfig", {
             "vocab_size": self.vocab_size, "input_size": self.input_size,
             "output_size": self.output_size, "spk_embed_dim": self.spk_embed_dim,
         })
+        # the reference builds `up_embed` with input_size but feeds it encoder features
+        if self.input_size != self.encoder.output_size:
+            raise ValueError(
+                f"FlowConfig.input_size={self.input_size} must equal encoder.output_size="
+                f"{self.encoder.output_size}"
+            )
+        if self.decoder.estimator.out_channels != self.output_size:
+            raise ValueError(
+                f"estimator out_channels={self.decoder.estimator.out_channels} != "
+                f"output_size={self.output_size}"
+            )
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,6 +124,7 @@ class HiFTConfig:
     nb_harmonics: int = 8
     sampling_rate: int = 24000
     nsf_alpha: float = 0.1  # sine amplitude of the source excitation
+    nsf_sigma: float = 0.003  # noise amplitude on voiced samples (unvoiced: nsf_alpha / 3)
     nsf_voiced_threshold: float = 10.0  # Hz; below it the sines are gated off
     upsample_rates: tuple[int, ...] = (8, 5, 3)
     upsample_kernel_sizes: tuple[int, ...] = (16, 11, 7)
@@ -109,9 +170,15 @@ class Token2WavConfig:
     flow: FlowConfig = field(default_factory=FlowConfig)
     hift: HiFTConfig = field(default_factory=HiFTConfig)
     mel_cache_frames: int = 8  # mel frames re-fed to the HiFT; also the cross-fade span
+    # attention caches keep the prompt span plus this many frames (the reference's `+ 100`)
+    cache_keep_frames: int = 100
+    prompt_seconds: float = 6.0  # the voice prompt is cut or zero-padded to this length
 
     def __post_init__(self) -> None:
-        _require_positive("Token2WavConfig", {"mel_cache_frames": self.mel_cache_frames})
+        _require_positive("Token2WavConfig", {
+            "mel_cache_frames": self.mel_cache_frames,
+            "cache_keep_frames": self.cache_keep_frames, "prompt_seconds": self.prompt_seconds,
+        })
         if self.flow.output_size != self.hift.in_channels:
             raise ValueError(
                 f"flow.output_size={self.flow.output_size} != hift.in_channels="
@@ -125,12 +192,13 @@ class Token2WavConfig:
 
     @classmethod
     def tiny(cls) -> Token2WavConfig:
-        """The CPU profile: same structure and 480-sample hop, widths small enough that one
-        window runs in a few milliseconds on one core."""
+        """The CPU profile: the real structure, step count, rates and caches; widths small
+        enough that one steady window runs in a few tens of milliseconds on one core."""
         encoder = EncoderConfig(
             output_size=32, attention_heads=2, linear_units=64, num_blocks=2, num_up_blocks=2
         )
-        flow = FlowConfig(input_size=32, encoder=encoder)
+        estimator = DiTConfig(mlp_ratio=2.0, depth=2, num_heads=2, head_dim=16, hidden_size=32)
+        flow = FlowConfig(input_size=32, encoder=encoder, decoder=CFMConfig(estimator=estimator))
         hift = HiFTConfig(
             base_channels=16,
             resblock_kernel_sizes=(3,),

@@ -1,77 +1,68 @@
-"""Pre-norm Conformer layer (attention + FFN, no conv module) with a per-stream KV cache.
+"""Pre-norm Conformer layer of the token2wav encoder: rel-pos attention + FFN, no conv module.
 
-Parameter names follow the Step-Audio2 encoder (`self_attn.linear_q/k/v/out`,
-`feed_forward.w_1/w_2`, `norm_mha`, `norm_ff`). Simplification (fidelity is a later issue):
-plain scaled-dot-product attention without the espnet relative-position terms
-(`linear_pos`, `pos_bias_u/v`); order comes from the causal convs around the layers.
+Parameter names follow the reference (`self_attn.linear_q/k/v/out`, `self_attn.linear_pos`,
+`self_attn.pos_bias_u/v`, `feed_forward.w_1/w_2`, `norm_mha`, `norm_ff`; token2wav_facts.md
+1.4 and 2.1). Attention is full and bidirectional over the cached keys plus the window, with
+Transformer-XL scores: content (q + u) . k plus position (q + v) . W_pos pe(distance).
 
-Windows of several streams run as one ragged batch: caches are left-padded and new frames
-right-padded to common lengths, and a key mask hides both paddings, so a row's result does
-not depend on the other rows.
+Windows of several streams run as one batch: caches are left-padded to a common length and
+new frames right-padded, and a key mask hides both paddings; left padding keeps every row's
+distances aligned (see `rel_position`), so a row's result does not depend on the other rows.
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from backends.models.token2wav.rel_position import shift_scores
+
 _NORM_EPS = 1e-12  # the reference's Conformer LayerNorm eps
 
 
-def left_pad_stack(rows: list[torch.Tensor], width: int) -> torch.Tensor:
-    """rows: [n_i, width] each -> [len(rows), max n_i, width], zeros on the left."""
-    length = max((row.shape[0] for row in rows), default=0)
-    out = rows[0].new_zeros(len(rows), length, width) if rows else torch.zeros(0, 0, width)
-    for batch_idx, row in enumerate(rows):
-        if row.shape[0]:
-            out[batch_idx, length - row.shape[0] :] = row
-    return out
-
-
-def key_mask(cache_lens: list[int], num_cache: int, new_lens: list[int], num_new: int,
-             device: torch.device) -> torch.Tensor:
-    """-> [B, num_cache + num_new] bool, True where a key is real (not padding)."""
-    cache_idx = torch.arange(num_cache, device=device)
-    new_idx = torch.arange(num_new, device=device)
-    cache_ok = cache_idx[None, :] >= num_cache - torch.tensor(cache_lens, device=device)[:, None]
-    new_ok = new_idx[None, :] < torch.tensor(new_lens, device=device)[:, None]
-    return torch.cat([cache_ok, new_ok], dim=1)
-
-
-class MultiHeadedAttention(nn.Module):
+class RelPositionMultiHeadedAttention(nn.Module):
     def __init__(self, size: int, num_heads: int) -> None:
         super().__init__()
         self.num_heads = num_heads
+        self.head_dim = size // num_heads
         self.linear_q = nn.Linear(size, size)
         self.linear_k = nn.Linear(size, size)
         self.linear_v = nn.Linear(size, size)
         self.linear_out = nn.Linear(size, size)
+        self.linear_pos = nn.Linear(size, size, bias=False)
+        self.pos_bias_u = nn.Parameter(torch.empty(num_heads, self.head_dim))  # [H, dk]
+        self.pos_bias_v = nn.Parameter(torch.empty(num_heads, self.head_dim))  # [H, dk]
+        nn.init.xavier_uniform_(self.pos_bias_u)
+        nn.init.xavier_uniform_(self.pos_bias_v)
 
     def forward(
         self,
-        x: torch.Tensor,  # [B, T, size]
-        cache_k: torch.Tensor,  # [B, C, size] left-padded
-        cache_v: torch.Tensor,  # [B, C, size]
-        mask: torch.Tensor,  # [B, C + T] bool, True = attend
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """-> (output [B, T, size], new keys [B, T, size], new values [B, T, size]).
-
-        Full bidirectional attention over cache + window (the window's look-ahead is already
-        consumed before the layers, so nothing here sees codes beyond the window)."""
-        q, k_new, v_new = self.linear_q(x), self.linear_k(x), self.linear_v(x)
-        k = torch.cat([cache_k, k_new], dim=1)
-        v = torch.cat([cache_v, v_new], dim=1)
-        out = F.scaled_dot_product_attention(
-            self._heads(q), self._heads(k), self._heads(v), attn_mask=mask[:, None, None, :]
-        )
-        out = out.transpose(1, 2).reshape(x.shape)
-        return self.linear_out(out), k_new, v_new
+        x: torch.Tensor,  # [B, T, size] normalised window frames
+        cache: torch.Tensor,  # [B, H, C, 2 dk] cached keys | values, left-padded
+        key_valid: torch.Tensor,  # [B, C + T] bool, False on padding
+        pos_rows: torch.Tensor,  # [C + 2 T - 1, size] table rows, distances C + T - 1 .. 1 - T
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """-> (output [B, T, size], this window's keys | values [B, H, T, 2 dk])."""
+        batch, length, _ = x.shape
+        q = self._heads(self.linear_q(x))  # [B, H, T, dk]
+        new_kv = torch.cat([self._heads(self.linear_k(x)), self._heads(self.linear_v(x))], -1)
+        keys, values = torch.cat([cache, new_kv], dim=2).chunk(2, dim=-1)  # [B, H, C + T, dk]
+        pos = self.linear_pos(pos_rows).view(-1, self.num_heads, self.head_dim).transpose(0, 1)
+        content = (q + self.pos_bias_u[:, None]) @ keys.transpose(-2, -1)  # [B, H, T, C + T]
+        position = shift_scores((q + self.pos_bias_v[:, None]) @ pos.transpose(-2, -1),
+                                keys.shape[2])
+        scores = (content + position) / math.sqrt(self.head_dim)
+        scores = scores.masked_fill(~key_valid[:, None, None, :], float("-inf"))
+        out = torch.softmax(scores, dim=-1) @ values  # [B, H, T, dk]
+        return self.linear_out(out.transpose(1, 2).reshape(batch, length, -1)), new_kv
 
     def _heads(self, x: torch.Tensor) -> torch.Tensor:
-        """[B, T, size] -> [B, heads, T, head_dim]."""
-        batch, length, size = x.shape
-        return x.view(batch, length, self.num_heads, size // self.num_heads).transpose(1, 2)
+        """[B, T, size] -> [B, H, T, dk]."""
+        batch, length, _ = x.shape
+        return x.view(batch, length, self.num_heads, self.head_dim).transpose(1, 2)
 
 
 class PositionwiseFeedForward(nn.Module):
@@ -87,7 +78,7 @@ class PositionwiseFeedForward(nn.Module):
 class ConformerEncoderLayer(nn.Module):
     def __init__(self, size: int, num_heads: int, hidden: int) -> None:
         super().__init__()
-        self.self_attn = MultiHeadedAttention(size, num_heads)
+        self.self_attn = RelPositionMultiHeadedAttention(size, num_heads)
         self.feed_forward = PositionwiseFeedForward(size, hidden)
         self.norm_mha = nn.LayerNorm(size, eps=_NORM_EPS)
         self.norm_ff = nn.LayerNorm(size, eps=_NORM_EPS)
@@ -95,11 +86,11 @@ class ConformerEncoderLayer(nn.Module):
     def forward(
         self,
         x: torch.Tensor,  # [B, T, size]
-        cache_k: torch.Tensor,  # [B, C, size]
-        cache_v: torch.Tensor,  # [B, C, size]
-        mask: torch.Tensor,  # [B, C + T] bool
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        attended, k_new, v_new = self.self_attn(self.norm_mha(x), cache_k, cache_v, mask)
+        cache: torch.Tensor,  # [B, H, C, 2 dk]
+        key_valid: torch.Tensor,  # [B, C + T] bool
+        pos_rows: torch.Tensor,  # [C + 2 T - 1, size]
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """-> (x [B, T, size], new keys | values [B, H, T, 2 dk])."""
+        attended, new_kv = self.self_attn(self.norm_mha(x), cache, key_valid, pos_rows)
         x = x + attended
-        x = x + self.feed_forward(self.norm_ff(x))
-        return x, k_new, v_new
+        return x + self.feed_forward(self.norm_ff(x)), new_kv

@@ -1,19 +1,34 @@
-"""The flow: speech codes -> 80-bin mel at 2 frames per code, conditioned on a speaker.
+"""The flow `CausalMaskedDiffWithXvec`: speech codes -> 80-bin mel at 2 frames per code.
 
-Keeps the reference wrapper's names (`input_embedding`, `encoder`, `encoder_proj`,
-`spk_embed_affine_layer`, token2wav_facts.md 1.3). Simplification (fidelity is a later issue):
-the CFM decoder with its DiT estimator is not implemented; the mel is the encoder projection
-`mu` plus the projected, L2-normalised speaker embedding broadcast over time.
+Names follow the reference wrapper (token2wav_facts.md 1.3): `input_embedding`,
+`spk_embed_affine_layer` (applied to the L2-normalised speaker), `encoder`, `encoder_proj`
+(encoder features -> `mu`) and `decoder` (the CFM with its DiT `estimator`).
+
+`setup_cache` runs a voice prompt (prompt codes + 3 look-ahead codes, prompt mel, speaker) and
+keeps only the caches; `inference_chunk` decodes one window for a batch of streams with
+cond = zeros; `inference` is the reference's whole-utterance path (prompt and codes in one
+pass, cond = prompt mel), i.e. one final window over empty caches.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from backends.models.token2wav.cfm import CausalConditionalCFM, EstimatorCache
 from backends.models.token2wav.config import FlowConfig
-from backends.models.token2wav.encoder import EncoderCache, UpsampleConformerEncoder
+from backends.models.token2wav.encoder import EncoderCache, UpsampleConformerEncoderV2
+
+
+@dataclass(slots=True)
+class FlowCache:
+    """One stream's flow state between windows."""
+
+    encoder: EncoderCache
+    estimator: EstimatorCache
 
 
 class CausalMaskedDiffWithXvec(nn.Module):
@@ -22,24 +37,69 @@ class CausalMaskedDiffWithXvec(nn.Module):
         self.config = config
         self.input_embedding = nn.Embedding(config.vocab_size, config.input_size)
         self.spk_embed_affine_layer = nn.Linear(config.spk_embed_dim, config.output_size)
-        self.encoder = UpsampleConformerEncoder(config.input_size, config.encoder)
+        self.encoder = UpsampleConformerEncoderV2(config.input_size, config.encoder)
         self.encoder_proj = nn.Linear(config.encoder.output_size, config.output_size)
+        self.decoder = CausalConditionalCFM(config.decoder)
 
-    def new_cache(self, device: torch.device) -> EncoderCache:
-        return self.encoder.new_cache(device)
+    def new_cache(self, device: torch.device | str) -> FlowCache:
+        return FlowCache(self.encoder.new_cache(device), self.decoder.new_cache(device))
+
+    def project_speaker(self, speakers: torch.Tensor) -> torch.Tensor:
+        """speakers: [R, spk_embed_dim] -> [R, 80]; only the direction of a speaker matters."""
+        weight = self.spk_embed_affine_layer.weight
+        return self.spk_embed_affine_layer(F.normalize(speakers, dim=1).to(weight.dtype))
 
     def inference_chunk(
         self,
-        codes: torch.Tensor,  # [B, N_max] int64, any value in 0..vocab-1 past a row's codes
+        codes: torch.Tensor,  # [R, N_max] int64 codes in [0, vocab), any valid code past a row's end
         num_codes: list[int],
         last_chunk: list[bool],
-        speakers: torch.Tensor,  # [B, spk_embed_dim] float32
-        caches: list[EncoderCache],
-    ) -> tuple[torch.Tensor, list[int], list[EncoderCache]]:
-        """-> (mel [B, 80, T_max] float32, valid mel frames per row, new caches)."""
-        features, mel_frames, new_caches = self.encoder.forward_chunk(
-            self.input_embedding(codes), num_codes, last_chunk, caches
+        speakers: torch.Tensor,  # [R, spk_embed_dim] float32
+        caches: list[FlowCache],
+        prompt_mel: torch.Tensor | None = None,  # [R, N_max * 2, 80] cond, None -> zeros
+    ) -> tuple[torch.Tensor, list[int], list[FlowCache]]:
+        """-> (mel [R, 80, T_max] float32, valid mel frames per row, grown (unpruned) caches)."""
+        features, mel_frames, encoder_caches = self.encoder.forward_chunk(
+            self.input_embedding(codes), num_codes, last_chunk, [c.encoder for c in caches]
         )
-        speaker = self.spk_embed_affine_layer(F.normalize(speakers, dim=1))
-        mel = self.encoder_proj(features) + speaker[:, None, :]
-        return mel.transpose(1, 2), mel_frames, new_caches
+        mu = self.encoder_proj(features).transpose(1, 2)  # [R, 80, T_max]
+        cond = torch.zeros_like(mu)
+        if prompt_mel is not None:
+            cond[:, :, : prompt_mel.shape[1]] = prompt_mel[:, : cond.shape[2]].transpose(1, 2)
+        mel, estimator_caches = self.decoder.forward_chunk(
+            mu, mel_frames, self.project_speaker(speakers), cond, [c.estimator for c in caches]
+        )
+        grown = [FlowCache(e, d) for e, d in zip(encoder_caches, estimator_caches)]
+        return mel, mel_frames, grown
+
+    def setup_cache(
+        self,
+        codes: torch.Tensor,  # [P_tok + 3] int64 prompt codes + look-ahead codes
+        prompt_mel: torch.Tensor,  # [2 P_tok, 80] float32
+        speaker: torch.Tensor,  # [spk_embed_dim] float32
+    ) -> FlowCache:
+        """The caches after a voice prompt (its generated mel is discarded, as the reference's)."""
+        frames = (codes.shape[0] - self.config.encoder.pre_lookahead_len) * 2
+        if frames != prompt_mel.shape[0] or frames <= 0:
+            raise ValueError(f"prompt mel has {prompt_mel.shape[0]} frames; {codes.shape[0]} "
+                             f"codes with look-ahead need {frames}")
+        _, _, (cache,) = self.inference_chunk(
+            codes[None], [codes.shape[0]], [False], speaker[None],
+            [self.new_cache(codes.device)], prompt_mel[None],
+        )
+        return cache
+
+    def inference(
+        self,
+        codes: torch.Tensor,  # [N] int64
+        prompt_codes: torch.Tensor,  # [P_tok] int64
+        prompt_mel: torch.Tensor,  # [2 P_tok, 80] float32
+        speaker: torch.Tensor,  # [spk_embed_dim] float32
+    ) -> torch.Tensor:
+        """Whole utterance: -> mel [80, 2 N] for `codes` after the prompt."""
+        everything = torch.cat([prompt_codes, codes])
+        mel, _, _ = self.inference_chunk(
+            everything[None], [everything.shape[0]], [True], speaker[None],
+            [self.new_cache(codes.device)], prompt_mel[None],
+        )
+        return mel[0, :, prompt_mel.shape[0] :]

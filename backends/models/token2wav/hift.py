@@ -5,7 +5,7 @@ Structure and parameter names follow the CosyVoice2-style `HiFTGenerator` (token
 down-sampled STFT of the harmonic source through `source_downs.i` + `source_resblocks.i`, then
 the mean of `resblocks`) -> `conv_post` -> magnitude/phase -> ISTFT (n_fft 16, hop 4, x4).
 Weights are plain here: hift.pt stores the weight-normalised layers as (g, v) and the loader
-folds them (backends.models.weight_norm).
+folds them (backends.models.weight_norm). The source noise is an argument (`nsf_source`).
 """
 
 from __future__ import annotations
@@ -32,7 +32,8 @@ class HiFTGenerator(nn.Module):
         num_freq = config.istft_n_fft // 2 + 1
         self.f0_predictor = ConvRNNF0Predictor(config.in_channels, config.f0_cond_channels)
         self.m_source = SourceModuleHnNSF(
-            config.nb_harmonics, config.sampling_rate, config.nsf_alpha, config.nsf_voiced_threshold
+            config.nb_harmonics, config.sampling_rate, config.hop_samples, config.nsf_alpha,
+            config.nsf_sigma, config.nsf_voiced_threshold,
         )
         self.conv_pre = nn.Conv1d(config.in_channels, channels[0], 7, padding=3)
         self.ups = nn.ModuleList(
@@ -75,22 +76,38 @@ class HiFTGenerator(nn.Module):
                 names += block.weight_norm_layers(f"{group}.{i}")
         return names
 
+    def num_noise_channels(self) -> int:
+        return self.config.nb_harmonics + 1
+
     def forward(
         self,
         mel: torch.Tensor,  # [B, 80, T] float32, all rows T frames
         source_cache: list[torch.Tensor],  # per row [n_b] float32, n_b <= 480 T
+        noise: torch.Tensor,  # [B, 480 T, nb_harmonics + 1] float32 standard normal
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """-> (speech [B, 480 T] float32 in [-0.99, 0.99], source [B, 480 T] float32).
 
         A row's cached source replaces the start of its new source, so the excitation of the
         re-fed mel frames matches what the previous window used."""
-        source = self.m_source(self.f0_predictor(mel), self.config.hop_samples)
+        source = self.m_source(self.f0_predictor(mel), noise)
         for batch_idx, cached in enumerate(source_cache):
             source[batch_idx, : cached.shape[0]] = cached
-        return self._decode(mel, source), source
+        return self.to_audio(self.spectrum(mel, source)), source
 
-    def _decode(self, mel: torch.Tensor, source: torch.Tensor) -> torch.Tensor:
-        """mel: [B, 80, T], source: [B, 480 T] -> speech [B, 480 T]."""
+    def uniform_spectrum(
+        self,
+        mel: torch.Tensor,  # [B, 80, T] float32
+        source_cache: torch.Tensor,  # [B, C] float32, one cache length C for every row
+        noise: torch.Tensor,  # [B, 480 T, nb_harmonics + 1] float32
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """`forward` up to the ISTFT for rows with equal cache lengths (fixed shapes, no host
+        sync: CUDA-graph safe) -> (spectrum [B, n_fft + 2, 480 T / hop + 1], source)."""
+        source = self.m_source(self.f0_predictor(mel), noise)
+        source[:, : source_cache.shape[1]] = source_cache
+        return self.spectrum(mel, source), source
+
+    def spectrum(self, mel: torch.Tensor, source: torch.Tensor) -> torch.Tensor:
+        """mel: [B, 80, T], source: [B, 480 T] -> log-magnitude | phase [B, n_fft + 2, F]."""
         source_spec = self._stft(source)
         x = self.conv_pre(mel)
         num_kernels = len(self.config.resblock_kernel_sizes)
@@ -101,8 +118,11 @@ class HiFTGenerator(nn.Module):
             x = x + self.source_resblocks[stage](self.source_downs[stage](source_spec))
             blocks = self.resblocks[stage * num_kernels : (stage + 1) * num_kernels]
             x = sum(block(x) for block in blocks) / num_kernels
-        x = self.conv_post(F.leaky_relu(x, _POST_SLOPE))
-        return self._istft(x).clamp(-self.config.audio_limit, self.config.audio_limit)
+        return self.conv_post(F.leaky_relu(x, _POST_SLOPE))
+
+    def to_audio(self, spectrum: torch.Tensor) -> torch.Tensor:
+        """[B, n_fft + 2, F] -> speech [B, hop (F - 1)] clipped to the audio limit."""
+        return self._istft(spectrum).clamp(-self.config.audio_limit, self.config.audio_limit)
 
     def _stft(self, signal: torch.Tensor) -> torch.Tensor:
         """[B, S] -> [B, 2 (n_fft/2 + 1), S / hop + 1]: real parts, then imaginary parts."""

@@ -1,9 +1,16 @@
-"""HiFT's excitation: an F0 predictor and a harmonic sine source (neural source-filter).
+"""HiFT's excitation: an F0 predictor and a harmonic-plus-noise source (neural source-filter).
 
 Names follow the reference (`f0_predictor.condnet.{0,2,4,6,8}`, `f0_predictor.classifier`,
-`m_source.l_linear`). Simplification: the reference draws a random initial phase and additive
-noise on every call; here both are left out so a window's audio is a pure function of its
-inputs and state (batched equals unbatched, tests compare exactly).
+`m_source.l_linear`). The source is the reference's `SourceModuleHnNSF2` (token2wav_facts.md
+1.8): harmonics f0 x [1 .. 9] of a phase that is accumulated per mel frame and linearly
+interpolated to samples, gated by voicing, plus Gaussian noise (nsf_sigma where voiced,
+nsf_alpha / 3 where not), merged by `l_linear` + tanh.
+
+The noise is an argument (standard normal, drawn by the caller from the stream's own
+generator), so a window's audio is a pure function of its inputs and the stream's state, and
+tests can inject the reference's draws. The reference also adds a random initial phase at the
+first sample; its linear down-sampling to frame rate reads only the two middle samples of each
+frame, so that phase never reaches the output and is not modelled here.
 """
 
 from __future__ import annotations
@@ -11,6 +18,7 @@ from __future__ import annotations
 import math
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 _NUM_CONDNET_CONVS = 5
@@ -36,31 +44,27 @@ class ConvRNNF0Predictor(nn.Module):
 
 
 class SourceModuleHnNSF(nn.Module):
-    """Sines at f0 x [1 .. nb_harmonics + 1], gated by voicing, merged by `l_linear` + tanh."""
-
-    def __init__(
-        self, nb_harmonics: int, sampling_rate: int, sine_amp: float, voiced_threshold: float
-    ) -> None:
+    def __init__(self, nb_harmonics: int, sampling_rate: int, hop: int, sine_amp: float,
+                 noise_std: float, voiced_threshold: float) -> None:
         super().__init__()
         self.sampling_rate = sampling_rate
+        self.hop = hop
         self.sine_amp = sine_amp
+        self.noise_std = noise_std
         self.voiced_threshold = voiced_threshold
-        self.l_linear = nn.Linear(nb_harmonics + 1, 1)
-        self.register_buffer(
-            "harmonics", torch.arange(1, nb_harmonics + 2, dtype=torch.float64), persistent=False
-        )  # [nb_harmonics + 1] float64
+        self.num_sines = nb_harmonics + 1
+        self.l_linear = nn.Linear(self.num_sines, 1)
 
-    def forward(self, f0: torch.Tensor, hop: int) -> torch.Tensor:
-        """f0: [B, T] Hz per mel frame (held for `hop` samples) -> source [B, T hop] float32."""
-        batch, num_frames = f0.shape
-        # cycles per sample of each harmonic, constant within a frame
-        step = (f0.double()[..., None] * self.harmonics / self.sampling_rate) % 1.0  # [B, T, H]
-        # running phase at frame starts in float64 (a float32 sum over ~30k samples drifts);
-        # within a frame at most `hop` steps accumulate, which float32 resolves well
-        start = (torch.cumsum(step * hop, dim=1) - step * hop) % 1.0
-        ramp = torch.arange(1, hop + 1, dtype=torch.float32, device=f0.device)[:, None]
-        phase = start.float()[:, :, None, :] + ramp * step.float()[:, :, None, :]  # [B, T, hop, H]
-        sines = self.sine_amp * torch.sin((2.0 * math.pi) * phase)
-        sines = sines * (f0 > self.voiced_threshold)[:, :, None, None]
-        source = torch.tanh(self.l_linear(sines)).squeeze(-1)
-        return source.reshape(batch, num_frames * hop)
+    def forward(self, f0: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
+        """f0: [B, T] Hz per mel frame, noise: [B, hop T, nb_harmonics + 1] standard normal ->
+        source [B, hop T] float32 in (-1, 1)."""
+        harmonics = torch.arange(1, self.num_sines + 1, device=f0.device, dtype=f0.dtype)
+        cycles = (f0[:, :, None] * harmonics / self.sampling_rate) % 1  # [B, T, H] per sample
+        # phase at frame centres, then linear in between (held flat on the outer half frames)
+        phase = torch.cumsum(cycles, dim=1) * 2 * math.pi
+        phase = F.interpolate(phase.transpose(1, 2) * self.hop, scale_factor=self.hop,
+                              mode="linear").transpose(1, 2)  # [B, hop T, H]
+        voiced = (f0 > self.voiced_threshold).float().repeat_interleave(self.hop, 1)[:, :, None]
+        noise_amp = voiced * self.noise_std + (1 - voiced) * self.sine_amp / 3
+        sines = self.sine_amp * torch.sin(phase) * voiced + noise_amp * noise
+        return torch.tanh(self.l_linear(sines)).squeeze(-1)

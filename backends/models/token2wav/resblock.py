@@ -18,7 +18,7 @@ class Snake(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x: [B, channels, T]."""
         alpha = self.alpha[None, :, None]
-        return x + torch.sin(alpha * x).pow(2) / (alpha + _ALPHA_EPS)
+        return x + (1.0 / (alpha + _ALPHA_EPS)) * torch.sin(x * alpha).pow(2)
 
 
 class ResBlock(nn.Module):

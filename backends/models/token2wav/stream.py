@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from backends.models.token2wav.encoder import EncoderCache
+from backends.models.token2wav.flow import FlowCache
 
 
 @dataclass(slots=True)
@@ -22,7 +22,9 @@ class Token2WavStream:
     """Created by `Token2Wav.new_stream`, owned and keyed by the caller (one per request)."""
 
     speaker: torch.Tensor  # [spk_embed_dim] float32
-    encoder_cache: EncoderCache
+    prompt_frames: int  # P: prompt mel frames, the origin the cache pruning keeps
+    flow_cache: FlowCache  # starts as the voice's setup caches (shared, never written in place)
+    generator: torch.Generator  # draws this stream's HiFT source noise, on the model's device
     mel_cache: torch.Tensor  # [80, <= mel_cache_frames] float32 re-fed to the HiFT
     source_cache: torch.Tensor  # [<= overlap_samples] float32 tail of the last source
     speech_tail: torch.Tensor  # [<= overlap_samples] float32 held back for the cross-fade

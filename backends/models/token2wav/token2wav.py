@@ -1,24 +1,40 @@
 """Token2Wav: streaming codes -> 24 kHz audio for many streams at once.
 
-`decode` runs one flow forward over every window given (a ragged batch: each row keeps its own
-caches and lengths) and then the HiFT once per distinct input length (in steady state every
-stream feeds 58 frames, so that is one call). Rows never influence each other: batching N
-streams gives what N separate calls give.
+A voice is prepared once (`prepare_voice`: the flow runs its prompt and keeps the caches); a
+stream starts from its voice's caches and an empty HiFT state (`new_stream`, one per request and
+turn). `decode` runs one flow forward over every window given (a ragged batch: each row keeps
+its own caches and lengths), prunes each stream's caches, and runs the HiFT once per distinct
+input length (in steady state every stream feeds 58 frames, so that is one call). Rows never
+influence each other and each stream draws its source noise from its own generator, so
+batching N streams gives what N separate calls give.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import torch
 from torch import nn
 
+from backends.audio.codec_windows import SILENCE_CODE
+from backends.models.token2wav.cache_pruning import prune_flow_cache
 from backends.models.token2wav.config import Token2WavConfig
-from backends.models.token2wav.flow import CausalMaskedDiffWithXvec
+from backends.models.token2wav.flow import CausalMaskedDiffWithXvec, FlowCache
+from backends.models.token2wav.graphs import DEFAULT_MAX_GRAPHS, HiFTGraphs, SolverGraphs
 from backends.models.token2wav.hift import HiFTGenerator
 from backends.models.token2wav.stream import Token2WavStream, emit, flush
+from backends.models.token2wav.voice import VoicePrompt, build_voice_prompt
+
+
+@dataclass(frozen=True, slots=True)
+class Voice:
+    """A prepared voice: its prompt and the flow caches after it (shared by its streams)."""
+
+    prompt: VoicePrompt
+    cache: FlowCache
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,6 +52,22 @@ class Token2Wav(nn.Module):
         self.config = config
         self.flow = CausalMaskedDiffWithXvec(config.flow)
         self.hift = HiFTGenerator(config.hift)
+        self._hift_graphs: HiFTGraphs | None = None
+
+    def enable_cuda_graphs(self, max_graphs: int = DEFAULT_MAX_GRAPHS) -> None:
+        """Replay the CFM solve and the HiFT (up to its ISTFT) from CUDA graphs, captured per
+        shape bucket on first use; a no-op on CPU (the same code runs eagerly)."""
+        self.flow.decoder.solver = SolverGraphs(self.flow.decoder, max_graphs)
+        self._hift_graphs = HiFTGraphs(self.hift, max_graphs)
+
+    def disable_cuda_graphs(self) -> None:
+        self.flow.decoder.solver = self.flow.decoder.solve
+        self._hift_graphs = None
+
+    def set_flow_dtype(self, dtype: torch.dtype) -> None:
+        """Run the flow (weights, caches, noise) in `dtype`, e.g. bfloat16 on GPU, like the
+        reference's `float16=True`; the HiFT stays float32. Prepare voices afterwards."""
+        self.flow.to(dtype)
 
     @property
     def device(self) -> torch.device:
@@ -45,22 +77,32 @@ class Token2Wav(nn.Module):
     def sample_rate(self) -> int:
         return self.config.hift.sampling_rate
 
-    def default_speaker(self) -> torch.Tensor:
-        """[spk_embed_dim] float32: a fixed voice until reference-audio speaker embeddings
-        (campplus) exist; only its direction matters (the flow L2-normalises it)."""
-        return torch.ones(self.config.flow.spk_embed_dim, device=self.device)
+    def voice_from_audio(self, audio: torch.Tensor, sample_rate: int,
+                         override: Path | None = None) -> Voice:
+        """audio: [L] float32 mono reference voice -> a prepared voice (see `voice`)."""
+        flow = self.config.flow
+        prompt = build_voice_prompt(audio, sample_rate, self.config.prompt_seconds,
+                                    flow.vocab_size, flow.spk_embed_dim, override)
+        return self.prepare_voice(prompt)
 
-    def new_stream(self, speaker: torch.Tensor | None = None) -> Token2WavStream:
-        """speaker: [spk_embed_dim] float32 or None for the default voice."""
+    @torch.inference_mode()
+    def prepare_voice(self, prompt: VoicePrompt) -> Voice:
+        """Run the prompt codes plus 3 silence look-ahead codes (the reference's setup)."""
+        lookahead = torch.full((self.config.flow.encoder.pre_lookahead_len,), SILENCE_CODE)
+        codes = torch.cat([prompt.codes.cpu(), lookahead]).to(self.device)
+        cache = self.flow.setup_cache(codes, prompt.mel.to(self.device),
+                                      prompt.speaker.to(self.device))
+        return Voice(prompt, cache)
+
+    def new_stream(self, voice: Voice, seed: int = 0) -> Token2WavStream:
+        """A stream from `voice`'s caches; `seed` fixes its source-noise sequence."""
         device = self.device
-        spk = self.default_speaker() if speaker is None else speaker.to(device, torch.float32)
-        if spk.shape != (self.config.flow.spk_embed_dim,):
-            raise ValueError(
-                f"speaker must be [{self.config.flow.spk_embed_dim}], got {tuple(spk.shape)}"
-            )
+        generator = torch.Generator(device=device).manual_seed(seed)
         return Token2WavStream(
-            speaker=spk,
-            encoder_cache=self.flow.new_cache(device),
+            speaker=voice.prompt.speaker.to(device),
+            prompt_frames=voice.prompt.num_mel_frames,
+            flow_cache=voice.cache,
+            generator=generator,
             mel_cache=torch.zeros(self.config.flow.output_size, 0, device=device),
             source_cache=torch.zeros(0, device=device),
             speech_tail=torch.zeros(0, device=device),
@@ -99,17 +141,21 @@ class Token2Wav(nn.Module):
     def _decode_coded(self, windows: list[StreamWindow]) -> list[torch.Tensor]:
         mel, mel_frames = self._run_flow(windows)
         hift_inputs = [
-            torch.cat([w.stream.mel_cache, mel[b, :, : mel_frames[b]]], dim=1)
+            torch.cat([w.stream.mel_cache, mel[b, :, : mel_frames[b]].float()], dim=1)
             for b, w in enumerate(windows)
         ]
-        by_length: dict[int, list[int]] = defaultdict(list)
-        for b, frames in enumerate(hift_inputs):
-            by_length[frames.shape[1]].append(b)
+        # one HiFT call per (frames, cached source) shape: in steady state that is every row
+        by_shape: dict[tuple[int, int], list[int]] = defaultdict(list)
+        for b, (mel_in, window) in enumerate(zip(hift_inputs, windows)):
+            by_shape[mel_in.shape[1], window.stream.source_cache.shape[0]].append(b)
         out: list[torch.Tensor] = [torch.zeros(0)] * len(windows)
-        for rows in by_length.values():
-            speech, source = self.hift(
+        vocode = self._hift_graphs or self.hift
+        for (frames, _), rows in by_shape.items():
+            streams = [windows[b].stream for b in rows]
+            speech, source = vocode(
                 torch.stack([hift_inputs[b] for b in rows]),
-                [windows[b].stream.source_cache for b in rows],
+                [s.source_cache for s in streams],
+                torch.stack([self._source_noise(s, frames) for s in streams]),
             )
             for j, b in enumerate(rows):
                 out[b] = emit(
@@ -118,8 +164,13 @@ class Token2Wav(nn.Module):
                 )
         return out
 
+    def _source_noise(self, stream: Token2WavStream, frames: int) -> torch.Tensor:
+        """[480 frames, nb_harmonics + 1] standard normal from the stream's own generator."""
+        shape = (frames * self.config.hift.hop_samples, self.hift.num_noise_channels())
+        return torch.randn(shape, generator=stream.generator, device=self.device)
+
     def _run_flow(self, windows: list[StreamWindow]) -> tuple[torch.Tensor, list[int]]:
-        """-> (mel [B, 80, T_max], valid mel frames per row); updates encoder caches."""
+        """-> (mel [B, 80, T_max], valid mel frames per row); updates and prunes flow caches."""
         num_codes = [len(w.codes) for w in windows]
         codes = torch.zeros(len(windows), max(num_codes), dtype=torch.int64)
         for b, window in enumerate(windows):
@@ -129,8 +180,9 @@ class Token2Wav(nn.Module):
             num_codes,
             [w.last_chunk for w in windows],
             torch.stack([w.stream.speaker for w in windows]),
-            [w.stream.encoder_cache for w in windows],
+            [w.stream.flow_cache for w in windows],
         )
+        keep = self.config.cache_keep_frames
         for window, cache in zip(windows, caches):
-            window.stream.encoder_cache = cache
+            window.stream.flow_cache = prune_flow_cache(cache, window.stream.prompt_frames, keep)
         return mel, mel_frames

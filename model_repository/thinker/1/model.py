@@ -1,15 +1,19 @@
 """Triton adapter of the thinker stage: decode requests, hand them to the engine thread."""
 import triton_python_backend_utils as pb_utils
 
-from backends.serving.triton_stage import StageAdapter, model_parameters
+from backends.serving.triton_stage import StageAdapter, apply_memory_fraction, model_parameters
 from backends.stages.contracts import ThinkerRequest
 from backends.stages.factory import build_thinker_engine
 
 
 class TritonPythonModel:
     def initialize(self, args):
-        engine = build_thinker_engine(model_parameters(args), args.get("model_instance_device_id", "0"))
-        self._adapter = StageAdapter(pb_utils, "thinker", ThinkerRequest, engine)
+        params = model_parameters(args)
+        device_id = args.get("model_instance_device_id", "0")
+        apply_memory_fraction(params, device_id)
+        engine = build_thinker_engine(params, device_id)
+        self._adapter = StageAdapter(pb_utils, "thinker", ThinkerRequest, engine, params,
+                                     args.get("model_instance_name", ""))
 
     def execute(self, requests):
         return self._adapter.execute(requests)

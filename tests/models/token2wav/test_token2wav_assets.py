@@ -2,8 +2,11 @@
 
 Strategy: write assets with a seed, load them, and require the loaded model to decode exactly
 like the in-memory random model (so flow.pt, hift.pt and flow.yaml carry everything); check the
-HiFT file stores weight-normalised layers the way the reference hift.pt does; and parse a
-hand-written flow.yaml in the real hyperpyyaml layout (tags, references, unknown keys).
+HiFT file stores weight-normalised layers the way the reference hift.pt does; parse a
+hand-written flow.yaml in the real hyperpyyaml layout (tags, references, unknown keys); and
+build the full-size model on the meta device to compare its key names and shapes with
+token2wav_facts.md 2 and with the reference's own full-size modules (a real flow.pt / hift.pt
+then loads strictly).
 """
 
 from __future__ import annotations
@@ -16,16 +19,22 @@ import torch
 
 from backends.models.token2wav import (
     StreamWindow,
+    Token2Wav,
     Token2WavConfig,
+    VoicePrompt,
     load_token2wav,
     write_token2wav_assets,
 )
-from backends.models.token2wav.assets import random_token2wav, read_flow_yaml
-from backends.models.token2wav.config import EncoderConfig, HiFTConfig
+from backends.models.token2wav.assets import random_token2wav, read_flow_yaml, weight_normed_state
+from stepaudio2_reference import build_full_size_reference, load_reference, missing_reason
+from backends.models.token2wav.config import CFMConfig, EncoderConfig, HiFTConfig
 
-# Folding g * v / ||v|| back rounds each HiFT weight by ~1 ulp; through the exp magnitudes that
-# is ~2e-6 on the audio (measured). A wrong or missing tensor changes it by ~1e-2.
-ROUND_TRIP_ATOL = 1e-5
+# Folding g * v / ||v|| back rounds each HiFT weight by ~1 ulp; through the exp magnitudes and
+# the F0 -> phase accumulation that is up to ~1e-5 on the audio (measured). A wrong or missing
+# tensor changes it by ~1e-2.
+ROUND_TRIP_ATOL = 1e-4
+FLOW_TENSORS, FLOW_PARAMETERS, DIT_PARAMETERS = 605, 155_802_352, 114_555_472
+HIFT_TENSORS, HIFT_PARAMETERS = 328, 20_821_295
 REAL_STYLE_YAML = """\
 sample_rate: 24000
 spk_embed_dim: 192
@@ -69,10 +78,51 @@ def test_layout(assets: Path) -> None:
 
 def test_loaded_model_decodes_like_the_written_one(assets: Path) -> None:
     loaded, original = load_token2wav(assets), random_token2wav(Token2WavConfig.tiny(), seed=3)
+    generator = torch.Generator().manual_seed(0)
+    prompt = VoicePrompt(torch.randint(0, 6561, (20,), generator=generator),
+                         torch.randn(40, 80, generator=generator), torch.randn(192, generator=generator))
     codes = np.random.default_rng(0).integers(0, 6561, 28).astype(np.int32)
-    got = loaded.decode([StreamWindow(loaded.new_stream(), codes, False)])[0]
-    want = original.decode([StreamWindow(original.new_stream(), codes, False)])[0]
-    np.testing.assert_allclose(got, want, atol=ROUND_TRIP_ATOL, rtol=0)
+    audio = []
+    for model in (loaded, original):
+        stream = model.new_stream(model.prepare_voice(prompt))
+        audio.append(model.decode([StreamWindow(stream, codes, False)])[0])
+    np.testing.assert_allclose(audio[0], audio[1], atol=ROUND_TRIP_ATOL, rtol=0)
+
+
+def test_full_size_key_names_and_shapes_are_the_reference_ones() -> None:
+    """token2wav_facts.md 2: flow.pt holds 605 tensors (155,802,352 parameters), hift.pt 328
+    tensors in the parametrization spelling (20,821,295 parameters). Built on the meta device:
+    no memory is allocated."""
+    with torch.device("meta"):
+        model = Token2Wav(Token2WavConfig())
+    flow = model.flow.state_dict()
+    assert len(flow) == FLOW_TENSORS
+    assert sum(t.numel() for t in flow.values()) == FLOW_PARAMETERS
+    assert sum(t.numel() for t in model.flow.decoder.estimator.parameters()) == DIT_PARAMETERS
+    hift = weight_normed_state(model)  # g and v per weight-normalised layer, as in hift.pt
+    assert len(hift) == HIFT_TENSORS
+    assert sum(t.numel() for t in hift.values()) == HIFT_PARAMETERS
+    assert flow["decoder.estimator.blocks.15.adaLN_modulation.1.weight"].shape == (4608, 512)
+    assert flow["encoder.encoders.5.self_attn.pos_bias_u"].shape == (8, 64)
+    assert flow["decoder.estimator.blocks.0.conv.block.6.weight"].shape == (512, 512, 3)
+
+
+def test_full_size_state_dicts_equal_the_reference_modules() -> None:
+    """The reference's own full-size flow and HiFT (meta device) have exactly our keys and
+    shapes, so a real flow.pt / hift.pt loads strictly."""
+    reason = missing_reason()
+    if reason is not None:
+        pytest.skip(reason)
+    reference = load_reference()
+    with torch.device("meta"):
+        ours = Token2Wav(Token2WavConfig())
+        ref_flow, ref_hift = build_full_size_reference(reference)
+    assert _shapes(ours.flow.state_dict()) == _shapes(ref_flow.state_dict())
+    assert _shapes(weight_normed_state(ours)) == _shapes(ref_hift.state_dict())
+
+
+def _shapes(state: dict[str, torch.Tensor]) -> dict[str, tuple[int, ...]]:
+    return {k: tuple(v.shape) for k, v in state.items()}
 
 
 def test_hift_file_is_weight_normalised_like_the_reference(assets: Path) -> None:
@@ -114,6 +164,7 @@ def test_real_style_yaml_parses_with_real_sizes(tmp_path: Path) -> None:
     (tmp_path / "flow.yaml").write_text(REAL_STYLE_YAML)
     config = read_flow_yaml(tmp_path / "flow.yaml")
     assert config.flow.encoder == EncoderConfig()  # the real encoder sizes
+    assert config.flow.decoder == CFMConfig()  # 16-block DiT, CFG 0.7, 10 steps
     assert config.flow.spk_embed_dim == 192 and config.hift == HiFTConfig()
     assert config.hift.hop_samples == 480 and config.overlap_samples == 3840
 

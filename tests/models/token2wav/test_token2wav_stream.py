@@ -22,7 +22,9 @@ HAMMING_FLOOR = 0.08  # first weight of the Hamming window
 
 def _stream() -> Token2WavStream:
     return Token2WavStream(
-        speaker=torch.ones(4), encoder_cache=None,  # type: ignore[arg-type]  # unused here
+        speaker=torch.ones(4), prompt_frames=0,
+        flow_cache=None,  # type: ignore[arg-type]  # unused by the emission logic
+        generator=torch.Generator(),
         mel_cache=torch.zeros(80, 0), source_cache=torch.zeros(0), speech_tail=torch.zeros(0),
     )
 

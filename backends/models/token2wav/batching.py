@@ -1,0 +1,61 @@
+"""Packing per-stream tensors of different lengths into one batch, and the key masks for it.
+
+Caches are padded along their time axis (left for the Conformer, whose relative positions
+need the windows aligned at the end; right for the DiT, which has no positions), and a key
+mask marks the real frames so padding never takes part in attention.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def left_pad(rows: list[torch.Tensor], dim: int) -> torch.Tensor:
+    """rows: same shape except along `dim` -> [len(rows), ...] with zeros before each row's
+    frames, so every row ends at the last index of `dim`."""
+    length = max(row.shape[dim] for row in rows)
+    shape = list(rows[0].shape)
+    shape[dim] = length
+    out = rows[0].new_zeros(len(rows), *shape)
+    for index, row in enumerate(rows):
+        out[index].narrow(dim, length - row.shape[dim], row.shape[dim]).copy_(row)
+    return out
+
+
+def right_pad(rows: list[torch.Tensor], dim: int, length: int | None = None) -> torch.Tensor:
+    """rows: same shape except along `dim` -> [len(rows), ...] with zeros after each row's
+    frames (padded to `length`, default the longest row)."""
+    length = max(row.shape[dim] for row in rows) if length is None else length
+    shape = list(rows[0].shape)
+    shape[dim] = length
+    out = rows[0].new_zeros(len(rows), *shape)
+    for index, row in enumerate(rows):
+        out[index].narrow(dim, 0, row.shape[dim]).copy_(row)
+    return out
+
+
+def key_mask(cache_lens: list[int], num_cache: int, new_lens: list[int], num_new: int,
+             device: torch.device | str) -> torch.Tensor:
+    """Keys laid out as [left-padded cache | right-padded window] ->
+    [B, num_cache + num_new] bool, True where a key is real."""
+    cache_idx = torch.arange(num_cache, device=device)
+    new_idx = torch.arange(num_new, device=device)
+    cache_len = torch.tensor(cache_lens, device=device)[:, None]
+    new_len = torch.tensor(new_lens, device=device)[:, None]
+    return torch.cat([cache_idx >= num_cache - cache_len, new_idx < new_len], dim=1)
+
+
+def window_first_mask(new_lens: list[int], num_new: int, cache_lens: list[int], num_cache: int,
+                      device: torch.device | str) -> torch.Tensor:
+    """Keys laid out as [right-padded window | right-padded cache] ->
+    [B, num_new + num_cache] bool, True where a key is real."""
+    new_idx = torch.arange(num_new, device=device)
+    cache_idx = torch.arange(num_cache, device=device)
+    new_len = torch.tensor(new_lens, device=device)[:, None]
+    cache_len = torch.tensor(cache_lens, device=device)[:, None]
+    return torch.cat([new_idx < new_len, cache_idx < cache_len], dim=1)
+
+
+def take_frames(sequence: torch.Tensor, start: int, count: int) -> torch.Tensor:
+    """sequence: [channels, L] -> its frames start .. start + count - 1, as a new tensor."""
+    return sequence[:, start : start + count].clone()

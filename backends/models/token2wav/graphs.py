@@ -1,0 +1,140 @@
+"""CUDA graphs for the fixed-shape parts of a window: the CFM's ten-step solve (about 11k of
+the ~12k kernels of a window, token2wav_facts.md 4) and the HiFT up to its ISTFT (whose
+window check syncs with the host, so it stays eager).
+
+`GraphRunner` captures a function once per input shape and replays it: inputs are copied into
+the graph's static tensors, outputs are the graph's own tensors (valid until that graph is
+replayed again; each graph has its own memory pool, so replaying one never overwrites
+another's outputs). On a device other than CUDA it simply calls the function, which keeps the
+bucketing below testable on CPU.
+
+`SolverGraphs` pads a window to a few shape buckets (frames to one of `FRAME_BUCKETS`, cache
+length up to a multiple of `CACHE_STEP`): padded frames and cache slots are masked keys and
+come after every real frame in causal order, so they change nothing (checked by tests), and
+steady streaming hits one graph per batch size.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from backends.models.token2wav.cfm import CausalConditionalCFM, SolverInputs, SolverOutputs
+from backends.models.token2wav.hift import HiFTGenerator
+
+FRAME_BUCKETS = (8, 16, 24, 32, 40, 50, 56)  # 50: steady windows; 56: a 28-code final window
+CACHE_STEP = 50  # one window's mel frames: first, second and steady windows hit exact sizes
+DEFAULT_MAX_GRAPHS = 48
+_WARMUP_RUNS = 2  # library plans and allocator pools settle before capture
+
+
+@dataclass(frozen=True, slots=True)
+class _Graph:
+    graph: torch.cuda.CUDAGraph
+    inputs: tuple[torch.Tensor, ...]
+    outputs: tuple[torch.Tensor, ...]
+
+
+class GraphRunner:
+    def __init__(self, fn: Callable[..., tuple[torch.Tensor, ...]], max_graphs: int) -> None:
+        if max_graphs < 0:
+            raise ValueError(f"max_graphs must be >= 0, got {max_graphs}")
+        self.fn = fn
+        self.max_graphs = max_graphs
+        self._graphs: dict[tuple, _Graph] = {}
+
+    def num_graphs(self) -> int:
+        return len(self._graphs)
+
+    def __call__(self, *inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        if inputs[0].device.type != "cuda":
+            return self.fn(*inputs)
+        key = tuple((tuple(t.shape), t.dtype) for t in inputs)
+        entry = self._graphs.get(key)
+        if entry is None:
+            if len(self._graphs) >= self.max_graphs:
+                return self.fn(*inputs)  # beyond the budget: eager, same result
+            entry = self._graphs[key] = self._capture(inputs)
+        for static, value in zip(entry.inputs, inputs):
+            static.copy_(value)
+        entry.graph.replay()
+        return entry.outputs
+
+    def _capture(self, inputs: tuple[torch.Tensor, ...]) -> _Graph:
+        static = tuple(t.clone() for t in inputs)
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(_WARMUP_RUNS):
+                self.fn(*static)
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            outputs = self.fn(*static)
+        return _Graph(graph, static, tuple(outputs))
+
+
+class SolverGraphs:
+    """Replaces `CausalConditionalCFM.solve` with bucketed graph replays."""
+
+    def __init__(self, cfm: CausalConditionalCFM, max_graphs: int = DEFAULT_MAX_GRAPHS) -> None:
+        self.runner = GraphRunner(lambda *flat: _fields(cfm.solve(SolverInputs(*flat))), max_graphs)
+
+    def __call__(self, inputs: SolverInputs) -> SolverOutputs:
+        frames, cached = inputs.mu.shape[2], inputs.att.shape[4]
+        padded = pad_solver_inputs(inputs, frame_bucket(frames), cache_bucket(cached))
+        mel, new_kv, cnn = self.runner(*_fields(padded))
+        return SolverOutputs(mel[:, :, :frames], new_kv[:, :, :, :, :frames], cnn)
+
+
+class HiFTGraphs:
+    """`HiFTGenerator.forward` with the part before the ISTFT replayed from graphs."""
+
+    def __init__(self, hift: HiFTGenerator, max_graphs: int = DEFAULT_MAX_GRAPHS) -> None:
+        self.hift = hift
+        self.runner = GraphRunner(hift.uniform_spectrum, max_graphs)
+
+    def __call__(self, mel: torch.Tensor, source_cache: list[torch.Tensor],
+                 noise: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        lengths = {cached.shape[0] for cached in source_cache}
+        if len(lengths) != 1:  # mixed cache lengths: the eager path handles any rows
+            return self.hift(mel, source_cache, noise)
+        spectrum, source = self.runner(mel, torch.stack(source_cache), noise)
+        return self.hift.to_audio(spectrum), source  # the caller copies what it keeps
+
+
+def _fields(contract: SolverInputs | SolverOutputs) -> tuple[torch.Tensor, ...]:
+    """The tensors of a solver contract in field order (no copies, unlike `astuple`)."""
+    return tuple(getattr(contract, f.name) for f in dataclasses.fields(contract))
+
+
+def frame_bucket(frames: int) -> int:
+    return next((b for b in FRAME_BUCKETS if b >= frames), frames)
+
+
+def cache_bucket(cached: int) -> int:
+    return -(-cached // CACHE_STEP) * CACHE_STEP
+
+
+def pad_solver_inputs(inputs: SolverInputs, frames: int, cached: int) -> SolverInputs:
+    """Zero frames after the window and zero cache slots after the cache, all masked out."""
+    extra_frames = frames - inputs.mu.shape[2]
+    extra_cached = cached - inputs.att.shape[4]
+    if extra_frames == 0 and extra_cached == 0:
+        return inputs
+    window_valid, cache_valid = inputs.key_valid.split([inputs.mu.shape[2], inputs.att.shape[4]], 1)
+    return SolverInputs(
+        noise=F.pad(inputs.noise, (0, extra_frames)),
+        mu=F.pad(inputs.mu, (0, extra_frames)),
+        spks=inputs.spks,
+        cond=F.pad(inputs.cond, (0, extra_frames)),
+        att=F.pad(inputs.att, (0, 0, 0, extra_cached)),
+        cnn=inputs.cnn,
+        key_valid=torch.cat([F.pad(window_valid, (0, extra_frames)),
+                             F.pad(cache_valid, (0, extra_cached))], dim=1),
+        num_new=inputs.num_new,
+    )

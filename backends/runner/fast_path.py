@@ -1,0 +1,245 @@
+"""The runner's fast path: Triton attention and fused layers, graphed decode, device sampling.
+
+`launch` does all host work of a step and queues all device work without waiting: decode
+batches (one row per request, at most the largest bucket) replay a CUDA graph over persistent
+buffers; other batches (appends, mixed) run eagerly through the same kernels. Rows whose
+request has no hook and no repetition penalty are sampled on the device (`device_sampler`);
+rows with a hook or a penalty get their logits row copied to the host and sampled there by the
+runner's host sampler, exactly as on the reference path. Tokens, hook logits and captured
+hidden rows come back through one `AsyncOutput`, whose `wait` (inside `PendingStep.wait`) is
+the step's only host wait.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from backends.models.decoder import DecoderModel
+from backends.runner.async_output import AsyncOutput, PendingStep
+from backends.runner.block_table import BlockTable
+from backends.runner.cuda_graphs import DecodeGraphs, bucket_sizes
+from backends.runner.device_sampler import sample_on_device
+from backends.runner.host_staging import to_device
+from backends.runner.input_batch import build_input_batch
+from backends.runner.kv_cache import KVCache
+from backends.runner.request_states import RequestStates
+from backends.runner.sampler import step_seed
+from backends.runner.types import RunnerConfig, StepInput, StepResult
+
+HostSampler = Callable[[StepInput, int, torch.Tensor], int]  # (input, slot, [vocab] logits)
+
+
+@dataclass(frozen=True, slots=True)
+class _Forwarded:
+    """One step's forward as the sampler sees it."""
+
+    hidden: torch.Tensor  # [num_rows, hidden] final hidden states, rows in batch order
+    logits: torch.Tensor  # [num_sampled, vocab] float32, one row per sampling input
+    row_starts: list[int]  # first hidden row of each input
+    positions: list[list[int]]  # positions of each input's rows
+
+
+@dataclass(frozen=True, slots=True)
+class _SamplePlan:
+    sampled: list[int]  # inputs that sample, in order (= logits rows)
+    on_device: list[int]  # indices into `sampled` drawn by the device sampler
+    on_host: list[int]  # indices into `sampled` drawn on the host (hook or penalty)
+
+
+class FastPath:
+    def __init__(
+        self,
+        model: DecoderModel,
+        config: RunnerConfig,
+        kv: KVCache,
+        states: RequestStates,
+        block_table: BlockTable,
+        pad_block: int,
+    ) -> None:
+        self.model = model
+        self.config = config
+        self.kv = kv
+        self.states = states
+        self.block_table = block_table
+        self.graphs = DecodeGraphs(
+            model,
+            kv,
+            bucket_sizes(config.cuda_graph_sizes, config.max_num_reqs),
+            config.max_blocks_per_req,
+            pad_block,
+            config.max_model_len,
+        )
+        if config.use_cuda_graphs and kv.data.device.type == "cuda":
+            with torch.no_grad():
+                self.graphs.capture()
+
+    def launch(
+        self, inputs: list[StepInput], slots: list[int], host_sampler: HostSampler
+    ) -> PendingStep:
+        """Queue the step; host state (token ledger) advances now, sampled tokens on wait."""
+        with torch.no_grad():
+            if all(inp.num_rows == 1 for inp in inputs) and self.graphs.bucket_for(len(inputs)):
+                forwarded = self._forward_decode(inputs, slots)
+            else:
+                forwarded = self._forward_eager(inputs, slots)
+            for inp, slot in zip(inputs, slots):
+                self.states.append_tokens(slot, inp.token_ids)
+            plan = self._plan(inputs, slots)
+            output = AsyncOutput(self._outputs(inputs, slots, forwarded, plan))
+        return PendingStep(
+            lambda: self._finish(inputs, slots, forwarded, plan, output, host_sampler)
+        )
+
+    def _forward_decode(self, inputs: list[StepInput], slots: list[int]) -> _Forwarded:
+        positions = self.states.num_computed_tokens_np[slots]
+        ids = [0 if inp.embeds is not None else inp.token_ids[0] for inp in inputs]
+        injected = [(i, inp.embeds[0]) for i, inp in enumerate(inputs) if inp.embeds is not None]
+        size = self.graphs.stage(ids, positions, self.block_table.table_np[slots], injected)
+        hidden, logits = self.graphs.run(size)
+        sampled = [i for i, inp in enumerate(inputs) if inp.sample]
+        if sampled != list(range(len(sampled))):
+            logits = logits.index_select(0, to_device(np.asarray(sampled), logits.device))
+        return _Forwarded(
+            hidden=hidden,
+            logits=logits[: len(sampled)],
+            row_starts=list(range(len(inputs))),
+            positions=[[int(p)] for p in positions],
+        )
+
+    def _forward_eager(self, inputs: list[StepInput], slots: list[int]) -> _Forwarded:
+        batch = build_input_batch(
+            slots=slots,
+            num_rows=[inp.num_rows for inp in inputs],
+            num_computed=[int(self.states.num_computed_tokens_np[s]) for s in slots],
+            block_table=self.block_table,
+            block_size=self.kv.block_size,
+            backend="triton",
+        )
+        embeds = self._embeds(inputs, batch.cu_num_tokens_np)
+        hidden = self.model.forward(embeds, batch.positions, batch.meta, self.kv)
+        last_rows = [int(batch.cu_num_tokens_np[i + 1]) - 1 for i, inp in enumerate(inputs)
+                     if inp.sample]  # fmt: skip
+        index = to_device(np.asarray(last_rows, dtype=np.int64), hidden.device)
+        rows = hidden.index_select(0, index)
+        return _Forwarded(
+            hidden=hidden,
+            logits=self.model.compute_logits(rows),
+            row_starts=batch.cu_num_tokens_np[:-1].tolist(),
+            positions=[batch.positions_np[batch.rows(i)].tolist() for i in range(len(inputs))],
+        )
+
+    def _embeds(self, inputs: list[StepInput], cu_rows: np.ndarray) -> torch.Tensor:
+        """[num_tokens, hidden] in the KV dtype: token rows embedded, injected rows copied in."""
+        device, dtype = self.kv.data.device, self.kv.data.dtype
+        ids = np.concatenate(
+            [np.zeros(inp.num_rows, np.int64) if inp.embeds is not None
+             else np.asarray(inp.token_ids, np.int64) for inp in inputs]
+        )  # fmt: skip
+        embeds = self.model.embed_tokens(to_device(ids, device)).to(dtype)
+        for i, inp in enumerate(inputs):
+            if inp.embeds is not None:
+                source = inp.embeds
+                if device.type == "cuda" and source.device.type == "cpu":
+                    source = source.pin_memory()  # a pageable source would block the host
+                embeds[int(cu_rows[i]) : int(cu_rows[i + 1])].copy_(source, non_blocking=True)
+        return embeds
+
+    def _plan(self, inputs: list[StepInput], slots: list[int]) -> _SamplePlan:
+        sampled = [i for i, inp in enumerate(inputs) if inp.sample]
+        on_device, on_host = [], []
+        for j, i in enumerate(sampled):
+            slot = slots[i]
+            needs_host = self.states.hooks[slot] is not None
+            needs_host = needs_host or self.states.sampling[slot].repetition_penalty != 1.0
+            (on_host if needs_host else on_device).append(j)
+        return _SamplePlan(sampled, on_device, on_host)
+
+    def _outputs(
+        self,
+        inputs: list[StepInput],
+        slots: list[int],
+        forwarded: _Forwarded,
+        plan: _SamplePlan,
+    ) -> dict[str, torch.Tensor]:
+        device = forwarded.logits.device
+        outputs: dict[str, torch.Tensor] = {}
+        if plan.on_device:
+            logits = self._rows(forwarded.logits, plan.on_device, len(plan.sampled))
+            device_slots = [slots[plan.sampled[j]] for j in plan.on_device]
+            outputs["tokens"] = self._sample(logits, device_slots)
+        if plan.on_host:
+            outputs["host_logits"] = self._rows(forwarded.logits, plan.on_host, len(plan.sampled))
+        captured = [
+            row
+            for i, inp in enumerate(inputs)
+            if inp.capture_hidden
+            for row in range(forwarded.row_starts[i], forwarded.row_starts[i] + inp.num_rows)
+        ]
+        if captured:
+            index = to_device(np.asarray(captured, dtype=np.int64), device)
+            outputs["hidden"] = forwarded.hidden.index_select(0, index).to(torch.float32)
+        return outputs
+
+    @staticmethod
+    def _rows(tensor: torch.Tensor, rows: list[int], num_rows: int) -> torch.Tensor:
+        if rows == list(range(num_rows)):
+            return tensor
+        return tensor.index_select(0, to_device(np.asarray(rows, dtype=np.int64), tensor.device))
+
+    def _sample(self, logits: torch.Tensor, slots: list[int]) -> torch.Tensor:
+        """logits: [rows, vocab] float32 -> [rows] int64 tokens drawn on the device."""
+        params = [self.states.sampling[slot] for slot in slots]
+        if all(p.is_greedy for p in params):
+            return torch.argmax(logits, dim=-1)  # the common case: nothing to stage
+        seeds = [step_seed(p.seed, int(self.states.num_computed_tokens_np[s]))
+                 for p, s in zip(params, slots)]  # fmt: skip
+        floats = np.asarray(
+            [[p.temperature for p in params], [p.top_p for p in params]], dtype=np.float32
+        )
+        ints = np.asarray([[p.top_k for p in params], seeds], dtype=np.int64)
+        floats_dev, ints_dev = to_device(floats, logits.device), to_device(ints, logits.device)
+        use_filters = any(p.top_k > 0 or p.top_p < 1.0 for p in params if not p.is_greedy)
+        return sample_on_device(
+            logits, floats_dev[0], ints_dev[0], floats_dev[1], ints_dev[1], use_filters
+        )
+
+    def _finish(
+        self,
+        inputs: list[StepInput],
+        slots: list[int],
+        forwarded: _Forwarded,
+        plan: _SamplePlan,
+        output: AsyncOutput,
+        host_sampler: HostSampler,
+    ) -> list[StepResult]:
+        host = output.wait()
+        tokens: list[int | None] = [None] * len(inputs)
+        device_tokens = host["tokens"].tolist() if plan.on_device else []
+        for token, j in zip(device_tokens, plan.on_device):
+            i = plan.sampled[j]
+            tokens[i] = int(token)
+            self.states.generated[slots[i]].append(int(token))
+        for k, j in enumerate(plan.on_host):
+            i = plan.sampled[j]
+            tokens[i] = host_sampler(inputs[i], slots[i], host["host_logits"][k])
+        return self._results(inputs, forwarded, tokens, host.get("hidden"))
+
+    @staticmethod
+    def _results(
+        inputs: list[StepInput],
+        forwarded: _Forwarded,
+        tokens: list[int | None],
+        hidden: torch.Tensor | None,
+    ) -> list[StepResult]:
+        results, offset = [], 0
+        for i, inp in enumerate(inputs):
+            rows = None
+            if inp.capture_hidden and hidden is not None:
+                rows = hidden[offset : offset + inp.num_rows]
+                offset += inp.num_rows
+            results.append(StepResult(inp.request_id, forwarded.positions[i], tokens[i], rows))
+        return results

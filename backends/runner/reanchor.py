@@ -1,0 +1,72 @@
+"""KV window re-anchoring: drop whole pages after a kept prefix and re-RoPE the rest.
+
+The retained keys after the cut are rotated by -drop positions in every layer (values
+untouched), so every retained token sits at RoPE position == its new KV index and new rows
+continue from there. In layer 0 this is exactly a fresh prefill of the retained tokens; deeper
+layers keep the context their K/V was computed with (StreamingLLM semantics; a full re-prefill
+is the only way to forget it). The dropped pages move to the end of the request's block-table
+row instead of back to the pool: the request keeps its exact reservation and can grow to
+max_len again.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from backends.runner.block_table import BlockTable
+from backends.runner.host_staging import to_device
+from backends.runner.kv_cache import KVCache
+from backends.runner.request_states import RequestStates
+from backends.runner.rope import RotaryEmbedding
+
+
+def check_reanchor(
+    request_id: str, keep_prefix: int, drop: int, num_computed: int, block_size: int
+) -> None:
+    """Raise ValueError unless the cut is whole pages inside the `num_computed` tokens."""
+    bs = block_size
+    if keep_prefix < 0 or drop < 0 or keep_prefix % bs or drop % bs:
+        raise ValueError(
+            f"request {request_id!r}: reanchor keep_prefix={keep_prefix} and drop={drop} "
+            f"must be non-negative multiples of block_size {bs}"
+        )
+    if keep_prefix + drop > num_computed:
+        raise ValueError(
+            f"request {request_id!r}: reanchor keep_prefix={keep_prefix} + drop={drop} "
+            f"exceeds the {num_computed} tokens in KV"
+        )
+
+
+def reanchor_slot(
+    slot: int,
+    keep_prefix: int,
+    drop: int,
+    states: RequestStates,
+    block_table: BlockTable,
+    kv: KVCache,
+    rotary: RotaryEmbedding,
+) -> None:
+    """Apply a checked cut to one slot: block-table row, rotated keys, token ledger."""
+    if drop == 0:
+        return
+    bs = kv.block_size
+    num_computed = int(states.num_computed_tokens_np[slot])
+    first_kept = keep_prefix // bs
+    block_table.move_pages_to_end(slot, first_kept, drop // bs)
+    num_retained_pages = -(-(num_computed - keep_prefix - drop) // bs)
+    retained = block_table.row(slot)[first_kept : first_kept + num_retained_pages]
+    if retained:
+        rotate_keys(kv, rotary, retained, -drop)
+    states.drop_tokens(slot, keep_prefix, drop)
+
+
+def rotate_keys(kv: KVCache, rotary: RotaryEmbedding, block_ids: list[int], delta: int) -> None:
+    """Rotate every key in `block_ids`, all layers, by `delta` positions, in place.
+
+    Unfilled tail rows of the last page get rotated too; harmless, they are rewritten before
+    any query can read them.
+    """
+    keys = kv.all_keys()  # [num_layers, num_blocks, block_size, num_kv_heads, head_dim]
+    index = to_device(np.asarray(block_ids, dtype=np.int64), keys.device)
+    rotated = rotary.rerotate_keys(keys.index_select(1, index), delta)
+    keys.index_copy_(1, index, rotated)

@@ -1,0 +1,240 @@
+"""Paged attention in Triton: split-KV over pages, graph-safe, one kernel for decode and appends.
+
+One program per (request x query tile, kv head, kv split). A query tile holds `BLOCK_Q` query
+rows times the `GROUP` query heads that share the kv head, so every K/V byte a tile reads
+serves the whole GQA group. Keys are read in tiles of `TILE_N` tokens gathered through the
+block table (any page size), masked lower-right causal from the device's `seq_lens` and
+`query_start_loc`. With more than one split, each split writes a normalised partial output and
+its base-2 log-sum-exp, and a second kernel merges them (flash-decoding), so batch 1 at long
+context still fills the GPU.
+
+Launch shapes depend only on host values (shapes, the metadata's host mirrors), never on device
+values, so a captured CUDA graph replays correctly when the device metadata changes. For a
+captured graph the mirrors hold upper bounds (see `cuda_graphs`).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from backends.runner.attention import AttentionMetadata
+
+DECODE_ROWS = 16  # BLOCK_Q * GROUP_PAD for single-token queries (tl.dot needs >= 16 rows)
+APPEND_ROWS = 64  # rows per tile when some request has several query tokens
+TILE_N = 64  # key tokens per inner iteration
+MAX_SPLITS = 64
+# Split target: enough programs in flight to cover HBM latency. Even one key tile per split
+# pays off here: on the H200 a Talker layer (12 heads, 256 keys) took 4.4 us as 5 one-tile
+# splits + merge and 7.3 us unsplit (perf/results/runner_h200.md).
+PROGRAMS_PER_SM = 2
+
+
+@triton.jit
+def _load_kv_tile(
+    key_cache_ptr,
+    value_cache_ptr,
+    table_row_ptr,  # this request's block-table row
+    offs_n,  # [TILE] logical key indices
+    kv_len,
+    head_offset,
+    stride_c_tok,
+    offs_d,
+    PAGE: tl.constexpr,
+):
+    """([TILE, HEAD_DIM] keys, values) gathered through the block table; zeros past kv_len."""
+    n_ok = offs_n < kv_len
+    page = tl.load(table_row_ptr + offs_n // PAGE, mask=n_ok, other=0)
+    kv_rows = (page.to(tl.int64) * PAGE + offs_n % PAGE) * stride_c_tok
+    kv_offs = kv_rows[:, None] + head_offset + offs_d[None, :]
+    key = tl.load(key_cache_ptr + kv_offs, mask=n_ok[:, None], other=0.0)
+    value = tl.load(value_cache_ptr + kv_offs, mask=n_ok[:, None], other=0.0)
+    return key, value
+
+
+@triton.jit
+def _paged_attention_kernel(
+    query_ptr,  # [num_tokens, num_heads, head_dim]
+    key_cache_ptr,  # [num_blocks, page, num_kv_heads, head_dim]
+    value_cache_ptr,  # same layout as key_cache_ptr
+    out_ptr,  # [num_tokens, num_heads, head_dim], written when not IS_SPLIT
+    partial_out_ptr,  # [num_tokens, num_heads, num_splits, head_dim] float32
+    partial_lse_ptr,  # [num_tokens, num_heads, num_splits] float32
+    block_tables_ptr,  # [num_reqs, max_blocks] int32
+    query_start_loc_ptr,  # [num_reqs + 1] int32
+    seq_lens_ptr,  # [num_reqs] int32
+    scale_log2,  # softmax scale * log2(e): the kernel works in base 2
+    stride_q_tok, stride_q_head, stride_c_tok, stride_c_head, stride_bt,
+    stride_o_tok, stride_o_head,
+    num_heads, num_q_tiles, num_splits,
+    GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, BLOCK_Q: tl.constexpr, TILE: tl.constexpr,
+    HEAD_DIM: tl.constexpr, PAGE: tl.constexpr, IS_SPLIT: tl.constexpr,
+):  # fmt: skip
+    BLOCK_M: tl.constexpr = BLOCK_Q * GROUP_PAD
+    req, q_tile = tl.program_id(0) // num_q_tiles, tl.program_id(0) % num_q_tiles
+    kv_head, split = tl.program_id(1), tl.program_id(2)
+    q_begin = tl.load(query_start_loc_ptr + req)
+    q_len = tl.load(query_start_loc_ptr + req + 1) - q_begin
+    context = tl.load(seq_lens_ptr + req) - q_len
+    offs_m = tl.arange(0, BLOCK_M)
+    q_idx = q_tile * BLOCK_Q + offs_m // GROUP_PAD
+    group_idx = offs_m % GROUP_PAD
+    head = kv_head * GROUP + group_idx
+    row_ok = (q_idx < q_len) & (group_idx < GROUP)
+    offs_d = tl.arange(0, HEAD_DIM)
+    q_rows = (q_begin + q_idx).to(tl.int64) * stride_q_tok + head * stride_q_head
+    query = tl.load(query_ptr + q_rows[:, None] + offs_d[None, :], mask=row_ok[:, None], other=0.0)
+    # Keys this tile can see: the context plus its own last query row (0 for an idle tile).
+    tile_q_end = tl.minimum(q_tile * BLOCK_Q + BLOCK_Q, q_len)
+    kv_len = tl.where(q_tile * BLOCK_Q < q_len, context + tile_q_end, 0)
+    num_tiles = tl.cdiv(kv_len, TILE)
+    per_split = tl.cdiv(num_tiles, num_splits)
+    t_begin, t_end = split * per_split, tl.minimum(split * per_split + per_split, num_tiles)
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
+    table_row = block_tables_ptr + req * stride_bt
+    for t in range(t_begin, t_end):
+        offs_n = t * TILE + tl.arange(0, TILE)
+        key, value = _load_kv_tile(
+            key_cache_ptr, value_cache_ptr, table_row, offs_n, kv_len,
+            kv_head * stride_c_head, stride_c_tok, offs_d, PAGE,
+        )  # fmt: skip
+        scores = tl.dot(query, tl.trans(key)) * scale_log2
+        visible = (offs_n[None, :] < kv_len) & (offs_n[None, :] <= (context + q_idx)[:, None])
+        scores = tl.where(visible, scores, float("-inf"))
+        acc, l_i, m_i = _online_softmax_step(acc, l_i, m_i, scores, value)
+    tok = (q_begin + q_idx).to(tl.int64)
+    if IS_SPLIT:
+        part = (tok * num_heads + head) * num_splits + split
+        _store_partial(partial_out_ptr, partial_lse_ptr, acc, l_i, m_i, part, row_ok, HEAD_DIM)
+    else:
+        out = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]
+        o_offs = (tok * stride_o_tok + head * stride_o_head)[:, None] + offs_d[None, :]
+        tl.store(out_ptr + o_offs, out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None])
+
+
+@triton.jit
+def _store_partial(
+    partial_out_ptr, partial_lse_ptr, acc, l_i, m_i, part, row_ok, HEAD_DIM: tl.constexpr
+):
+    """One split's normalised output rows and their base-2 log-sum-exp (-inf: saw no key)."""
+    has_keys = l_i > 0.0
+    out = acc / tl.where(has_keys, l_i, 1.0)[:, None]
+    lse = tl.where(has_keys, m_i + tl.log2(tl.where(has_keys, l_i, 1.0)), float("-inf"))
+    tl.store(partial_lse_ptr + part, lse, mask=row_ok)
+    offs_d = tl.arange(0, HEAD_DIM)
+    part_offs = part[:, None] * HEAD_DIM + offs_d[None, :]
+    tl.store(partial_out_ptr + part_offs, out, mask=row_ok[:, None])
+
+
+@triton.jit
+def _online_softmax_step(acc, l_i, m_i, scores, value):
+    """Fold one tile of base-2 scores [BLOCK_M, TILE] (masked: -inf) and its values into the
+    running (acc, row sum, row max); rows that saw no key yet keep max -inf and sum 0."""
+    m_new = tl.maximum(m_i, tl.max(scores, 1))
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    probs = tl.exp2(scores - m_safe[:, None])
+    alpha = tl.exp2(m_i - m_safe)
+    l_new = l_i * alpha + tl.sum(probs, 1)
+    acc = acc * alpha[:, None] + tl.dot(probs.to(value.dtype), value)
+    return acc, l_new, m_new
+
+
+@triton.jit
+def _merge_splits_kernel(
+    partial_out_ptr,  # [num_tokens, num_heads, num_splits, head_dim] float32
+    partial_lse_ptr,  # [num_tokens, num_heads, num_splits] float32
+    out_ptr,  # [num_tokens, num_heads, head_dim]
+    num_heads,
+    num_splits,
+    stride_o_tok,
+    stride_o_head,
+    SPLITS_PAD: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+):
+    tok = tl.program_id(0).to(tl.int64)
+    head = tl.program_id(1)
+    offs_s = tl.arange(0, SPLITS_PAD)
+    s_ok = offs_s < num_splits
+    base = (tok * num_heads + head) * num_splits
+    lse = tl.load(partial_lse_ptr + base + offs_s, mask=s_ok, other=float("-inf"))
+    m = tl.max(lse, 0)
+    weight = tl.exp2(lse - tl.where(m == float("-inf"), 0.0, m))
+    offs_d = tl.arange(0, HEAD_DIM)
+    parts = tl.load(
+        partial_out_ptr + (base + offs_s)[:, None] * HEAD_DIM + offs_d[None, :],
+        mask=s_ok[:, None],
+        other=0.0,
+    )
+    total = tl.sum(weight, 0)
+    out = tl.sum(parts * weight[:, None], 0) / tl.where(total > 0.0, total, 1.0)
+    o_offs = tok * stride_o_tok + head * stride_o_head + offs_d
+    tl.store(out_ptr + o_offs, out.to(out_ptr.dtype.element_ty))
+
+
+def num_kv_splits(num_programs: int, max_seq_len: int, num_sms: int) -> int:
+    """Splits per (query tile, kv head) so that about PROGRAMS_PER_SM programs run per SM,
+    never more splits than key tiles of the longest sequence."""
+    wanted = -(-PROGRAMS_PER_SM * num_sms // max(num_programs, 1))
+    return max(1, min(wanted, MAX_SPLITS, -(-max_seq_len // TILE_N)))
+
+
+def _num_sms(device: torch.device) -> int:
+    if device.type != "cuda":
+        return 4  # the interpreter on CPU: few programs keep tests fast
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def paged_attention_triton(
+    query: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    meta: AttentionMetadata,
+    scale: float,
+    splits: int | None = None,
+) -> torch.Tensor:
+    """query: [num_tokens, num_heads, head_dim] -> [num_tokens, num_heads, head_dim].
+
+    Same contract as `paged_attention_reference`: the step's K/V are already in the cache.
+    k_cache/v_cache: [num_blocks, page, num_kv_heads, head_dim], contiguous per page.
+    `splits` overrides the split heuristic (tests force the merge path with it).
+    """
+    num_tokens, num_heads, head_dim = query.shape
+    num_kv_heads, page = k_cache.shape[2], k_cache.shape[1]
+    group = num_heads // num_kv_heads
+    group_pad = triton.next_power_of_2(group)
+    max_query_len = int((meta.query_start_loc_np[1:] - meta.query_start_loc_np[:-1]).max())
+    rows = DECODE_ROWS if max_query_len <= 1 else APPEND_ROWS
+    block_q = max(1, rows // group_pad)
+    num_q_tiles = -(-max_query_len // block_q)
+    max_seq_len = int(meta.seq_lens_np.max())
+    if splits is None:
+        splits = num_kv_splits(
+            meta.num_reqs * num_q_tiles * num_kv_heads, max_seq_len, _num_sms(query.device)
+        )
+    out = torch.empty(query.shape, dtype=query.dtype, device=query.device)
+    partial_shape = (num_tokens, num_heads, splits) if splits > 1 else (1, 1, 1)
+    partial_lse = torch.empty(partial_shape, dtype=torch.float32, device=query.device)
+    partial_out = torch.empty((*partial_shape, head_dim), dtype=torch.float32, device=query.device)
+    grid = (meta.num_reqs * num_q_tiles, num_kv_heads, splits)
+    _paged_attention_kernel[grid](
+        query, k_cache, v_cache, out, partial_out, partial_lse,
+        meta.block_tables, meta.query_start_loc, meta.seq_lens,
+        scale * math.log2(math.e),
+        query.stride(0), query.stride(1), k_cache.stride(1), k_cache.stride(2),
+        meta.block_tables.stride(0), out.stride(0), out.stride(1),
+        num_heads, num_q_tiles, splits,
+        GROUP=group, GROUP_PAD=group_pad, BLOCK_Q=block_q, TILE=TILE_N,
+        HEAD_DIM=head_dim, PAGE=page, IS_SPLIT=splits > 1,
+        num_warps=4, num_stages=2,
+    )  # fmt: skip
+    if splits > 1:
+        _merge_splits_kernel[(num_tokens, num_heads)](
+            partial_out, partial_lse, out, num_heads, splits, out.stride(0), out.stride(1),
+            SPLITS_PAD=triton.next_power_of_2(splits), HEAD_DIM=head_dim, num_warps=4,
+        )  # fmt: skip
+    return out

@@ -1,0 +1,66 @@
+"""Metrics of a stage model (thinker, talker, code2wav) and its engine thread.
+
+The engine thread reports each step's wall time (`on_step`) and, after each round, the
+engine's `resource_counts()` (`publish`): the KV blocks in use follow from them, and the
+counts themselves go to the resource gauges (backends/serving/resource_gauges.py). Failed
+requests count by error code through `MeteredSink` and `count_error`. Every update is handed
+to the instance's `MetricsThread`, the only thread that calls the metric API.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from backends.serving.metrics_catalog import CHANNEL_RESPONSE, ERRORS, KV_BLOCKS_IN_USE, STEP_TIME
+from backends.serving.metrics_thread import MetricsThread
+from backends.stages.sink import ResponseSink, StageError
+
+
+class StageMetrics:
+    def __init__(self, metrics: MetricsThread, gauges: Any | None = None) -> None:
+        self._metrics = metrics
+        self._gauges = gauges  # ResourceGauges or None; run on the metrics thread only
+        self._kv_in_use: int | None = None  # last published value (engine thread only)
+
+    def on_step(self, seconds: float) -> None:
+        """Engine thread: one engine step took `seconds`."""
+        self._metrics.observe(STEP_TIME, 1000.0 * seconds)
+
+    def publish(self, counts: dict[str, int]) -> None:
+        """Engine thread: the engine's resource counts after a round of commands and a step."""
+        if self._gauges is not None:
+            self._metrics.call(self._gauges.publish, dict(counts))
+        if "kv_blocks" in counts and "kv_free_blocks" in counts:
+            in_use = int(counts["kv_blocks"]) - int(counts["kv_free_blocks"])
+            if in_use != self._kv_in_use:  # keep the queue quiet while nothing changes
+                self._kv_in_use = in_use
+                self._metrics.set(KV_BLOCKS_IN_USE, float(in_use))
+
+    def count_error(self, code: str) -> None:
+        self._metrics.increment(ERRORS, code=code, channel=CHANNEL_RESPONSE)
+
+    def sink(self, inner: ResponseSink) -> "MeteredSink":
+        return MeteredSink(inner, self)
+
+    def shutdown(self) -> None:
+        self._metrics.shutdown()
+
+
+class MeteredSink:
+    """A ResponseSink that counts the error it is closed with."""
+
+    def __init__(self, inner: ResponseSink, metrics: StageMetrics) -> None:
+        self._inner, self._stage_metrics = inner, metrics
+        self._counted = False
+
+    @property
+    def closed(self) -> bool:
+        return bool(getattr(self._inner, "closed", False))
+
+    def send(self, result: Any) -> None:
+        self._inner.send(result)
+
+    def close(self, error: StageError | None = None) -> None:
+        if error is not None and not self.closed and not self._counted:
+            self._counted = True
+            self._stage_metrics.count_error(error.code)
+        self._inner.close(error)

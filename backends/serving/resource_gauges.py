@@ -1,0 +1,92 @@
+"""What each model process holds, as gauges on Triton's metrics endpoint.
+
+A stage publishes its engine's `resource_counts()` (live requests, free and total KV blocks,
+codec states, ...), the `duplex` orchestrator its `SessionManager.stats()` (live sessions,
+threads). Each count `name` becomes the gauge `minicpmo_<name>{model="<model>",pid="<pid>"}`
+on the metrics port (`curl <host>:<metrics_port>/metrics`), read by the leak tests and by
+operators; `pid` tells the instances of one model apart (each instance is one stub process).
+
+Triton 2.51 crashed when several threads of one process updated custom metrics
+(triton_notes.md 0.9), so one `ResourceGauges` is fed by exactly one thread (a stage's engine
+thread, the orchestrator's reaper) and creates its families lazily on that same thread. A gauge
+is set only when its value changed, which keeps the IPC off the engine's hot path.
+"""
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+PREFIX = "minicpmo_"
+# Family descriptions must be identical in every process that registers the family.
+DESCRIPTIONS = {
+    "requests": "live requests of the stage engine (thinker sessions, talker streams, code2wav windows)",
+    "kv_free_blocks": "free KV-cache blocks of the stage runner",
+    "kv_blocks": "KV-cache blocks of the stage runner in total",
+    "runner_requests": "requests holding a slot in the stage runner",
+    "codec_states": "code2wav vocoder states (one per request with an open turn)",
+    "codec_sequences": "code2wav (cache_epoch, chunk_seq) trackers, one per request id",
+    "codec_pending": "code2wav windows accepted and not yet decoded",
+    "sessions": "open duplex sessions",
+    "threads": "Python threads of the model process",
+}
+
+
+class ResourceGauges:
+    def __init__(self, pb_utils: Any, model: str) -> None:
+        self._pb = pb_utils
+        self._labels = {"model": model, "pid": str(os.getpid())}
+        self._families: dict[str, Any] = {}
+        self._gauges: dict[str, Any] = {}
+        self._last: dict[str, int] = {}
+        self._enabled = True
+
+    def publish(self, counts: dict[str, int]) -> None:
+        """Set every gauge whose count changed since the last call (one thread only)."""
+        if not self._enabled:
+            return
+        for name, value in counts.items():
+            if self._last.get(name) == value:
+                continue
+            try:
+                self._gauge(name).set(float(value))
+            except Exception as exc:  # metrics off (--allow-metrics=false) or a stub error
+                log.warning("resource gauges disabled for %s: %r", self._labels["model"], exc)
+                self._enabled = False
+                return
+            self._last[name] = value
+
+    def _gauge(self, name: str) -> Any:
+        gauge = self._gauges.get(name)
+        if gauge is None:
+            family_cls = self._pb.MetricFamily
+            family = family_cls(name=PREFIX + name, description=DESCRIPTIONS.get(name, name),
+                                kind=family_cls.GAUGE)
+            self._families[name] = family  # a Metric must not outlive its family
+            gauge = self._gauges[name] = family.Metric(labels=self._labels)
+        return gauge
+
+
+def parse_gauges(metrics_text: str) -> dict[tuple[str, str], float]:
+    """{(count name, model): value summed over instances} of the `minicpmo_*` gauges of a
+    /metrics page."""
+    values: dict[tuple[str, str], float] = {}
+    for line in metrics_text.splitlines():
+        if not line.startswith(PREFIX) or "{" not in line:
+            continue
+        head, _, value = line.rpartition(" ")
+        name, _, labels = head[len(PREFIX):].partition("{")
+        model = _label(labels.rstrip("}"), "model")
+        if model is not None:
+            values[(name, model)] = values.get((name, model), 0.0) + float(value)
+    return values
+
+
+def _label(labels: str, key: str) -> str | None:
+    for item in labels.split(","):
+        k, _, v = item.partition("=")
+        if k.strip() == key:
+            return v.strip().strip('"')
+    return None

@@ -1,0 +1,299 @@
+"""Runner benchmark on one GPU: Thinker decode and appends, Talker decode, against the floor.
+
+The Thinker has the real MiniCPM-o 4.5 / Qwen3-8B dims and the Talker the real Llama dims,
+both with random bf16 weights built directly on the GPU, run through `ModelRunner`'s fast path
+(paged KV with block size 16, Triton attention, fused layer kernels, CUDA graphs). KV contents
+are random: the benchmark sets each request's context length instead of prefilling it.
+
+Reported per configuration:
+- graph ms: device time of one graphed decode step (forward + LM head), median over replays;
+- step ms: wall time of a whole `ModelRunner.step` (host staging, replay, device sampling,
+  async copy, the host wait), median;
+- floor ms: (weight bytes + KV bytes read) / the device-to-device copy bandwidth measured in
+  this run (bytes read + written over time), and graph ms / floor.
+
+Also writes per-kernel device-time profiles (`profile_*.txt`) of three configurations to DIR.
+
+Usage: python perf/bench_runner.py --out DIR [--commit SHA] [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from backends.models.llama import LlamaBackbone, LlamaBackboneConfig, LlamaWithHead  # noqa: E402
+from backends.models.qwen3 import Qwen3Config, Qwen3ForCausalLM  # noqa: E402
+from backends.runner.model_runner import ModelRunner  # noqa: E402
+from backends.runner.types import RunnerConfig, SamplingParams, StepInput  # noqa: E402
+
+THINKER = Qwen3Config(
+    hidden_size=4096, num_hidden_layers=36, num_attention_heads=32, num_key_value_heads=8,
+    head_dim=128, intermediate_size=12288, vocab_size=151936,
+)  # fmt: skip
+TALKER = LlamaBackboneConfig(
+    hidden_size=768, num_hidden_layers=20, num_attention_heads=12, num_key_value_heads=12,
+    intermediate_size=3072, vocab_size=32000,
+)  # fmt: skip
+TALKER_CODEC_VOCAB = 6562
+BLOCK_SIZE = 16
+THINKER_BATCHES = (1, 2, 4, 8, 16)
+THINKER_CONTEXTS = (1024, 4096)
+TALKER_BATCHES = (1, 2, 4, 8, 16)
+TALKER_CONTEXT = 256
+APPEND_SESSIONS, APPEND_ROWS, APPEND_CONTEXT = 16, 13, 1024
+
+
+@dataclass(frozen=True, slots=True)
+class Row:
+    model: str
+    batch: int
+    context: int
+    graph_ms: float
+    step_ms: float
+    floor_ms: float
+
+    @property
+    def ratio(self) -> float:
+        return self.graph_ms / self.floor_ms
+
+    def line(self) -> str:
+        return (
+            f"{self.model:17s} batch {self.batch:2d} ctx {self.context:5d}: graph "
+            f"{self.graph_ms:7.3f} ms  step {self.step_ms:7.3f} ms  floor {self.floor_ms:6.3f} "
+            f"ms  ratio {self.ratio:5.2f}"
+        )
+
+
+def device_ms(fn: Callable[[], object], iters: int, repeats: int = 5) -> float:
+    """Median over `repeats` of the mean device time of `iters` back-to-back calls."""
+    fn()
+    torch.cuda.synchronize()
+    samples = []
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(iters):
+            fn()
+        end.record()
+        end.synchronize()
+        samples.append(start.elapsed_time(end) / iters)
+    return statistics.median(samples)
+
+
+def copy_bandwidth(num_bytes: int = 4 << 30) -> float:
+    """Bytes/s of a device-to-device copy, counting bytes read plus bytes written."""
+    src = torch.randint(0, 255, (num_bytes,), dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    ms = device_ms(lambda: dst.copy_(src), iters=10)
+    return 2 * num_bytes / (ms * 1e-3)
+
+
+def build_on_gpu(factory: Callable[[], nn.Module]) -> nn.Module:
+    """Random bf16 weights allocated and initialised on the GPU (no host copy)."""
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(torch.bfloat16)
+    try:
+        with torch.device("cuda"):
+            return factory().eval()
+    finally:
+        torch.set_default_dtype(previous)
+
+
+def streamed_weight_bytes(model: nn.Module, embedding_tables: list[nn.Module]) -> int:
+    """Bytes of every parameter a decode step reads: all but the embedding tables, whose few
+    looked-up rows are negligible."""
+    skip = {id(p) for table in embedding_tables for p in table.parameters()}
+    return sum(p.numel() * p.element_size() for p in model.parameters() if id(p) not in skip)
+
+
+def make_runner(model: nn.Module, max_reqs: int, max_len: int) -> ModelRunner:
+    config = RunnerConfig(
+        num_blocks=max_reqs * -(-max_len // BLOCK_SIZE), max_num_reqs=max_reqs,
+        max_model_len=max_len, block_size=BLOCK_SIZE, device="cuda", dtype=torch.bfloat16,
+        attention_backend="triton", cuda_graph_sizes=(1, 2, 4, 8, 16),
+    )  # fmt: skip
+    runner = ModelRunner(model, config)  # type: ignore[arg-type]
+    for i in range(max_reqs):
+        runner.add_request(f"r{i}", SamplingParams(), max_len=max_len)
+    runner.kv.data.normal_()  # random K/V: attention over zeros would flatter the timing
+    return runner
+
+
+def set_context(runner: ModelRunner, request_ids: list[str], context: int) -> None:
+    """Pretend each request holds `context` tokens in KV (random contents), host side only."""
+    for rid in request_ids:
+        runner.states.num_computed_tokens_np[runner.states.slot_of(rid)] = context
+
+
+@dataclass(frozen=True, slots=True)
+class Floor:
+    weight_bytes: int  # streamed per step
+    kv_bytes_per_token: int  # read per token of context
+    bandwidth: float  # bytes/s
+
+    def ms(self, batch: int, context: int) -> float:
+        total = self.weight_bytes + batch * context * self.kv_bytes_per_token
+        return total / self.bandwidth * 1e3
+
+
+def decode_row(
+    name: str, runner: ModelRunner, batch: int, context: int, floor: Floor, iters: int
+) -> Row:
+    rids = [f"r{i}" for i in range(batch)]
+    feed = [StepInput(rid, [1 + i]) for i, rid in enumerate(rids)]
+    set_context(runner, rids, context - 1)
+    runner.step(feed)  # stages the buffers for this batch at this context
+    graphs = runner.fast_path.graphs  # type: ignore[union-attr]
+    bucket = graphs.bucket_for(batch)
+    graph_ms = device_ms(lambda: graphs.replay(bucket), iters)
+    walls = []
+    for _ in range(iters):
+        set_context(runner, rids, context - 1)
+        start = time.perf_counter()
+        runner.step(feed)
+        walls.append((time.perf_counter() - start) * 1e3)
+    return Row(name, batch, context, graph_ms, statistics.median(walls), floor.ms(batch, context))
+
+
+def kv_bytes_per_token(runner: ModelRunner) -> int:
+    kv = runner.kv
+    return kv.num_layers * 2 * kv.num_kv_heads * kv.head_dim * kv.data.element_size()
+
+
+def bench_thinker(bandwidth: float, iters: int, out: list[str], profile_dir: Path) -> list[Row]:
+    model = build_on_gpu(lambda: Qwen3ForCausalLM(THINKER))
+    weights = streamed_weight_bytes(model, [model.model.embed_tokens])
+    runner = make_runner(model, max(THINKER_BATCHES), max(THINKER_CONTEXTS) + 64)
+    floor = Floor(weights, kv_bytes_per_token(runner), bandwidth)
+    out.append(
+        f"thinker streamed weight bytes {weights / 1e9:.3f} GB, "
+        f"KV {floor.kv_bytes_per_token} B per token of context"
+    )
+    rows = []
+    for context in THINKER_CONTEXTS:
+        for batch in THINKER_BATCHES:
+            rows.append(decode_row("thinker", runner, batch, context, floor, iters))
+            print(rows[-1].line(), flush=True)
+            if (batch, context) in ((1, 1024), (16, 4096)):
+                name = f"profile_thinker_b{batch}_{context}.txt"
+                profile_kernels(runner, batch, profile_dir / name)
+    out.append(bench_appends(runner))
+    print(out[-1], flush=True)
+    del runner, model
+    gc.collect()  # the runner's pending step closes over the runner: a reference cycle
+    torch.cuda.empty_cache()
+    return rows
+
+
+def bench_appends(runner: ModelRunner) -> str:
+    """16 sessions each append one unit (13 rows) at 1k context in one eager mixed forward."""
+    rids = [f"r{i}" for i in range(APPEND_SESSIONS)]
+    feed = [StepInput(rid, list(range(10, 10 + APPEND_ROWS))) for rid in rids]
+    walls = []
+    for _ in range(8):
+        set_context(runner, rids, APPEND_CONTEXT)
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        runner.step(feed)
+        walls.append((time.perf_counter() - start) * 1e3)
+    ms = statistics.median(walls[2:])
+    tokens = APPEND_SESSIONS * APPEND_ROWS
+    return (
+        f"thinker append {APPEND_SESSIONS} x {APPEND_ROWS} rows at ctx {APPEND_CONTEXT}: "
+        f"{ms:.3f} ms per step, {tokens / ms * 1e3:,.0f} tokens/s"
+    )
+
+
+def bench_talker(bandwidth: float, iters: int, profile_dir: Path) -> list[Row]:
+    def factory() -> nn.Module:
+        head = nn.Linear(TALKER.hidden_size, TALKER_CODEC_VOCAB, bias=False)
+        table = nn.Embedding(TALKER_CODEC_VOCAB, TALKER.hidden_size)
+        return LlamaWithHead(LlamaBackbone(TALKER), head, table)
+
+    model = build_on_gpu(factory)
+    weights = streamed_weight_bytes(model, [model.backbone.embed_tokens, model.embedding])
+    runner = make_runner(model, max(TALKER_BATCHES), TALKER_CONTEXT + 64)
+    floor = Floor(weights, kv_bytes_per_token(runner), bandwidth)
+    rows = []
+    for batch in TALKER_BATCHES:
+        rows.append(decode_row("talker", runner, batch, TALKER_CONTEXT, floor, iters))
+        print(rows[-1].line(), flush=True)
+        if batch == 1:
+            profile_kernels(runner, batch, profile_dir / "profile_talker_b1.txt")
+    return rows
+
+
+def profile_kernels(runner: ModelRunner, batch: int, path: Path) -> None:
+    """Per-kernel device times of the staged bucket's forward, run eagerly (the same kernels
+    the graph replays), into `path`."""
+    graphs = runner.fast_path.graphs  # type: ignore[union-attr]
+    bucket = graphs.bucket_for(batch)
+    graphs.forward_eager(bucket)
+    torch.cuda.synchronize()
+    activities = [torch.profiler.ProfilerActivity.CUDA]
+    with torch.profiler.profile(activities=activities) as prof:
+        for _ in range(3):
+            graphs.forward_eager(bucket)
+        torch.cuda.synchronize()
+    averages = prof.key_averages()
+    for key in ("self_cuda_time_total", "self_device_time_total", "cuda_time_total"):
+        try:
+            path.write_text(averages.table(sort_by=key, row_limit=30, max_name_column_width=90))
+            return
+        except (AttributeError, KeyError, ValueError):
+            continue
+
+
+def markdown(rows: list[Row], notes: list[str], command: str, commit: str, bandwidth: float) -> str:
+    lines = [
+        "# Runner on one H200 (fast path: paged KV bs 16, Triton attention, CUDA graphs)",
+        "",
+        f"- command: `{command}`",
+        f"- commit: `{commit}`; device: {torch.cuda.get_device_name()}; torch {torch.__version__}",
+        f"- copy bandwidth (read + write): {bandwidth / 1e12:.2f} TB/s",
+        "",
+        "| model | batch | context | graph ms | step ms | floor ms | graph / floor |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r.model} | {r.batch} | {r.context} | {r.graph_ms:.3f} | {r.step_ms:.3f} "
+            f"| {r.floor_ms:.3f} | {r.ratio:.2f} |"
+        )
+    return "\n".join(lines + [""] + [f"- {note}" for note in notes]) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, required=True, help="folder for runner_h200.md")
+    parser.add_argument("--commit", default="unknown", help="git commit of the tree measured")
+    parser.add_argument("--quick", action="store_true", help="fewer timed iterations")
+    args = parser.parse_args()
+    iters = 5 if args.quick else 20
+    torch.manual_seed(0)
+    bandwidth = copy_bandwidth()
+    print(f"copy bandwidth {bandwidth / 1e12:.3f} TB/s (read + write)", flush=True)
+    notes: list[str] = []
+    args.out.mkdir(parents=True, exist_ok=True)
+    rows = bench_thinker(bandwidth, iters, notes, args.out)
+    rows += bench_talker(bandwidth, iters, args.out)
+    command = "python " + " ".join(sys.argv)
+    text = markdown(rows, notes, command, args.commit, bandwidth)
+    (args.out / "runner_h200.md").write_text(text)
+    print(text)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,109 @@
+"""First-response and inter-response latencies from a perf_analyzer `--profile-export-file`.
+
+perf_analyzer's own latency for decoupled models runs to the last response (triton_notes.md
+0.10), so the streaming numbers come from the export: per request, `timestamp` (sent, ns),
+`response_timestamps` (ns) and `response_outputs`. Every model here answers with its data
+responses and then FINAL as its own empty response, so the last timestamp of a request is the
+FINAL and the ones before it are data. Requests without data (a stage `stop`, a duplex uplink
+ack) count in `acks`, not in the latencies.
+
+For `duplex`, the START request carries the whole downlink: its `EVENT` outputs say which
+response is the first audio (TTFP from START), and the audio deltas give the inter-chunk gaps;
+the server's own `ttfp_ms` is read from the first audio event.
+"""
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from perf.bench_stats import Distribution
+
+NS_PER_MS = 1e6
+
+
+@dataclass(frozen=True, slots=True)
+class StreamLatency:
+    requests: int  # requests with data responses
+    acks: int  # requests answered by FINAL alone
+    first_response_ms: Distribution
+    inter_response_ms: Distribution
+    last_response_ms: Distribution
+
+
+@dataclass(frozen=True, slots=True)
+class DuplexLatency:
+    sessions: int
+    session_created_ms: Distribution  # START -> session.created
+    ttft_ms: Distribution  # START -> first text delta
+    ttfp_ms: Distribution  # START -> first audio delta
+    server_ttfp_ms: Distribution  # the server's ttfp_ms on that delta
+    audio_gap_ms: Distribution  # between consecutive audio deltas
+    uplink_ack_ms: Distribution  # uplink request -> its FINAL
+
+
+def load_requests(path: Path) -> list[dict[str, Any]]:
+    """Every request of every experiment in the export."""
+    data = json.loads(Path(path).read_text())
+    return [request for experiment in data.get("experiments", []) for request in experiment.get("requests", [])]
+
+
+def stream_latency(requests: Iterable[dict[str, Any]]) -> StreamLatency:
+    first, inter, last, acks, count = [], [], [], 0, 0
+    for request in requests:
+        data = _offsets_ms(request)[:-1]  # the last response is the empty FINAL
+        if not data:
+            acks += 1
+            continue
+        count += 1
+        first.append(data[0])
+        last.append(data[-1])
+        inter.extend(b - a for a, b in zip(data, data[1:]))
+    return StreamLatency(count, acks, Distribution.of(first), Distribution.of(inter), Distribution.of(last))
+
+
+def duplex_latency(requests: Iterable[dict[str, Any]]) -> DuplexLatency:
+    created, ttft, ttfp, server, gaps, acks, sessions = [], [], [], [], [], [], 0
+    for request in requests:
+        events = _events(request)
+        if not events:
+            acks.extend(_offsets_ms(request)[-1:])
+            continue
+        sessions += 1
+        created.extend(t for t, e in events[:1] if e.get("type") == "session.created")
+        ttft.extend(_first_time(events, "response.text.delta"))
+        audio = [(t, e) for t, e in events if e.get("type") == "response.audio.delta"]
+        ttfp.extend(t for t, _ in audio[:1])
+        server.extend(e["ttfp_ms"] for _, e in audio[:1] if isinstance(e.get("ttfp_ms"), (int, float)))
+        gaps.extend(b - a for (a, _), (b, _) in zip(audio, audio[1:]))
+    dist = Distribution.of
+    return DuplexLatency(sessions, dist(created), dist(ttft), dist(ttfp), dist(server), dist(gaps), dist(acks))
+
+
+def to_json(result: StreamLatency | DuplexLatency) -> dict[str, Any]:
+    return asdict(result)
+
+
+def _offsets_ms(request: dict[str, Any]) -> list[float]:
+    sent = request["timestamp"]
+    return [(t - sent) / NS_PER_MS for t in request.get("response_timestamps", [])]
+
+
+def _events(request: dict[str, Any]) -> list[tuple[float, dict[str, Any]]]:
+    """(ms after the request, parsed EVENT) of each response that carried an event."""
+    events = []
+    for offset, output in zip(_offsets_ms(request), request.get("response_outputs", [])):
+        raw = output.get("EVENT") if isinstance(output, dict) else None
+        if isinstance(raw, str) and raw.startswith("{"):
+            try:
+                events.append((offset, json.loads(raw)))
+            except json.JSONDecodeError:
+                continue
+    return events
+
+
+def _first_time(events: list[tuple[float, dict[str, Any]]], kind: str) -> list[float]:
+    """[ms of the first event of `kind`], or [] when there is none."""
+    return [t for t, e in events if e.get("type") == kind][:1]

@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Every GPU test and GPU benchmark in one device call (on the GPU machine, from the repo root).
+#
+#   COMMIT=$(git rev-parse HEAD) scripts/gpu_checks.sh [OUT_DIR]
+#
+# Logs and result files go to OUT_DIR (default: $OUT on the device machine, else perf/out).
+# To add a check, append one `check NAME COMMAND...` line below; a failing check is reported
+# and the others still run; the exit status is non-zero if any check failed.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+out="${1:-${OUT:-perf/out}}"
+mkdir -p "$out"
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+python="${PYTHON:-python3}"
+failed=()
+
+check() {
+    local name=$1
+    shift
+    echo "=== $name: $*"
+    local start=$SECONDS
+    if ! "$@" 2>&1 | tee "$out/$name.log"; then
+        failed+=("$name")
+    fi
+    echo "=== $name: $((SECONDS - start)) s"
+}
+
+nvidia-smi --query-gpu=name,memory.used,clocks.sm,clocks.mem --format=csv || true
+check gpu_tests "$python" -m pytest -q -p no:cacheprovider tests/runner_gpu
+check bench_runner "$python" perf/bench_runner.py --out "$out" --commit "${COMMIT:-unknown}"
+
+if ((${#failed[@]})); then
+    echo "FAILED: ${failed[*]}"
+    exit 1
+fi
+echo "all GPU checks passed"

@@ -1,0 +1,166 @@
+"""Session lifecycle with scripted stages: the races a barge-in or a close can lose, client-gone
+and idle reaping, shutdown, and the orchestrator's own resource counts.
+
+Strategy: `ScriptedStages.open` mirrors the engines' request tables (a first request opens its
+id when it *reaches* the stage, a stop closes it), and gates hold a call in flight so that a
+stop can overtake it. After every session the test asserts nothing is left open: that is the
+leak a lost race produces in the real engines (KV blocks, codec state).
+"""
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import numpy as np
+from scripted_stages import RecordingDownlink, RecordingReply, ScriptedStages
+
+from backends.duplex.session_manager import ManagerConfig, SessionManager
+from backends.duplex.uplink import RawUplink
+
+WAIT_S = 10.0
+
+
+def _send(manager, sid, samples=0, start=False, end=False, downlink=None, **params):
+    downlink = downlink or RecordingDownlink()
+    reply = RecordingReply()
+    raw = RawUplink(sid, start, end, np.zeros(samples, np.int16), None, json.dumps(params))
+    manager.handle(raw, reply, lambda: downlink)
+    return downlink, reply
+
+
+def _wait(predicate, what):
+    deadline = time.monotonic() + WAIT_S
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.01)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def _closed_reason(down: RecordingDownlink) -> str:
+    return down.events[-1].fields["reason"]
+
+
+def test_stop_overtaking_the_first_append_leaves_no_thinker_request():
+    """Edge case 1: a barge-in while the epoch's first append is still on its way. The stop
+    reaches the Thinker first; the append then opens the old request. The Thinker loop must
+    stop it again once its call returns, or the old request holds its KV for good."""
+    stages = ScriptedStages(speak_from=99)
+    stages.gate.clear()
+    manager = SessionManager(ManagerConfig(), stages)
+    down, _ = _send(manager, "s", start=True)
+    _send(manager, "s", 16000)
+    _wait(lambda: stages.calls["thinker"] == 1, "the first append in flight")
+    _send(manager, "s", action="cancel")
+    assert ("thinker", "s.e0") in stages.stops  # the early stop, before the append arrived
+    stages.gate.set()
+    _send(manager, "s", end=True)
+    _wait(down.closed.is_set, "session closed")
+    assert stages.open == set(), stages.open
+    assert "response.audio.delta" not in down.types()
+
+
+def test_stop_overtaking_a_talker_condition_leaves_no_talker_or_codec_state():
+    """Edge cases 1 and 7 on the audio tail: the first condition of a turn is held while the
+    client barges in. The old Talker request and its Code2Wav stream must end up stopped, and
+    no audio of the cancelled response may reach the client."""
+    stages = ScriptedStages(speak_from=0, reply_units=3)
+    stages.talker_gate.clear()
+    manager = SessionManager(ManagerConfig(), stages)
+    down, _ = _send(manager, "s", start=True)
+    _send(manager, "s", 16000)
+    _wait(lambda: stages.calls["talker"] == 1, "the first condition in flight")
+    _send(manager, "s", action="cancel")
+    stages.talker_gate.set()
+    _send(manager, "s", end=True)
+    _wait(down.closed.is_set, "session closed")
+    assert stages.open == set(), stages.open
+    assert "response.audio.delta" not in down.types()
+    done = [e for e in down.events if e.type == "response.done"]
+    assert [e.fields["status"] for e in done] == ["cancelled"]
+
+
+def test_a_finished_session_leaves_no_stage_request_open():
+    stages = ScriptedStages(speak_from=0, reply_units=2)
+    manager = SessionManager(ManagerConfig(), stages)
+    down, _ = _send(manager, "s", start=True)
+    for _ in range(3):
+        _send(manager, "s", 16000)
+    _wait(lambda: "response.done" in down.types(), "reply done")
+    _send(manager, "s", end=True)
+    _wait(down.closed.is_set, "session closed")
+    assert stages.open == set() and manager.num_sessions == 0
+
+
+def test_client_gone_closes_the_session_and_frees_its_transport():
+    stages = ScriptedStages(speak_from=0, reply_units=3)
+    manager = SessionManager(ManagerConfig(), stages)
+    down, _ = _send(manager, "s", start=True)
+    _send(manager, "s", 16000 * 2)
+    _wait(lambda: "response.audio.delta" in down.types(), "audio")
+    down.cancelled.set()  # the client stopped its stream: no END will come
+    _wait(down.closed.is_set, "client-gone close")
+    assert _closed_reason(down) == "client_gone" and down.abandoned
+    assert stages.open == set() and manager.num_sessions == 0
+
+
+def test_an_error_close_frees_the_transport():
+    """A session closed by a stage error may never hear the client's END again."""
+    stages = ScriptedStages()
+    stages.fail_on["thinker"] = 1
+    manager = SessionManager(ManagerConfig(), stages)
+    down, _ = _send(manager, "s", start=True)
+    _send(manager, "s", 16000)
+    _wait(down.closed.is_set, "error close")
+    assert _closed_reason(down) == "error" and down.abandoned
+
+
+def test_client_end_keeps_the_transport():
+    """An END releases the transport itself (Triton's sequence slot): no abandon."""
+    manager = SessionManager(ManagerConfig(), ScriptedStages())
+    down, _ = _send(manager, "s", start=True)
+    _send(manager, "s", end=True)
+    _wait(down.closed.is_set, "closed")
+    assert _closed_reason(down) == "client" and not down.abandoned
+
+
+def test_idle_reap_abandons_but_a_flushing_session_gets_a_grace():
+    """A session that sent END is finishing its audio: a short idle timeout must not cut it
+    (it would drop the tail of the reply), while a silent open session is reaped."""
+    stages = ScriptedStages(speak_from=0, reply_units=1)
+    manager = SessionManager(ManagerConfig(idle_timeout_s=0.4), stages)
+    silent, _ = _send(manager, "quiet", start=True)
+    flushing, _ = _send(manager, "busy", start=True)
+    stages.gate.clear()
+    _send(manager, "busy", 16000, end=True)
+    time.sleep(0.6)  # past the idle timeout, within the grace
+    stages.gate.set()
+    _wait(lambda: silent.closed.is_set() and flushing.closed.is_set(), "both closed")
+    assert _closed_reason(silent) == "idle" and silent.abandoned
+    assert _closed_reason(flushing) == "client" and "response.audio.delta" in flushing.types()
+
+
+def test_shutdown_closes_sessions_without_calling_the_stages():
+    """At server shutdown the stage models finalize too: a BLS stop then can block forever."""
+    stages = ScriptedStages(speak_from=99)
+    manager = SessionManager(ManagerConfig(), stages)
+    downs = [_send(manager, sid, start=True)[0] for sid in ("a", "b")]
+    manager.shutdown()
+    for down in downs:
+        _wait(down.closed.is_set, "closed at shutdown")
+        assert _closed_reason(down) == "server_shutdown" and not down.abandoned
+    assert stages.stops == []
+
+
+def test_stats_and_observer_follow_the_sessions():
+    seen: list[dict[str, int]] = []
+    manager = SessionManager(ManagerConfig(), ScriptedStages(), observer=seen.append)
+    threads_before = threading.active_count()
+    down, _ = _send(manager, "s", start=True)
+    assert manager.stats() == {"sessions": 1, "threads": threads_before + 2}
+    _wait(lambda: seen and seen[-1]["sessions"] == 1, "observer saw the session")
+    _send(manager, "s", end=True)
+    _wait(down.closed.is_set, "closed")
+    _wait(lambda: manager.stats() == {"sessions": 0, "threads": threads_before}, "threads gone")
+    _wait(lambda: seen[-1] == {"sessions": 0, "threads": threads_before}, "observer saw the close")

@@ -1,0 +1,48 @@
+"""perf/pa_latency.py on hand-written perf_analyzer exports: first / inter-response times
+exclude the empty FINAL, FINAL-only requests are acks, duplex events give TTFP and gaps."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from perf.pa_latency import duplex_latency, load_requests, stream_latency
+
+MS = 1_000_000  # ns
+EXACT = 1e-9
+
+
+def request(sent_ms, responses_ms, outputs=None):
+    return {"timestamp": sent_ms * MS, "response_timestamps": [t * MS for t in responses_ms],
+            "response_outputs": outputs or [{} for _ in responses_ms]}
+
+
+def test_stream_latency_drops_the_final_and_counts_acks():
+    requests = [request(0, [10, 30, 35]), request(100, [120, 121]), request(200, [201])]
+    result = stream_latency(requests)
+    assert (result.requests, result.acks) == (2, 1)
+    assert result.first_response_ms.mean == pytest.approx(15.0, abs=EXACT)  # 10 and 20
+    assert result.inter_response_ms.count == 1
+    assert result.inter_response_ms.mean == pytest.approx(20.0, abs=EXACT)
+    assert result.last_response_ms.max == pytest.approx(30.0, abs=EXACT)
+
+
+def test_duplex_latency_reads_the_downlink_events(tmp_path):
+    def event(kind, **fields):
+        return {"EVENT": json.dumps({"type": kind, "session_id": "1", **fields})}
+
+    downlink = request(0, [2, 900, 1000, 2000, 2100, 2101], [
+        event("session.created"), event("response.text.delta", text="hi"),
+        event("response.audio.delta", ttfp_ms=180.0), event("response.audio.delta"),
+        event("session.closed"), {"EVENT": "", "AUDIO_OUT": 0}])
+    uplinks = [request(200 * k, [200 * k + 1]) for k in range(1, 4)]
+    export = tmp_path / "export.json"
+    export.write_text(json.dumps({"experiments": [{"requests": [downlink, *uplinks]}]}))
+    result = duplex_latency(load_requests(export))
+    assert result.sessions == 1
+    assert result.session_created_ms.mean == pytest.approx(2.0, abs=EXACT)
+    assert result.ttft_ms.mean == pytest.approx(900.0, abs=EXACT)
+    assert result.ttfp_ms.mean == pytest.approx(1000.0, abs=EXACT)
+    assert result.server_ttfp_ms.mean == pytest.approx(180.0, abs=EXACT)
+    assert result.audio_gap_ms.mean == pytest.approx(1000.0, abs=EXACT)
+    assert result.uplink_ack_ms.count == 3 and result.uplink_ack_ms.mean == pytest.approx(1.0, abs=EXACT)

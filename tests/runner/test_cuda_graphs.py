@@ -1,0 +1,40 @@
+"""Decode-graph buckets and staging (host side), on CPU.
+
+Strategy: literal cases for the bucket map; the staged int64/int32 buffers of a 3-row step in
+a bucket of 4 are read back and checked field by field: real rows from positions and block
+rows, padding rows on the pad block with seq_len 1. Graph capture itself needs CUDA and is
+covered in tests/runner_gpu.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from backends.runner.cuda_graphs import DecodeGraphs, bucket_sizes
+from backends.runner.kv_cache import KVCache
+
+
+def test_bucket_sizes_fit_max_num_reqs() -> None:
+    assert bucket_sizes((1, 2, 4, 8, 16, 32), 64) == (1, 2, 4, 8, 16, 32)
+    assert bucket_sizes((1, 2, 4, 8, 16, 32), 12) == (1, 2, 4, 8, 12)
+    assert bucket_sizes((1, 2, 4, 8, 16, 32), 8) == (1, 2, 4, 8)
+    assert bucket_sizes((4,), 2) == (2,)
+
+
+def test_stage_fills_real_and_padding_rows(qwen3) -> None:
+    kv = KVCache(qwen3.num_layers, 9, 4, qwen3.num_kv_heads, qwen3.head_dim, torch.float32, "cpu")
+    graphs = DecodeGraphs(qwen3, kv, (1, 2, 4), 3, pad_block=8, max_seq_len=12)
+    assert [graphs.bucket_for(n) for n in (1, 2, 3, 4, 5)] == [1, 2, 4, 4, None]
+    block_rows = np.array([[5, 1, -1], [0, 2, 3], [7, -1, -1]], dtype=np.int32)
+    positions = np.array([6, 9, 0])
+    assert graphs.stage([11, 12, 13], positions, block_rows) == 4
+    meta = graphs._metas[4]
+    assert graphs.token_ids.tolist() == [11, 12, 13, 0]
+    assert meta.slot_mapping.tolist() == [1 * 4 + 2, 3 * 4 + 1, 7 * 4, 8 * 4]
+    assert meta.seq_lens.tolist() == [7, 10, 1, 1]
+    assert meta.context_lens.tolist() == [6, 9, 0, 0]
+    assert meta.block_tables[:3].tolist() == block_rows.tolist()
+    assert meta.block_tables[3].tolist() == [8, -1, -1]
+    assert meta.query_start_loc.tolist() == [0, 1, 2, 3, 4]
+    torch.testing.assert_close(graphs.embeds[:4], qwen3.embed_tokens(torch.tensor([11, 12, 13, 0])))

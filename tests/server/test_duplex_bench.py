@@ -1,0 +1,85 @@
+"""The duplex benchmark (perf/duplex_bench.py) end to end in its short form on the shared
+server, and perf_analyzer on a stage model (perf/pa_run.py) when its libraries are present.
+
+Checks the numbers are consistent with each other, not that they are fast: the last audio
+chunk cannot come before the first, so RTF * audio >= client TTFP, i.e. RTF >= TTFP / audio
+>= TTFP / (TTFP + audio); the server's TTFP starts when the unit is complete, after the
+client's first append, so it cannot exceed the client's; a forced reply of N units carries at
+least N - 1 seconds of audio.
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+
+import pytest
+
+from perf.duplex_bench import main as bench_main
+from perf.pa_run import main as pa_main, pa_environment, perf_analyzer_binary
+
+pytestmark = pytest.mark.server
+
+CLOCK_SLACK_MS = 5.0  # client and server stamps come from two processes' monotonic clocks
+REPLY_UNITS = 2
+
+
+@pytest.fixture(scope="module")
+def bench(server, tmp_path_factory):
+    out = tmp_path_factory.mktemp("bench")
+    code = bench_main([
+        "--url", server.grpc_url, "--metrics-url", f"http://127.0.0.1:{server.metrics_port}/metrics",
+        "--concurrency", "1", "--num-groups", "1", "--turns-per-group", "2", "--warmup-turns", "0",
+        "--reply-units-min", str(REPLY_UNITS), "--reply-units-max", str(REPLY_UNITS),
+        "--max-silence-s", "20", "--name", "short", "--out", str(out),
+    ])
+    return code, out
+
+
+def test_short_benchmark_runs_and_writes_its_outputs(bench):
+    code, out = bench
+    assert code == 0
+    text = (out / "short.md").read_text()
+    assert "| 1 | 1 (0) | 2 (0, 0) | 0 |" in text
+    data = json.loads((out / "short.json").read_text())
+    assert [turn["ok"] for turn in data["levels"][0]["turns"]] == [True, True]
+
+
+def test_numbers_are_consistent(bench):
+    _, out = bench
+    for turn in json.loads((out / "short.json").read_text())["levels"][0]["turns"]:
+        ttfp, audio, rtf = turn["client_ttfp_ms"], turn["audio_ms"], turn["rtf"]
+        assert rtf >= ttfp / (ttfp + audio)
+        assert rtf * audio >= ttfp - CLOCK_SLACK_MS
+        assert 0.0 < turn["server_ttfp_ms"] <= ttfp + CLOCK_SLACK_MS
+        assert 0.0 < turn["server_ttft_ms"] <= turn["server_ttfp_ms"] + CLOCK_SLACK_MS
+        assert audio >= (REPLY_UNITS - 1) * 1000.0
+        assert turn["errors"] == [] and turn["num_responses"] == 1
+
+
+def test_stage_breakdown_is_filled(bench):
+    _, out = bench
+    level = json.loads((out / "short.json").read_text())["levels"][0]
+    estimate = level["unit_estimate"]
+    assert estimate["speak_units"] == 2 * REPLY_UNITS
+    assert estimate["decided_units"] >= estimate["speak_units"]
+    assert estimate["thinker_ms"]["count"] + estimate["first_thinker_ms"]["count"] == estimate["decided_units"]
+
+
+def _perf_analyzer_runs() -> bool:
+    try:
+        probe = subprocess.run([perf_analyzer_binary(), "--version"], capture_output=True, env=pa_environment(),
+                               timeout=20)
+    except (FileNotFoundError, OSError, subprocess.SubprocessError):
+        return False
+    return b"error while loading shared libraries" not in probe.stderr
+
+
+def test_perf_analyzer_on_the_thinker(server, tmp_path):
+    if not _perf_analyzer_runs():
+        pytest.skip("perf_analyzer cannot start here (needs libb64-0d and libcudart.so.12)")
+    code = pa_main(["--model", "thinker", "--url", server.grpc_url, "--units", "3", "--window-requests", "4",
+                    "--timeout-s", "60", "--out", str(tmp_path)])
+    assert code == 0
+    result = json.loads((tmp_path / "thinker_latency.json").read_text())
+    assert result["requests"] > 0 and result["acks"] > 0  # unit results, and the stop requests
+    assert 0.0 < result["first_response_ms"]["mean"] < 10_000.0

@@ -1,0 +1,152 @@
+"""Custom metrics on a real tritonserver (shared `server` fixture): scrape /metrics around a
+session and around bad requests, and compare with what the client saw.
+
+Strategy: every count that follows from the client's own events is checked exactly as a
+difference between two scrapes (sessions opened, TTFP observations and their sum, inter-chunk
+gaps, responses by status, errors by code and channel); KV blocks in use are exact while the
+session is the only one open (one session's reservation) and zero after it; step times only
+have lower bounds (batching decides how many steps run). The health model must report every
+stage ready.
+"""
+from __future__ import annotations
+
+import time
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+
+from backends.serving.health import probe
+from backends.serving.metrics_catalog import parse_samples, sample_sum
+from backends.stages.factory import SLOT_MARGIN
+from client.events import AudioDelta, DuplexEvent, ResponseDone, ResponseListen, ResponseSpeak
+from client.params import SessionParams
+from client.session import DuplexSession
+from client.streaming import StreamConfig, stream_utterance
+from client.wav import read_wav
+
+DEMO_WAV = Path(__file__).resolve().parents[2] / "client" / "data" / "hello_16k.wav"
+# The server rounds ttfp_ms to 0.1 ms before sending it and observing it: the sums agree up
+# to float formatting of the /metrics page.
+TTFP_SUM_TOLERANCE_MS = 0.01
+SETTLE_S = 30.0  # a metric update trails its event by one queue hop; sessions of earlier tests may be closing
+
+
+def _scrape(server) -> dict:
+    with urllib.request.urlopen(f"http://{server.options.address}:{server.metrics_port}/metrics", timeout=10) as r:
+        return parse_samples(r.read().decode())
+
+
+def _wait_for(server, predicate, what: str) -> dict:
+    deadline = time.monotonic() + SETTLE_S
+    while True:
+        samples = _scrape(server)
+        if predicate(samples):
+            return samples
+        if time.monotonic() > deadline:
+            pytest.fail(f"metrics never showed {what}")
+        time.sleep(0.05)
+
+
+def _value(samples: dict, name: str, **labels: str) -> float:
+    return sample_sum(samples, name, **labels)
+
+
+def _blocks_per_session(samples: dict, stage: str, max_sessions: int) -> float:
+    # Each runner is sized for max_sessions + SLOT_MARGIN requests and reserves one request's
+    # whole context on admission (exact reservation).
+    return _value(samples, "minicpmo_kv_blocks", model=stage) / (max_sessions + SLOT_MARGIN)
+
+
+def test_a_session_shows_up_exactly_in_the_metrics(server):
+    quiet = _wait_for(server, lambda s: _value(s, "minicpmo_active_sessions") == 0, "no open session")
+    max_sessions = server.options.profile.max_sessions
+    per_session = {stage: _blocks_per_session(quiet, stage, max_sessions) for stage in ("thinker", "talker")}
+    assert all(v > 0 and v == int(v) for v in per_session.values()), per_session
+    during: list[dict] = []
+    events: list[DuplexEvent] = []
+
+    def on_event(event: DuplexEvent) -> None:
+        events.append(event)
+        if isinstance(event, AudioDelta) and not during:  # Thinker and Talker hold this session now
+            during.append(_wait_for(server, lambda s: all(
+                _value(s, "minicpmo_kv_blocks_in_use", model=stage) == per_session[stage]
+                for stage in per_session), "one session's KV reservation"))
+            assert _value(during[0], "minicpmo_active_sessions") == 1
+
+    params = SessionParams(initial_user_text="Tell me about the sea.", seed=3, reply_units=2,
+                           reply_tokens_per_unit=4)
+    with DuplexSession.connect(server.grpc_url, session_id="metrics-1") as session:
+        report = stream_utterance(session, read_wav(DEMO_WAV).samples[:, 0], params,
+                                  StreamConfig(speed=4.0, max_seconds=20), on_event=on_event)
+    assert report.ok and during, report.errors
+    after = _wait_for(server, lambda s: _value(s, "minicpmo_active_sessions") == 0
+                      and _value(s, "minicpmo_kv_blocks_in_use") == 0, "the session closed and its KV freed")
+
+    def delta(name: str, **labels: str) -> float:
+        return _value(after, name, **labels) - _value(quiet, name, **labels)
+
+    audio = [e for e in events if isinstance(e, AudioDelta)]
+    firsts = [e.ttfp_ms for e in audio if e.ttfp_ms is not None]
+    responses_with_audio = {e.response_id for e in audio}
+    completed = [e for e in events if isinstance(e, ResponseDone) and e.status == "completed"]
+    decisions = [e for e in events if isinstance(e, (ResponseListen, ResponseSpeak))]
+    assert audio and len(firsts) == len(responses_with_audio)
+    assert delta("minicpmo_sessions_opened_total", model="duplex") == 1
+    assert delta("minicpmo_ttfp_ms_count") == len(firsts)
+    assert delta("minicpmo_ttfp_ms_sum") == pytest.approx(sum(firsts), abs=TTFP_SUM_TOLERANCE_MS * len(firsts))
+    assert delta("minicpmo_inter_chunk_gap_ms_count") == len(audio) - len(responses_with_audio)
+    assert delta("minicpmo_responses_total", status="completed") == len(completed) >= 1
+    assert delta("minicpmo_errors_total") == 0
+    assert delta("minicpmo_stage_step_ms_count", model="thinker") >= len(decisions) > 0
+    assert delta("minicpmo_stage_step_ms_count", model="talker") > 0
+    assert delta("minicpmo_stage_step_ms_count", model="code2wav") > 0
+
+
+def test_errors_count_by_code_and_channel(server, stream):
+    before = _scrape(server)
+    session = stream("metrics-bad-append")
+    session.send(start=True)
+    rid = session.send(np.zeros(1600, np.int16), sample_rate=8000)  # the uplink must be 16 kHz
+    [reply] = session.collect_until_final(rid)
+    assert reply.error is not None and "invalid_argument" in reply.error
+    _bad_stage_request(server.grpc_url)
+
+    def errors(s: dict, **labels: str) -> float:
+        return _value(s, "minicpmo_errors_total", **labels) - _value(before, "minicpmo_errors_total", **labels)
+
+    after = _wait_for(server, lambda s: errors(s) >= 3, "three errors")
+    # One bad append: the failed request (uplink) and the session's error event (downlink).
+    assert errors(after, model="duplex", code="invalid_argument", channel="uplink") == 1
+    assert errors(after, model="duplex", code="invalid_argument", channel="downlink") == 1
+    assert errors(after, model="thinker", code="invalid_argument", channel="response") == 1
+    assert errors(after) == 3
+
+
+def _bad_stage_request(url: str) -> None:
+    """A thinker request with an unknown ACTION, straight to the stage: INVALID_ARG."""
+    results: list = []
+    client = grpcclient.InferenceServerClient(url)
+    client.start_stream(callback=lambda result, error: results.append(error))
+    inputs = []
+    for name, dtype, value in (("REQUEST_ID", "BYTES", np.array([b"metrics-bad"], dtype=np.object_)),
+                               ("AUDIO", "FP32", np.zeros(0, np.float32)),
+                               ("ACTION", "BYTES", np.array([b"explode"], dtype=np.object_))):
+        tensor = grpcclient.InferInput(name, list(value.shape), dtype)
+        tensor.set_data_from_numpy(value)
+        inputs.append(tensor)
+    client.async_stream_infer("thinker", inputs, request_id="metrics-bad")
+    deadline = time.monotonic() + 30
+    while not results and time.monotonic() < deadline:
+        time.sleep(0.02)
+    client.stop_stream()
+    client.close()
+    assert results and results[0] is not None and "ACTION must be" in str(results[0])
+
+
+def test_health_model_reports_every_stage_ready(server):
+    report = probe(server.http_url)
+    assert report.ready and report.stages == {"thinker": "ok", "talker": "ok", "code2wav": "ok"}
+    assert server.is_ready()

@@ -1,0 +1,46 @@
+"""ResourceGauges and parse_gauges: counts become `minicpmo_<name>` gauges, set only on change,
+switched off cleanly when metrics are off, and read back from a /metrics page.
+
+Strategy: the fake stub of tests/serving/fake_pb_utils.py records every metric call with its
+thread and keeps values, so the tests check exact values and exact call counts.
+"""
+from __future__ import annotations
+
+import os
+
+from backends.serving.resource_gauges import ResourceGauges, parse_gauges
+
+
+def _value(pb, name: str, model: str) -> float:
+    return pb.totals[(f"minicpmo_{name}", frozenset({("model", model), ("pid", str(os.getpid()))}))]
+
+
+def test_counts_become_gauges_set_only_when_they_change(pb):
+    gauges = ResourceGauges(pb, "talker")
+    gauges.publish({"requests": 2, "kv_free_blocks": 10})
+    gauges.publish({"requests": 2, "kv_free_blocks": 10})
+    gauges.publish({"requests": 1, "kv_free_blocks": 10})
+    assert _value(pb, "requests", "talker") == 1.0 and _value(pb, "kv_free_blocks", "talker") == 10.0
+    sets = [name for op, name, _ in pb.metric_calls if op == "set"]
+    assert sets == ["minicpmo_requests", "minicpmo_kv_free_blocks", "minicpmo_requests"]
+    assert pb.family_kinds["minicpmo_requests"] == pb.MetricFamily.GAUGE
+
+
+def test_metrics_off_disables_the_gauges_without_raising(pb):
+    pb.fail_families.set()
+    gauges = ResourceGauges(pb, "thinker")
+    gauges.publish({"requests": 1})
+    gauges.publish({"requests": 2})
+    assert [op for op, _, _ in pb.metric_calls] == ["family"]  # tried once, then quiet
+
+
+def test_parse_gauges_sums_instances_and_skips_other_lines():
+    page = "\n".join([
+        "# HELP minicpmo_requests live requests",
+        "# TYPE minicpmo_requests gauge",
+        'minicpmo_requests{model="thinker",pid="11"} 2',
+        'minicpmo_requests{model="thinker",pid="12"} 1',
+        'minicpmo_kv_free_blocks{pid="13",model="talker"} 768',
+        'nv_inference_count{model="duplex",version="1"} 5',
+    ])
+    assert parse_gauges(page) == {("requests", "thinker"): 3.0, ("kv_free_blocks", "talker"): 768.0}

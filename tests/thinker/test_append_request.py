@@ -1,0 +1,55 @@
+"""append_request: what a ThinkerRequest may carry; every refusal is `invalid_argument`.
+
+Strategy: one request per rule, built from a valid one with a single field changed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from backends.stages.contracts import ThinkerRequest
+from backends.stages.sink import StageFailure
+from backends.thinker.append_request import check_append, policy_config, window_mode
+from backends.thinker.duplex_policy import DEFAULT_TEMPERATURE
+
+VALID = ThinkerRequest("r", np.zeros(32000, np.float32))
+
+
+@pytest.mark.parametrize(("change", "match"), [
+    ({"action": "explode"}, "unknown action 'explode'"),
+    ({"audio": np.zeros(16000, np.float64)}, "1-D float32"),
+    ({"audio": np.zeros((1, 16000), np.float32)}, "1-D float32"),
+    ({"audio": np.zeros(0, np.float32)}, "whole units of 16000 samples, got 0"),
+    ({"audio": np.zeros(16001, np.float32)}, "whole units of 16000 samples, got 16001"),
+])
+def test_bad_appends_are_refused(change: dict[str, object], match: str) -> None:
+    with pytest.raises(StageFailure, match=match) as caught:
+        check_append(dataclasses.replace(VALID, **change))
+    assert caught.value.error.code == "invalid_argument"
+
+
+def test_a_valid_append_passes() -> None:
+    check_append(VALID)
+
+
+def test_policy_settings() -> None:
+    assert policy_config(VALID).temperature == DEFAULT_TEMPERATURE
+    assert policy_config(dataclasses.replace(VALID, temperature=0.0)).temperature == 0.0
+    knobs = policy_config(dataclasses.replace(VALID, reply_units=2, reply_tokens_per_unit=3))
+    assert (knobs.reply_units, knobs.reply_tokens_per_unit) == (2, 3)
+    with pytest.raises(StageFailure, match="reply_units and reply_tokens_per_unit") as caught:
+        policy_config(dataclasses.replace(VALID, reply_units=2))
+    assert caught.value.error.code == "invalid_argument"
+
+
+def test_window_mode_defaults_and_choices() -> None:
+    assert window_mode(VALID, "off") == "off"
+    assert window_mode(VALID, "basic") == "basic"
+    chosen = dataclasses.replace(VALID, sliding_window_mode="context")
+    assert window_mode(chosen, "off") == "context"
+    with pytest.raises(StageFailure, match="'rolling' is not one of") as caught:
+        window_mode(dataclasses.replace(VALID, sliding_window_mode="rolling"), "off")
+    assert caught.value.error.code == "invalid_argument"
