@@ -10,6 +10,7 @@ import os
 import shutil
 import sys
 import sysconfig
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -59,12 +60,30 @@ def _wheel_install(scratch: Path) -> TritonInstall:
     if not stub.exists():
         raise RuntimeError(f"the pytriton wheel has no Python backend stub for Python {version}")
     backend_dir = scratch / "backends"
-    python_dir = backend_dir / "python"
-    if not (python_dir / "triton_python_backend_stub").exists():
-        shutil.rmtree(python_dir, ignore_errors=True)
-        shutil.copytree(root / "backends" / "python", python_dir)
-        shutil.copy2(stub, python_dir / "triton_python_backend_stub")
+    if not (backend_dir / "python" / "triton_python_backend_stub").exists():
+        _publish_backend(root / "backends" / "python", stub, backend_dir)
     return TritonInstall(root / "bin" / "tritonserver", backend_dir, _library_dirs(site))
+
+
+def _publish_backend(source: Path, stub: Path, backend_dir: Path) -> None:
+    """Copy the Python backend + stub into place atomically: several launchers (tests start
+    replicas in parallel) may prepare the same directory at once."""
+    backend_dir.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(dir=backend_dir, prefix=".python-"))
+    try:
+        shutil.copytree(source, staging / "python")
+        shutil.copy2(stub, staging / "python" / "triton_python_backend_stub")
+        target = backend_dir / "python"
+        if target.exists() and not (target / "triton_python_backend_stub").exists():
+            shutil.rmtree(target, ignore_errors=True)  # left half-copied by an older launcher
+        try:
+            os.rename(staging / "python", target)
+        except OSError:
+            if not (target / "triton_python_backend_stub").exists():
+                raise
+            # another launcher published first: its copy is the same
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
 
 
 def _library_dirs(site: Path) -> tuple[Path, ...]:
