@@ -40,8 +40,9 @@ DEFAULT_OUT = ROOT / "perf" / "out"
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add = p.add_argument
-    add("--url", help="gRPC host:port of a running server (default: start one with --profile)")
-    add("--metrics-url", help="Prometheus page of that server, for the server-side stage metrics")
+    add("--url", help="gRPC host:port of a running server, or a comma-separated list of replicas that the "
+                      "sessions are split between (default: start one server with --profile)")
+    add("--metrics-url", help="Prometheus page of that server (comma-separated, one per replica: summed)")
     add("--profile", default="cpu", help="profile of the server started here (cpu | gpu); recorded as given with --url")
     add("--set", action="append", default=[], metavar="NAME=VALUE", help="override a server variable")
     add("--concurrency", default="1,2", help="comma-separated levels C")
@@ -77,7 +78,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     meta = run_meta(args, argv, shape)
     with _server(args, max(levels)) as (url, metrics_url):
-        options = TurnOptions(url=url, append_ms=args.append_ms, max_silence_s=args.max_silence_s)
+        options = [TurnOptions(url=one, append_ms=args.append_ms, max_silence_s=args.max_silence_s)
+                   for one in url.split(",") if one.strip()]
         results = run_all(args, levels, workload, options, metrics_url,
                           lambda done: write_outputs(args.out, args.name, args.title, meta, done))
     failed = sum(r.summary.failed_turns for r in results)
@@ -94,10 +96,10 @@ def parse_levels(text: str) -> list[int]:
     return levels
 
 
-def run_all(args: argparse.Namespace, levels: list[int], workload: Workload, options: TurnOptions,
+def run_all(args: argparse.Namespace, levels: list[int], workload: Workload, options: list[TurnOptions],
             metrics_url: str | None, on_level: Callable[[list[LevelResult]], None] | None = None) -> list[LevelResult]:
     run_id = f"bench-{uuid.uuid4().hex[:8]}"
-    warm = warm_up(workload, options, run_id, args.warmup_turns)
+    warm = [record for replica in options for record in warm_up(workload, replica, run_id, args.warmup_turns)]
     if warm and not all(record.ok for record in warm):
         print(f"warning: warm-up turn failed: {[r.report.errors for r in warm]}", file=sys.stderr)
     results = []

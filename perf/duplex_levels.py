@@ -15,6 +15,7 @@ import queue
 import threading
 import time
 from dataclasses import dataclass
+from collections.abc import Sequence
 from typing import Any
 
 from perf.bench_stats import LevelSummary, summarize, turn_values
@@ -59,21 +60,25 @@ class LevelResult:
         }
 
 
-def run_level(plan: LevelPlan, workload: Workload, options: TurnOptions, run_id: str,
+def run_level(plan: LevelPlan, workload: Workload, options: TurnOptions | Sequence[TurnOptions], run_id: str,
               metrics_url: str | None = None) -> LevelResult:
+    """`options`: one per server replica; worker i talks to replica i mod n (sessions split evenly).
+    `metrics_url`: comma-separated pages, one per replica; their samples are summed."""
+    replicas = [options] if isinstance(options, TurnOptions) else list(options)
     specs = workload.groups(plan.num_groups, plan.turns_per_group, plan.seed)
     before = scrape(metrics_url) if metrics_url else {}
     with GpuMemorySampler() as memory:
         started_s = time.monotonic()
-        groups = _run_groups(plan, specs, workload, options, f"{run_id}-c{plan.concurrency}")
+        groups = _run_groups(plan, specs, workload, replicas, f"{run_id}-c{plan.concurrency}")
         duration_s = time.monotonic() - started_s
     after = scrape(metrics_url) if metrics_url else {}
     records = [record for group in groups for record in group]
-    summary = summarize(plan.concurrency, groups, duration_s, options.append_ms)
+    append_ms = replicas[0].append_ms
+    summary = summarize(plan.concurrency, groups, duration_s, append_ms)
     skipped = plan.num_groups * plan.turns_per_group - len(records)
     return LevelResult(
         summary=dataclasses.replace(summary, skipped_turns=skipped),
-        units=estimate_units(records, options.append_ms),
+        units=estimate_units(records, append_ms),
         server=server_series(before, after),
         gpu_peak_mib=memory.peak_mib, gpu_total_mib=memory.total_mib, groups=groups,
     )
@@ -87,7 +92,7 @@ def warm_up(workload: Workload, options: TurnOptions, run_id: str, num_turns: in
     return [run_turn(spec, workload.voices[spec.voice], options, f"{run_id}-warm") for spec in specs]
 
 
-def _run_groups(plan: LevelPlan, specs: list[list[TurnSpec]], workload: Workload, options: TurnOptions,
+def _run_groups(plan: LevelPlan, specs: list[list[TurnSpec]], workload: Workload, replicas: list[TurnOptions],
                 run_id: str) -> list[list[TurnRecord]]:
     todo: queue.SimpleQueue[int] = queue.SimpleQueue()
     for index in range(len(specs)):
@@ -96,6 +101,7 @@ def _run_groups(plan: LevelPlan, specs: list[list[TurnSpec]], workload: Workload
     deadline_s = time.monotonic() + plan.budget_s if plan.budget_s > 0 else float("inf")
 
     def worker(slot: int) -> None:
+        options = replicas[slot % len(replicas)]
         time.sleep(slot * plan.stagger_s)
         while time.monotonic() < deadline_s:
             try:

@@ -89,8 +89,17 @@ def _tail_delays(record: TurnRecord) -> list[float]:
 
 
 def scrape(metrics_url: str, timeout_s: float = 5.0) -> dict[str, float]:
-    """Every `minicpmo_*` sample of a Prometheus text page, keyed by its full series line
-    head (name and labels); an unreachable endpoint gives an empty dict."""
+    """Every `minicpmo_*` sample of the Prometheus text pages in `metrics_url` (comma-separated:
+    one per server replica, summed), keyed by its full series line head (name and labels); an
+    unreachable endpoint contributes nothing."""
+    total: dict[str, float] = {}
+    for url in filter(None, (part.strip() for part in metrics_url.split(","))):
+        for head, value in _scrape_one(url, timeout_s).items():
+            total[head] = total.get(head, 0.0) + value
+    return total
+
+
+def _scrape_one(metrics_url: str, timeout_s: float) -> dict[str, float]:
     try:
         with urllib.request.urlopen(metrics_url, timeout=timeout_s) as response:
             text = response.read().decode("utf-8", errors="replace")

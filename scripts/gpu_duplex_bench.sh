@@ -10,6 +10,9 @@
 #   COMMIT=<sha> LEVEL_BUDGET_S=90 bash scripts/gpu_duplex_bench.sh bench 1,2,4,8 a
 #   COMMIT=<sha> LEVEL_BUDGET_S=150 bash scripts/gpu_duplex_bench.sh bench 16,32 b
 #   COMMIT=<sha> bash scripts/gpu_duplex_bench.sh pa          # optional: perf_analyzer, all models
+# On two H200s (kind nvidia-h200-x2), issue 9's placements: (a) `bench` as above (one GPU),
+#   (b) COMMIT=<sha> bash scripts/gpu_duplex_bench.sh bench-split 4,8,16,32 split
+#   (c) COMMIT=<sha> bash scripts/gpu_duplex_bench.sh bench-replicas 4,8,16,32 replicas
 # Each part writes $OUT/duplex_h200_<part>.{json,md,png} (after every level, so a part cut
 # short keeps what it measured) and the server log. Then, here:
 #   .venv/bin/python -m perf.bench_merge A/duplex_h200_a.json B/duplex_h200_b.json \
@@ -18,7 +21,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 CARRY=.devcarry
 BASE=${PORT_BASE:-8000}
-PORTS=("$BASE" $((BASE + 1)) $((BASE + 2)))  # http, grpc, metrics (the device machine is ours alone)
+# http = BASE, grpc = BASE + 1, metrics = BASE + 2 (a second replica: BASE + 10...); the machine is ours alone
 # Dry run of the flow on a workstation: PROFILE=cpu CHECKPOINT=tiny PYTHON=.venv/bin/python
 # SKIP_DEVICE_ENV=1 PORT_BASE=18300 OUT=/tmp/x bash scripts/gpu_duplex_bench.sh bench 1 a
 PROFILE=${PROFILE:-gpu}
@@ -53,37 +56,59 @@ device_env() {
   python3 -c 'import torch, numpy, tritonclient.grpc; print("torch", torch.__version__, "numpy", numpy.__version__)'
 }
 
-start_server() {
-  "$PYTHON" -m backends.serving.launcher --profile "$PROFILE" --http-port "${PORTS[0]}" --grpc-port "${PORTS[1]}" \
-    --metrics-port "${PORTS[2]}" --log-file "$OUT/server.log" > "$OUT/launcher.log" 2>&1 &
-  SERVER_PID=$!
-  trap 'kill -INT $SERVER_PID 2>/dev/null; wait $SERVER_PID 2>/dev/null || true' EXIT
-  local started=$SECONDS
-  until grep -q "tritonserver ready" "$OUT/launcher.log"; do
-    if ! kill -0 "$SERVER_PID" 2>/dev/null; then
-      tail -n 60 "$OUT/server.log" "$OUT/launcher.log"; exit 1
+start_server() {  # start_server NAME PORT_BASE [ENV=VALUE...]: one tritonserver, waits for readiness
+  local name=$1 base=$2
+  shift 2
+  env "$@" "$PYTHON" -m backends.serving.launcher --profile "$PROFILE" --http-port "$base" --grpc-port $((base + 1)) \
+    --metrics-port $((base + 2)) --log-file "$OUT/server_$name.log" > "$OUT/launcher_$name.log" 2>&1 &
+  SERVER_PIDS+=($!)
+  local pid=$! started=$SECONDS
+  until grep -q "tritonserver ready" "$OUT/launcher_$name.log"; do
+    if ! kill -0 "$pid" 2>/dev/null; then
+      tail -n 60 "$OUT/server_$name.log" "$OUT/launcher_$name.log"; exit 1
     fi
-    if (( SECONDS - started > 420 )); then echo "server not ready after 420 s"; tail -n 60 "$OUT/server.log"; exit 1; fi
+    if (( SECONDS - started > 420 )); then echo "server $name not ready after 420 s"; tail -n 60 "$OUT/server_$name.log"; exit 1; fi
     sleep 2
   done
-  echo "server ready after $(( SECONDS - started )) s"
-  nvidia-smi --query-gpu=memory.used --format=csv,noheader || true
+  echo "server $name ready after $(( SECONDS - started )) s"
+  nvidia-smi --query-gpu=index,memory.used --format=csv,noheader || true
 }
 
-bench() {
+stop_servers() {
+  for pid in "${SERVER_PIDS[@]}"; do kill -INT "$pid" 2>/dev/null || true; done
+  for pid in "${SERVER_PIDS[@]}"; do wait "$pid" 2>/dev/null || true; done
+  SERVER_PIDS=()
+}
+SERVER_PIDS=()
+trap stop_servers EXIT
+
+bench() {  # bench LEVELS PART URLS METRICS_URLS
   local levels=${1:?levels, e.g. 1,2,4,8} part=${2:?part name, e.g. a}
-  "$PYTHON" -m perf.duplex_bench --url "127.0.0.1:${PORTS[1]}" --metrics-url "http://127.0.0.1:${PORTS[2]}/metrics" \
+  "$PYTHON" -m perf.duplex_bench --url "$3" --metrics-url "$4" \
     --profile "$PROFILE" --concurrency "$levels" --level-budget-s "${LEVEL_BUDGET_S:-0}" --name "duplex_h200_$part" \
-    --title "Duplex realtime benchmark, 1x H200, full-random ($PROFILE profile)" --commit "${COMMIT:-unknown}" \
+    --title "Duplex realtime benchmark, ${TITLE:-1x H200, full-random ($PROFILE profile)}" --commit "${COMMIT:-unknown}" \
     --out "$OUT" || echo "benchmark exit status $? (failed turns are in the report)"
+}
+
+# Placements on a machine of two H200s (issue 9); each part name gets the placement's letter.
+one_server_bench() {  # everything on one GPU (profile gpu) or split over two (profile gpu-split)
+  start_server main "$BASE"
+  bench "$1" "$2" "127.0.0.1:$((BASE + 1))" "http://127.0.0.1:$((BASE + 2))/metrics"
+}
+
+replicas_bench() {  # two full pipelines, one per GPU; the client splits the sessions between them
+  start_server r0 "$BASE" CUDA_VISIBLE_DEVICES=0
+  start_server r1 $((BASE + 10)) CUDA_VISIBLE_DEVICES=1
+  bench "$1" "$2" "127.0.0.1:$((BASE + 1)),127.0.0.1:$((BASE + 11))" \
+    "http://127.0.0.1:$((BASE + 2))/metrics,http://127.0.0.1:$((BASE + 12))/metrics"
 }
 
 perf_analyzer_all() {
   for model in thinker talker code2wav; do
-    "$PYTHON" -m perf.pa_run --model "$model" --checkpoint "$CHECKPOINT" --url "127.0.0.1:${PORTS[1]}" \
+    "$PYTHON" -m perf.pa_run --model "$model" --checkpoint "$CHECKPOINT" --url "127.0.0.1:$((BASE + 1))" \
       --sessions 4 --timeout-s 90 --out /tmp/pa > /dev/null || echo "perf_analyzer $model failed"
   done
-  "$PYTHON" -m perf.pa_run --model duplex --url "127.0.0.1:${PORTS[1]}" --sequences 4 --seconds 12 \
+  "$PYTHON" -m perf.pa_run --model duplex --url "127.0.0.1:$((BASE + 1))" --sequences 4 --seconds 12 \
     --timeout-s 150 --out /tmp/pa > /dev/null || echo "perf_analyzer duplex failed"
   "$PYTHON" - <<'EOF' > "$OUT/pa_latency.json"
 import json, pathlib
@@ -92,11 +117,14 @@ EOF
   tail -n 25 /tmp/pa/*.log > "$OUT/pa_logs.txt" 2>&1 || true
 }
 
+on_device() { : "${OUT:?run on the device: OUT is its output folder}"; mkdir -p "$OUT"; [ -n "${SKIP_DEVICE_ENV:-}" ] || device_env; }
+
 case "${1:-}" in
   prepare) prepare ;;
-  bench) : "${OUT:?run on the device: OUT is its output folder}"; [ -n "${SKIP_DEVICE_ENV:-}" ] || device_env
-         start_server; bench "${2:-}" "${3:-}" ;;
-  pa) : "${OUT:?run on the device: OUT is its output folder}"; [ -n "${SKIP_DEVICE_ENV:-}" ] || device_env
-      start_server; perf_analyzer_all ;;
-  *) sed -n 2,17p "$0"; exit 2 ;;
+  bench) on_device; one_server_bench "${2:-}" "${3:-}" ;;
+  bench-split) on_device; PROFILE=gpu-split TITLE="2x H200, Thinker on GPU 0, Talker + Code2Wav on GPU 1" \
+               one_server_bench "${2:-}" "${3:-}" ;;
+  bench-replicas) on_device; TITLE="2x H200, two full replicas (one per GPU)" replicas_bench "${2:-}" "${3:-}" ;;
+  pa) on_device; start_server main "$BASE"; perf_analyzer_all ;;
+  *) sed -n 2,22p "$0"; exit 2 ;;
 esac

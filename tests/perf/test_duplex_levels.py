@@ -50,3 +50,19 @@ def test_budget_skips_the_rest_and_says_so(fake_turns, workload):
     # turns start at 0, 1 and 2 turn lengths; a slow machine stretches the sleeps, so fewer may fit
     assert 1 <= result.summary.num_turns <= 3
     assert result.summary.skipped_turns == 16 - result.summary.num_turns
+
+
+def test_replicas_share_the_sessions_evenly(monkeypatch, record_factory, workload):
+    urls: list[str] = []
+
+    def fake_run_turn(spec, voice, options, run_id):
+        urls.append(options.url)
+        time.sleep(TURN_S)  # every worker gets one group
+        return record_factory(spec.group, spec.turn)
+
+    monkeypatch.setattr(levels, "run_turn", fake_run_turn)
+    replicas = [TurnOptions("a:1"), TurnOptions("b:1")]
+    result = run_level(LevelPlan(4, 4, turns_per_group=2, stagger_s=0.0), workload, replicas, "t")
+    assert result.summary.num_turns == 8
+    assert sorted(set(urls)) == ["a:1", "b:1"]
+    assert urls.count("a:1") == urls.count("b:1") == 4

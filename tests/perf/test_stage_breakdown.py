@@ -49,3 +49,13 @@ def test_unit_estimate_from_event_times(record_factory):
     series = server_series(parse_samples(BEFORE), parse_samples(AFTER))
     cost = step_time_per_unit(series, estimate.decided_units, estimate.speak_units)
     assert cost == {"thinker": pytest.approx(30.0, abs=EXACT)}  # 60 ms of steps over 2 decided units
+
+
+def test_scrape_sums_the_pages_of_replicas(monkeypatch):
+    import perf.stage_breakdown as breakdown
+
+    pages = {"http://a/metrics": BEFORE, "http://b/metrics": AFTER}
+    monkeypatch.setattr(breakdown, "_scrape_one", lambda url, timeout_s: parse_samples(pages[url]))
+    total = breakdown.scrape("http://a/metrics, http://b/metrics")
+    assert total['minicpmo_stage_step_ms_sum{model="thinker"}'] == pytest.approx(120.0, abs=EXACT)
+    assert total['minicpmo_stage_step_ms_count{model="talker"}'] == pytest.approx(10.0, abs=EXACT)
