@@ -38,7 +38,8 @@ class HandoffSlice:
 class Handoff:
     token_ids: tuple[int, ...]  # handed tokens, <|turn_eos|> included
     hidden: torch.Tensor  # [m, llm_hidden] float32 row whose input was each handed token
-    text: str  # transcript of the slice (special tokens left out)
+    text: str  # transcript of the slice (special tokens left out), decoded on its own
+    text_ids: tuple[int, ...]  # the slice's tokens that make the transcript (specials left out)
     turn_start: bool
     turn_end: bool
     segment_end: bool
@@ -107,8 +108,9 @@ def build_handoff(
     else:
         hidden = torch.empty(0, ledger.hidden_size, dtype=torch.float32)
     specials = special_token_ids(special)
-    text = tokenizer.decode([t for t in token_ids if t not in specials])
-    return Handoff(token_ids, hidden, text, turn_start, spec.turn_end, spec.segment_end)
+    text_ids = tuple(t for t in token_ids if t not in specials)
+    text = tokenizer.decode(list(text_ids))
+    return Handoff(token_ids, hidden, text, text_ids, turn_start, spec.turn_end, spec.segment_end)
 
 
 def locate_rows(

@@ -25,6 +25,7 @@ from backends.stages.sink import ResponseSink
 from backends.thinker.context_window import WINDOW_OFF, ContextWindow, WindowConfig
 from backends.thinker.duplex_policy import DuplexPolicy, TextDecoder
 from backends.thinker.handoff import PromptSnapshot, build_handoff
+from backends.thinker.text_stream import TranscriptStream
 from backends.thinker.prompt_layout import UNIT_SAMPLES, AppendRows, PromptLayout, RowSegment
 
 SPEECH_RMS = 0.003  # overlap_silence_rms upstream: a unit at or above this RMS is speech
@@ -109,6 +110,7 @@ class ThinkerSession:
         self.special: SpecialTokens = layout.special
         self.ledger = ledger
         self.snapshot = PromptSnapshot()
+        self.transcript = TranscriptStream(tokenizer)
         self.hook = IsolatingHook(policy, self.special.chunk_eos)
         self.queue: deque[QueuedAppend] = deque()
         self.active: ActiveAppend | None = None
@@ -230,7 +232,8 @@ class ThinkerSession:
             unit_index=active.unit_index,
             decision=DECISION_SPEAK if speaks else DECISION_LISTEN,
             token_ids=np.asarray(tokens, dtype=np.int32),
-            text=handoff.text,
+            # A character split across units comes out whole with the next unit's text.
+            text=self.transcript.push(handoff.text_ids, flush=handoff.turn_end or not speaks),
             tts_token_ids=np.asarray(handoff.token_ids, dtype=np.int32),
             tts_hidden=handoff.hidden.cpu().numpy().astype(np.float32, copy=False),
             turn_start=handoff.turn_start and hands_speech,
