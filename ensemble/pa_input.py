@@ -19,7 +19,7 @@ import numpy as np
 def entries(num_ids: int, num_tokens: int, llm_dim: int, seed: int = 0) -> list[dict]:
     rng = np.random.default_rng(seed)
     return [{
-        "REQUEST_ID": [f"pa-{index}"],
+        "REQUEST_ID": {"content": list(f"pa-{index}".encode()), "shape": [len(f"pa-{index}")]},  # UTF-8 bytes
         "CONDITION_SEQ": [0],
         "TOKEN_IDS": {"content": rng.integers(10, 40, num_tokens).tolist(), "shape": [num_tokens]},
         "HIDDEN": {"content": rng.standard_normal(num_tokens * llm_dim).round(4).tolist(),

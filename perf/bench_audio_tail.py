@@ -4,13 +4,18 @@ batch 1, 4, 8 and 16, CUDA graphs on and off, with peak memory; full dimensions,
 Talker: B requests each get one mid-turn condition (10 handed tokens with 4096-wide hidden
 rows; the mid-turn budget yields exactly 25 frames), submitted together; the time is from the
 submits to the last request's 25th frame, through `TalkerEngine.step` (prefill + 25 decode
-steps). Graphs on/off = the runner's fast path with or without its decode graphs.
+steps). Graphs on/off = the runner's fast path with or without its decode graphs. The chunk
+policy runs on the device (`--talker-policy device`, the engine's default on the fast path:
+policy, draw and policy update inside the decode step's sampling graph) or as the host hook
+(`--talker-policy host`: each Talker row's logits copied to the host and sampled there; the
+mode column then says "+host-policy").
 Code2Wav: B streams of one 6 s voice (P = 300 prompt frames) brought to steady state (caches at
 P + 100), then each `Token2Wav.decode` of B 28-code windows (encoder, 10 CFM steps with CFG,
 HiFT, cross-fade; 24000 samples per stream) is timed to the audio on the host. The flow part
 (encoder + CFM) is timed separately. float32 as the reference's default (`float16=False`).
 
   python perf/bench_audio_tail.py --out perf/results/audio_tail_h200.md --commit <sha>
+  python perf/bench_audio_tail.py --stages talker --talker-policy host   # the old host hook
   python perf/bench_audio_tail.py --tiny --device cpu --batches 1,2   # smoke run on CPU
 """
 from __future__ import annotations
@@ -99,14 +104,15 @@ def talker_model(tiny: bool, device: torch.device, dtype: torch.dtype) -> Talker
 
 
 def bench_talker(model: TalkerModel, batch: int, graphs: bool, repeats: int,
-                 device: torch.device, dtype: torch.dtype) -> Row:
+                 device: torch.device, dtype: torch.dtype, policy: str = "device") -> Row:
     _reset_peak(device)
     context = 4096 if device.type == "cuda" else 256
     config = RunnerConfig(num_blocks=(batch + 2) * context // 16, max_num_reqs=batch + 2,
                           max_model_len=context, device=str(device), dtype=dtype,
                           attention_backend="triton" if device.type == "cuda" else "reference",
                           use_cuda_graphs=graphs)
-    engine = TalkerEngine(model, config)
+    # On the CPU reference path the policy is always the host hook (no device sampler there).
+    engine = TalkerEngine(model, config, device_policy=policy == "device" and config.is_fast_path)
     counter = iter(range(1_000_000))
 
     def run() -> None:
@@ -126,7 +132,8 @@ def bench_talker(model: TalkerModel, batch: int, graphs: bool, repeats: int,
 
     run()  # warm-up: kernels, graph capture
     median = timed(run, repeats, device)
-    return Row("talker", batch, "on" if graphs else "off", median, "", _peak_gib(device))
+    mode = ("on" if graphs else "off") + ("+host-policy" if policy == "host" else "")
+    return Row("talker", batch, mode, median, "", _peak_gib(device))
 
 
 def _submit_condition(engine: TalkerEngine, config: TalkerConfig, request_id: str) -> ListSink:
@@ -222,6 +229,7 @@ def render(rows: list[Row], args: argparse.Namespace, device: torch.device) -> s
         f"- command: `{args.command}`",
         f"- Talker: bf16 on GPU, fast path (Triton attention); Code2Wav: float32 unless the mode says"
         f" +tf32 (TF32 matmuls) or +bf16 (flow in bfloat16, HiFT float32); median of {args.repeats} runs",
+        f"- Talker chunk policy: {args.talker_policy} (host hook off the runner's fast path)",
         "- targets (issue 5): Talker <= 15 ms at batch 1, <= 25 ms at 16; Code2Wav <= 10 ms at batch 1, <= 40 ms at 16",
         "",
         "| stage | batch | CUDA graphs | median ms | per-stream ms | split (ms) / note | peak GiB |",
@@ -243,12 +251,15 @@ def main() -> int:
     parser.add_argument("--tiny", action="store_true", help="tiny dimensions (CPU smoke run)")
     parser.add_argument("--stages", default="talker,code2wav")
     parser.add_argument("--code2wav-modes", default=",".join(CODE2WAV_MODES))
+    parser.add_argument("--talker-policy", default="device", choices=("device", "host"),
+                        help="Talker chunk policy: device tables (default) or the host hook")
     parser.add_argument("--commit", default="unknown")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
     args.command = "python perf/bench_audio_tail.py " + " ".join(
         f"--{k} {v}" for k, v in (("batches", args.batches), ("repeats", args.repeats),
-                                  ("stages", args.stages), ("code2wav-modes", args.code2wav_modes)))
+                                  ("stages", args.stages), ("code2wav-modes", args.code2wav_modes),
+                                  ("talker-policy", args.talker_policy)))
     device = torch.device(args.device)
     batches = [int(b) for b in args.batches.split(",")]
     rows: list[Row] = []
@@ -275,7 +286,8 @@ def run_all(args: argparse.Namespace, device: torch.device, batches: list[int],
         model = talker_model(args.tiny, device, dtype)
         for graphs in (False, True):
             for batch in batches:
-                record(guarded(lambda: bench_talker(model, batch, graphs, args.repeats, device, dtype),
+                record(guarded(lambda: bench_talker(model, batch, graphs, args.repeats, device, dtype,
+                                                    args.talker_policy),
                                "talker", batch, "on" if graphs else "off"))
         del model
     if "code2wav" in stages:

@@ -53,6 +53,11 @@ class StageDims:
         return StageDims(ckpt.config.llm.hidden_size, ids, ckpt.special_tokens.turn_eos)
 
 
+def session_request_id(model: str, session: int) -> str:
+    """The request id of scripted session `session` of a stage (pa_run stops it at the end)."""
+    return f"pa-{model}-{session}"
+
+
 def pa_request(request: Any) -> dict[str, Any]:
     """One request as perf_analyzer JSON: required tensors always, optional ones when set."""
     arrays = to_arrays(request)
@@ -67,7 +72,7 @@ def pa_request(request: Any) -> dict[str, Any]:
 
 def thinker_session(session: int, units: int, reply_units: int, tokens_per_unit: int) -> list[Any]:
     """Unit 0 opens with text and the forced reply shape; then one 1-second unit per request."""
-    rid = f"pa-thinker-{session}"
+    rid = session_request_id("thinker", session)
     silence = np.zeros(UNIT_SAMPLES, np.float32)  # [16000] float32
     first = ThinkerRequest(request_id=rid, audio=silence, seq=0,
                            initial_user_text="Please tell me about the weather today.",
@@ -78,7 +83,7 @@ def thinker_session(session: int, units: int, reply_units: int, tokens_per_unit:
 
 def talker_session(session: int, units: int, dims: StageDims, seed: int = 0) -> list[Any]:
     """`units` speak-unit conditions of 4 text tokens + hidden rows; the last ends the turn."""
-    rid = f"pa-talker-{session}"
+    rid = session_request_id("talker", session)
     rng = np.random.default_rng(seed)
     requests = []
     for seq in range(units):
@@ -93,7 +98,7 @@ def talker_session(session: int, units: int, dims: StageDims, seed: int = 0) -> 
 
 def code2wav_session(session: int, units: int, seed: int = 0) -> list[Any]:
     """The windows CodecWindowBridge cuts from `units` x 25 random codes, turn end included."""
-    rid = f"pa-code2wav-{session}"
+    rid = session_request_id("code2wav", session)
     codes = np.random.default_rng(seed).integers(0, CODEC_VOCAB, units * FRAMES_PER_UNIT).tolist()
     bridge = CodecWindowBridge()
     windows = bridge.push(codes) + bridge.end_turn()
@@ -130,7 +135,7 @@ def duplex_data(speech: np.ndarray, seconds: float, num_sequences: int, append_m
 
 
 def is_stop(request: dict[str, Any]) -> bool:
-    return request.get("ACTION", {}).get("content") == [ACTION_STOP]
+    return request.get("ACTION", {}).get("content") == list(ACTION_STOP.encode())  # text travels as UTF-8 bytes
 
 
 def _need(dims: StageDims | None) -> StageDims:

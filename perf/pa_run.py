@@ -25,7 +25,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from perf.pa_inputs import STAGES, StageDims, duplex_data, stage_data
+from perf.pa_inputs import STAGES, StageDims, duplex_data, session_request_id, stage_data
 from perf.pa_latency import duplex_latency, load_requests, stream_latency, to_json
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "out" / "pa"
@@ -74,8 +74,22 @@ def run_stage(args: argparse.Namespace) -> dict:
         procs.append(_spawn(stage_command(args, data, export), args.out / f"{args.model}_{session}.log"))
         exports.append(export)
     _wait(procs, args.timeout_s)
+    stop_sessions(args.url, args.model, args.sessions)
     requests = [r for export in exports if export.is_file() for r in load_requests(export)]
     return {"model": args.model, "sessions": args.sessions, **to_json(stream_latency(requests))}
+
+
+def stop_sessions(url: str, model: str, sessions: int) -> None:
+    """Stop the scripted sessions' requests: perf_analyzer ends a run wherever its window ends,
+    often before a session's closing `stop`, and a stage keeps a request until it is stopped."""
+    from backends.serving.grpc_stages import GrpcStageClients
+
+    stages = GrpcStageClients(url)
+    try:
+        for session in range(sessions):
+            stages.stop(model, session_request_id(model, session))
+    finally:
+        stages.close()
 
 
 def run_duplex(args: argparse.Namespace) -> dict:

@@ -26,8 +26,15 @@ check() {
 }
 
 nvidia-smi --query-gpu=name,memory.used,clocks.sm,clocks.mem --format=csv || true
-check gpu_tests "$python" -m pytest -q -p no:cacheprovider tests/runner_gpu
+check gpu_tests "$python" -m pytest -q -p no:cacheprovider tests/runner_gpu \
+    tests/talker/test_device_policy_gpu.py
 check bench_runner "$python" perf/bench_runner.py --out "$out" --commit "${COMMIT:-unknown}"
+# Talker time to 25 frames: chunk policy on the device (default), then the host hook it replaced.
+check bench_talker "$python" perf/bench_audio_tail.py --stages talker --repeats 3 \
+    --out "$out/audio_tail_talker.md" --commit "${COMMIT:-unknown}"
+check bench_talker_host_policy "$python" perf/bench_audio_tail.py --stages talker --repeats 3 \
+    --batches 1,16 --talker-policy host --out "$out/audio_tail_talker_host.md" \
+    --commit "${COMMIT:-unknown}"
 
 if ((${#failed[@]})); then
     echo "FAILED: ${failed[*]}"

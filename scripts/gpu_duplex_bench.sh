@@ -43,17 +43,26 @@ prepare() {
 device_env() {
   mkdir -p /tmp/tb /tmp/b64
   tar -C /tmp/tb -xJf "$CARRY/triton.tar.xz"
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
-    "$CARRY"/wheels/*.whl
   dpkg -x "$CARRY"/libb64-0d_*.deb /tmp/b64
-  # The carried wheels first: tritonclient 2.51 with the protobuf it was generated for. The
-  # image's torch, numpy and tokenizers serve the stage models.
-  export PYTHONPATH="/tmp/site:$PWD" PYTHONUNBUFFERED=1
+  # The stubs run their Python isolated (PYTHONPATH is ignored there): they see the venv whose
+  # bin/ is first on PATH. This one adds tritonclient (duplex calls the stages over gRPC) to
+  # the image's torch and numpy.
+  python3 -m venv --system-site-packages --without-pip /tmp/venv
+  local site
+  site=$(/tmp/venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$site" \
+    $(ls "$CARRY"/wheels/*.whl | grep -v /numpy-)
+  # and every path of the image's python3 (its torch may live outside what a venv inherits)
+  python3 -c 'import sys; print("\n".join(p for p in sys.path if p.startswith("/") and "site" in p or "dist-packages" in p))' \
+    > "$site/zz_image_python.pth"
+  # Our own processes (launcher, benchmark client) take numpy 1.26, which tritonclient pins.
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site "$CARRY"/wheels/numpy-*.whl
+  export PYTHONPATH="/tmp/site:$PWD" PYTHONUNBUFFERED=1 PYTHON=/tmp/venv/bin/python
   export TRITONSERVER_BIN=/tmp/tb/pytriton/tritonserver/bin/tritonserver
-  export LD_LIBRARY_PATH="/tmp/b64/usr/lib/x86_64-linux-gnu:/tmp/site/nvidia/cuda_runtime/lib:${LD_LIBRARY_PATH:-}"
-  export PATH="/tmp/site/bin:$PATH"  # perf_analyzer from the tritonclient wheel
+  export LD_LIBRARY_PATH="/tmp/b64/usr/lib/x86_64-linux-gnu:$site/nvidia/cuda_runtime/lib:${LD_LIBRARY_PATH:-}"
+  export PATH="/tmp/venv/bin:$site/bin:$PATH"  # perf_analyzer from the tritonclient wheel
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
-  python3 -c 'import torch, numpy, tritonclient.grpc; print("torch", torch.__version__, "numpy", numpy.__version__)'
+  "$PYTHON" -c 'import torch, numpy, tritonclient.grpc; print("server side: torch", torch.__version__, "numpy", numpy.__version__)'
 }
 
 start_server() {  # start_server NAME PORT_BASE [ENV=VALUE...]: one tritonserver, waits for readiness
@@ -117,6 +126,18 @@ EOF
   tail -n 25 /tmp/pa/*.log > "$OUT/pa_logs.txt" 2>&1 || true
 }
 
+diagnose() {  # one session against a fresh server; the stubs' Python stacks after 25 s
+  start_server main "$BASE"
+  timeout 60 "$PYTHON" -m client.cli --url "127.0.0.1:$((BASE + 1))" --reply-units 3 --reply-tokens-per-unit 4 \
+    --output /tmp/diag.wav > "$OUT/client.log" 2>&1 &
+  local client=$!
+  sleep 25
+  pkill -USR1 -f triton_python_backend_stub || true
+  sleep 2
+  wait "$client" || true
+  tail -n 25 "$OUT/client.log"
+}
+
 on_device() { : "${OUT:?run on the device: OUT is its output folder}"; mkdir -p "$OUT"; [ -n "${SKIP_DEVICE_ENV:-}" ] || device_env; }
 
 case "${1:-}" in
@@ -125,6 +146,7 @@ case "${1:-}" in
   bench-split) on_device; PROFILE=gpu-split TITLE="2x H200, Thinker on GPU 0, Talker + Code2Wav on GPU 1" \
                one_server_bench "${2:-}" "${3:-}" ;;
   bench-replicas) on_device; TITLE="2x H200, two full replicas (one per GPU)" replicas_bench "${2:-}" "${3:-}" ;;
+  diag) on_device; diagnose ;;
   pa) on_device; start_server main "$BASE"; perf_analyzer_all ;;
   *) sed -n 2,22p "$0"; exit 2 ;;
 esac

@@ -14,9 +14,11 @@ import numpy as np
 
 from backends.audio.codec_windows import CodecWindow, CodecWindowBridge
 from backends.duplex import events as ev
+from backends.duplex.errors import STAGE_FAILED
 from backends.duplex.responses import SpeakWork, to_pcm16
 from backends.duplex.stage_clients import CODE2WAV, TALKER, StageCallError, StageClients
 from backends.stages.contracts import Code2WavRequest, TalkerRequest
+from backends.stages.sink import StageError
 
 if TYPE_CHECKING:
     from backends.duplex.session import Session
@@ -50,9 +52,14 @@ class AudioTail:
         request = self._talker_request(work)
         if request is None:
             return
+        finished = False
         for group in self._stages.talker(request):
+            finished = finished or group.finished
             for window in self._bridge.push([int(c) for c in group.codes]):
                 self._vocode(work, window)
+        if not finished:  # a stop or a failure after its first frames (triton_responses.py)
+            raise StageCallError(TALKER, StageError(STAGE_FAILED, f"talker request {request.request_id!r} condition "
+                                                    f"{request.condition_seq} ended before its last frames"))
         windows = self._bridge.end_turn() if work.turn_end else self._bridge.end_unit()
         for window in windows:
             self._vocode(work, window)

@@ -4,12 +4,13 @@ Two worker threads per session: the Thinker loop turns each 1-second unit into a
 decision; the audio-tail loop turns speak units into codec frames (Talker) and 24 kHz audio
 (Code2Wav). They meet in a queue, so the Thinker decides unit k+1 while unit k is voiced.
 Every emission is fenced by the epoch: after a barge-in (`cancel`) or a close, nothing of the
-old epoch reaches the client. `_finish` runs once, on the audio loop's exit, and is the only
+old epoch reaches the client. `force_finish` (the audio loop's exit) runs once and is the only
 place that sends `session.closed` and the downlink FINAL.
 
 Stage requests of an old epoch are stopped when the epoch ends (StageStops), and again by the
 loop that called a stage if its epoch went stale meanwhile: that stop may have overtaken the
-call (facts edge case 1), and each loop is the only sender of its stages' requests.
+call (facts edge case 1), and each loop is the only sender of its stages' requests. A close
+aborts once; a loop stuck in a stage call shows in `stall` (the reaper acts on both).
 """
 from __future__ import annotations
 
@@ -21,12 +22,14 @@ from typing import Callable
 
 import numpy as np
 
+from backends.duplex import close_reasons as why
 from backends.duplex import events as ev
 from backends.duplex.audio_tail import AudioTail
 from backends.duplex.downlink import Downlink
 from backends.duplex.responses import EpochIds, ResponseState, SpeakWork, UnitWork
 from backends.duplex.stage_clients import THINKER, StageCallError, StageClients
 from backends.duplex.stage_stops import StageStops
+from backends.duplex.stall_watch import StallWatch, WatchedStages
 from backends.duplex.unit_buffer import UnitBuffer
 from backends.duplex.unit_queue import SessionConfig, UnitQueue, thinker_request
 from backends.duplex.uplink import SessionOptions
@@ -35,15 +38,6 @@ from backends.stages.sink import StageError
 
 log = logging.getLogger(__name__)
 
-CLOSE_CLIENT = "client"  # the client's END
-CLOSE_SHUTDOWN = "server_shutdown"
-CLOSE_IDLE = "idle"
-CLOSE_CLIENT_GONE = "client_gone"
-CLOSE_ERROR = "error"
-# Closes that no END of the client has ended: the session frees the transport itself (a client
-# that is gone, silent or was told `error` may never send END). Shutdown frees everything anyway.
-_KEEPS_TRANSPORT = (CLOSE_CLIENT, CLOSE_SHUTDOWN)
-
 
 class Session:
     def __init__(self, session_id: str, options: SessionOptions, downlink: Downlink, stages: StageClients,
@@ -51,7 +45,8 @@ class Session:
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.session_id = session_id
         self.options = options
-        self._downlink, self._stages, self._config = downlink, stages, config
+        self.stall = StallWatch(clock)
+        self._downlink, self._stages, self._config = downlink, WatchedStages(stages, self.stall), config
         self._stops = StageStops(stages)
         self._on_finished, self._clock = on_finished, clock
         self._lock = threading.Lock()  # guards every field below; held only for state, never for I/O
@@ -64,10 +59,11 @@ class Session:
         self._turn_counter = 0
         self._units_in_epoch = 0
         self._closing = False
-        self._close_reason = CLOSE_CLIENT
+        self._close_reason = why.CLIENT
+        self.aborted_at: float | None = None  # clock() of the close that aborted the session
         self._finished = False
         self.last_activity = clock()
-        self._tail = AudioTail(self, stages)
+        self._tail = AudioTail(self, self._stages)
         self._threads = [threading.Thread(target=self._thinker_loop, name=f"thinker-{session_id}", daemon=True),
                          threading.Thread(target=self._audio_loop, name=f"audio-{session_id}", daemon=True)]
 
@@ -113,11 +109,12 @@ class Session:
 
     def close(self, reason: str, error: StageError | None = None) -> None:
         """Close now (idle, client gone, error, shutdown): drop queued work, stop stage requests."""
-        if reason == CLOSE_SHUTDOWN:
+        if reason == why.SHUTDOWN:
             self._stops.disable()
         with self._lock:
-            if self._finished:
+            if self._finished or self.aborted_at is not None:
                 return
+            self.aborted_at = self._clock()
             if not self._closing:
                 self._close_reason = reason
             already_closing, self._closing = self._closing, True
@@ -158,6 +155,9 @@ class Session:
     def is_closing(self) -> bool:
         return self._closing  # a bool read: no lock needed for the reaper's check
 
+    def live_threads(self) -> int:
+        return sum(thread.is_alive() for thread in self._threads)
+
     def client_gone(self) -> bool:
         """Whether the client cancelled the downlink stream (closed it or disconnected)."""
         try:
@@ -184,7 +184,7 @@ class Session:
                     break
         except Exception as exc:  # a bug here must still close the session cleanly
             log.exception("thinker loop of %s failed", self.session_id)
-            self.close(CLOSE_ERROR, StageError("internal", f"{type(exc).__name__}: {exc}"))
+            self.close(why.ERROR, StageError("internal", f"{type(exc).__name__}: {exc}"))
         finally:
             self._speak.put(None)
 
@@ -204,7 +204,7 @@ class Session:
                 stale = not self.is_current(epoch)
             if stale:  # a stop after barge-in or close ends the old request; not an error
                 return True
-            self.close(CLOSE_ERROR, exc.error)
+            self.close(why.ERROR, exc.error)
             return False
         finally:
             self.stop_if_stale(epoch, request.request_id, (THINKER,))
@@ -255,7 +255,7 @@ class Session:
                     break
         except Exception as exc:
             log.exception("audio loop of %s failed", self.session_id)
-            self.close(CLOSE_ERROR, StageError("internal", f"{type(exc).__name__}: {exc}"))
+            self.close(why.ERROR, StageError("internal", f"{type(exc).__name__}: {exc}"))
         finally:
             self._finish()
 
@@ -280,13 +280,19 @@ class Session:
         # Drain the Thinker loop first: it may still hold a BLS stream of this session.
         if threading.current_thread() is not self._threads[0]:
             self._threads[0].join()
+        self.force_finish()
+
+    def force_finish(self) -> None:
+        """Send session.closed and the FINAL, free the transport, forget the session: once."""
         with self._lock:
+            if self._finished:
+                return
             old = self._new_epoch(reason="session_closed")
             self._finished = True
             self.emit(ev.SESSION_CLOSED, reason=self._close_reason)
         self._stop_stage_requests(old)
         self._downlink.close()
-        if self._close_reason not in _KEEPS_TRANSPORT:
+        if why.frees_transport(self._close_reason):
             try:
                 self._downlink.abandon()
             except Exception as exc:  # the slot then waits for Triton's own idle timer

@@ -3,9 +3,12 @@
 Triton never tells a model about idle sequences (triton_notes.md section 3), so the reaper
 here closes a session that sent nothing for `idle_timeout_s` with `session.closed` reason
 `idle`, before Triton's own (longer) sequence timeout frees the slot. A session that sent END
-is finishing its last audio and gets `CLOSING_GRACE` times as long. The same sweep, every `REAP_PERIOD_S`, closes
-the sessions whose client is gone (the START request's stream was cancelled: the client
-stopped its stream or disconnected) with reason `client_gone`, and hands `stats()` to an
+is finishing its last audio and gets `CLOSING_GRACE` times as long. The same sweep, every
+`REAP_PERIOD_S`, closes the sessions whose client is gone (the START request's stream was
+cancelled: the client stopped its stream or disconnected) with reason `client_gone`; closes
+with `error` `stage_timeout` a session that waited `stage_timeout_s` on a stage without an
+answer; finishes the sessions still stuck `STUCK_CLOSE_S` after their close (their threads,
+blocked in a call that never returns, count as `stranded_threads`), and hands `stats()` to an
 optional observer (the resource gauges: this thread is the only one that updates them).
 """
 from __future__ import annotations
@@ -16,19 +19,21 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Protocol
 
+from backends.duplex import close_reasons as why
 from backends.duplex import events as ev
 from backends.duplex.errors import INTERNAL, NOT_FOUND, RESOURCE_EXHAUSTED, SESSION_EXISTS, DuplexError
-from backends.duplex.session import (
-    CLOSE_CLIENT_GONE, CLOSE_IDLE, CLOSE_SHUTDOWN, Downlink, Session, SessionConfig,
-)
+from backends.duplex.downlink import Downlink
+from backends.duplex.session import Session, SessionConfig
 from backends.duplex.stage_clients import StageClients
 from backends.duplex.unit_buffer import SAMPLE_RATE
 from backends.duplex.uplink import RawUplink, Uplink, parse_uplink
+from backends.stages.sink import StageError
 
 log = logging.getLogger(__name__)
 
 REAP_PERIOD_S = 0.5  # client-gone detection delay; one cancellation check per session per sweep
 CLOSING_GRACE = 3  # idle limit factor after END: its flush may outlast a short idle timeout
+STUCK_CLOSE_S = 10.0  # a closed session whose loops have not ended by then is finished anyway
 
 
 class UplinkReply(Protocol):
@@ -44,6 +49,7 @@ class ManagerConfig:
     max_sessions: int = 4
     idle_timeout_s: float = 60.0
     max_append_ms: int = 10000
+    stage_timeout_s: float = 30.0  # a stage call with no answer for this long fails the session
     session: SessionConfig = SessionConfig()
 
     def __post_init__(self) -> None:
@@ -51,6 +57,8 @@ class ManagerConfig:
             raise ValueError(f"max_sessions must be >= 1, got {self.max_sessions}")
         if self.idle_timeout_s <= 0:
             raise ValueError(f"idle_timeout_s must be positive, got {self.idle_timeout_s}")
+        if self.stage_timeout_s <= 0:
+            raise ValueError(f"stage_timeout_s must be positive, got {self.stage_timeout_s}")
 
     @property
     def max_append_samples(self) -> int:
@@ -67,6 +75,7 @@ class SessionManager:
         self._observer = observer
         self._lock = threading.Lock()  # guards _sessions
         self._sessions: dict[str, Session] = {}
+        self._stranded: list[Session] = []  # force-finished, a thread still in a stage call
         self._stopping = threading.Event()
         self._reaper = threading.Thread(target=self._reap_loop, name="duplex-reaper", daemon=True)
         self._reaper.start()
@@ -77,8 +86,14 @@ class SessionManager:
             return len(self._sessions)
 
     def stats(self) -> dict[str, int]:
-        """What the orchestrator holds: open sessions and threads (two per session)."""
-        return {"sessions": self.num_sessions, "threads": threading.active_count()}
+        """What the orchestrator holds: open sessions, their live worker threads (two each),
+        the threads of force-finished sessions still blocked in a stage call, and all threads
+        of the process (stage streams and other machinery included)."""
+        with self._lock:
+            return {"sessions": len(self._sessions),
+                    "session_threads": sum(s.live_threads() for s in self._sessions.values()),
+                    "stranded_threads": sum(s.live_threads() for s in self._stranded),
+                    "threads": threading.active_count()}
 
     def handle(self, raw: RawUplink, reply: UplinkReply, open_downlink: Callable[[], Downlink]) -> None:
         """Route one uplink request. START requests become the session downlink."""
@@ -160,34 +175,51 @@ class SessionManager:
     def _reap_loop(self) -> None:
         period = min(REAP_PERIOD_S, self.config.idle_timeout_s / 4)
         while not self._stopping.wait(period):
-            for session, reason in self._doomed():
+            for session, reason, error in self._doomed():
                 log.info("session %s closed: %s", session.session_id, reason)
-                session.close(reason)
+                session.close(reason, error)
+            self._finish_stuck()
             if self._observer is not None:
                 try:
                     self._observer(self.stats())
                 except Exception as exc:  # gauges are best effort; the reaper must go on
                     log.warning("session stats observer failed: %r", exc)
 
-    def _doomed(self) -> list[tuple[Session, str]]:
-        now = self._clock()
+    def _doomed(self) -> list[tuple[Session, str, StageError | None]]:
+        now, limit = self._clock(), self.config.stage_timeout_s
         with self._lock:
-            sessions = list(self._sessions.values())
-        doomed = []
+            sessions = [s for s in self._sessions.values() if s.aborted_at is None]
+        doomed: list[tuple[Session, str, StageError | None]] = []
         for session in sessions:  # outside the lock: each check is an IPC round trip
             if session.client_gone():
-                doomed.append((session, CLOSE_CLIENT_GONE))
+                doomed.append((session, why.CLIENT_GONE, None))
+            elif session.stall.stalled_s() > limit:
+                doomed.append((session, why.ERROR, StageError(
+                    "stage_timeout", f"session {session.session_id!r}: no answer from a stage for {limit:.0f} s")))
             elif now - session.last_activity > self.config.idle_timeout_s * (
                     CLOSING_GRACE if session.is_closing else 1):
-                doomed.append((session, CLOSE_IDLE))
+                doomed.append((session, why.IDLE, None))
         return doomed
+
+    def _finish_stuck(self) -> None:
+        now = self._clock()
+        with self._lock:
+            stuck = [s for s in self._sessions.values()
+                     if s.aborted_at is not None and now - s.aborted_at > STUCK_CLOSE_S]
+            self._stranded = [s for s in self._stranded if s.live_threads()]
+        for session in stuck:
+            log.warning("session %s: a stage call has not returned %.0f s after the close; finishing it",
+                        session.session_id, STUCK_CLOSE_S)
+            session.force_finish()
+            with self._lock:
+                self._stranded.append(session)
 
     def shutdown(self) -> None:
         self._stopping.set()
         with self._lock:
             sessions = list(self._sessions.values())
         for session in sessions:
-            session.close(CLOSE_SHUTDOWN)
+            session.close(why.SHUTDOWN)
         self._reaper.join(5.0)
 
 

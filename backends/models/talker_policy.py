@@ -12,6 +12,10 @@ The repetition penalty is upstream's windowed frequency penalty (logit scaled by
 penalty^count over the last 16 sampled codes), not the runner's HF penalty, so the runner's
 own penalty is neutralised in `TalkerSamplingConfig.to_sampling_params`. Its history lives in
 the hook and so survives condition boundaries and Talker rollovers.
+
+This class is the reference and the host hook (CPU reference runner, custom policies). Where
+the runner samples on the device, the same policy runs as `backends.talker.policy_table`
+(per-slot device tables applied inside the sampling step), tested token for token against it.
 """
 
 from __future__ import annotations

@@ -9,14 +9,22 @@ into the reserved pad block and attending to that block alone, so they never tou
 pages. The graph's outputs (final hidden rows and float32 logits) are static tensors that the
 next replay overwrites: read them, or copy them, before the next step.
 
+With a `sampler` (runners with a `DeviceLogitsProcessor`), each bucket also gets a sampling
+graph replayed right after its forward: processor, draw and processor update over the
+forward's static logits, reading each row's sampling slot (staged with the ids; padding rows
+and rows sampled elsewhere point at the scratch slot) and writing a static token tensor. So a
+decode step's sampling costs one graph launch instead of ~80 eager kernel launches.
+
 Graphs are captured largest bucket first into one shared memory pool, after the KV cache
 exists (its address is baked in). Without CUDA (or with graphs off) `run` executes the same
-forward eagerly over the same buffers, so this path is testable on CPU.
+forward and sampler eagerly over the same buffers, so this path is testable on CPU.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import logging
+from collections.abc import Callable, Sequence
+from typing import TypeVar
 
 import numpy as np
 import torch
@@ -26,6 +34,12 @@ from backends.runner.attention import AttentionMetadata
 from backends.runner.block_table import PAD_BLOCK_ID
 from backends.runner.host_staging import copy_to_device
 from backends.runner.kv_cache import KVCache
+
+_LOG = logging.getLogger(__name__)
+
+# (logits [rows, vocab] float32, slots [rows] int64, positions [rows] int64) -> [rows] int64
+RowSampler = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+_Output = TypeVar("_Output")
 
 
 def bucket_sizes(requested: Sequence[int], max_num_reqs: int) -> tuple[int, ...]:
@@ -45,6 +59,8 @@ class DecodeGraphs:
         max_blocks_per_req: int,
         pad_block: int,
         max_seq_len: int,
+        sampler: RowSampler | None = None,
+        scratch_slot: int = 0,
     ) -> None:
         self.model = model
         self.kv = kv
@@ -53,9 +69,11 @@ class DecodeGraphs:
         self.max_blocks_per_req = max_blocks_per_req
         self.pad_block = pad_block
         self.max_seq_len = max_seq_len
+        self.sampler = sampler
+        self.scratch_slot = scratch_slot
         device, cap = kv.data.device, self.capacity
-        # [3, capacity] int64: token ids, positions, slot mapping
-        self._i64 = torch.zeros(3, cap, dtype=torch.int64, device=device)
+        # [4, capacity] int64: token ids, positions, KV slot mapping, sampling slots
+        self._i64 = torch.zeros(4, cap, dtype=torch.int64, device=device)
         # [capacity * (2 + max_blocks_per_req)] int32: seq_lens, context_lens, block tables
         self._i32 = torch.zeros(cap * (2 + max_blocks_per_req), dtype=torch.int32, device=device)
         self.query_start_loc = torch.arange(cap + 1, dtype=torch.int32, device=device)
@@ -64,6 +82,7 @@ class DecodeGraphs:
         self._metas = {size: self._metadata(size) for size in self.sizes}
         self._graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self._outputs: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        self._sample_graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
 
     @property
     def token_ids(self) -> torch.Tensor:
@@ -72,6 +91,10 @@ class DecodeGraphs:
     @property
     def is_captured(self) -> bool:
         return bool(self._graphs)
+
+    @property
+    def is_sampling_captured(self) -> bool:
+        return bool(self._sample_graphs)
 
     def bucket_for(self, num_rows: int) -> int | None:
         """The smallest bucket holding `num_rows` rows, None if none does."""
@@ -99,18 +122,23 @@ class DecodeGraphs:
         positions: np.ndarray,
         block_rows: np.ndarray,
         injected: Sequence[tuple[int, torch.Tensor]] = (),
+        sample_slots: Sequence[int] | None = None,
     ) -> int:
         """Fill the buffers for one decode step of n = len(token_ids) rows; returns the bucket.
 
         positions: [n] int64 logical KV index of each row; block_rows: [n, max_blocks] int32
         the rows' block-table rows; injected: (row, [hidden] embedding) pairs that replace the
-        token embedding of that row (its token id is not looked up).
+        token embedding of that row (its token id is not looked up); sample_slots: [n] the
+        slot whose sampling state each row's token is drawn with (default: the scratch slot).
         """
         num_rows = len(token_ids)
         size = self.bucket_for(num_rows)
         if size is None:
             raise ValueError(f"{num_rows} decode rows exceed the largest bucket {self.capacity}")
-        copy_to_device(self._i64, self._stage_i64(token_ids, positions, block_rows))
+        staged = self._stage_i64(token_ids, positions, block_rows)
+        staged[3, num_rows:] = self.scratch_slot
+        staged[3, :num_rows] = self.scratch_slot if sample_slots is None else sample_slots
+        copy_to_device(self._i64, staged)
         copy_to_device(self._i32, self._stage_i32(positions, block_rows))
         self.embeds[:size].copy_(self.model.embed_tokens(self.token_ids[:size]))
         for row, embedding in injected:
@@ -123,7 +151,7 @@ class DecodeGraphs:
         self, token_ids: Sequence[int], positions: np.ndarray, block_rows: np.ndarray
     ) -> np.ndarray:
         num_rows, bs = len(token_ids), self.kv.block_size
-        staged = np.zeros((3, self.capacity), dtype=np.int64)
+        staged = np.zeros((4, self.capacity), dtype=np.int64)
         staged[0, :num_rows] = token_ids
         staged[1, :num_rows] = positions
         staged[2, :] = self.pad_block * bs
@@ -142,14 +170,23 @@ class DecodeGraphs:
         tables[:num_rows] = block_rows
         return np.concatenate([lens.reshape(-1), tables.reshape(-1)])
 
-    def run(self, size: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Forward the staged bucket: ([size, hidden] final hidden, [size, vocab] float32
-        logits). Replays the bucket's graph when captured; static outputs then."""
+    def run(self, size: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """Forward (and sample) the staged bucket: ([size, hidden] final hidden, [size, vocab]
+        float32 logits, [size] int64 tokens or None without a sampler). Replays the bucket's
+        graphs when captured; static outputs then."""
         graph = self._graphs.get(size)
         if graph is None:
-            return self.forward_eager(size)
-        graph.replay()
-        return self._outputs[size]
+            hidden, logits = self.forward_eager(size)
+        else:
+            graph.replay()
+            hidden, logits = self._outputs[size]
+        if self.sampler is None:
+            return hidden, logits, None
+        captured = self._sample_graphs.get(size)
+        if captured is None:
+            return hidden, logits, self.sample_eager(size, logits)
+        captured[0].replay()
+        return hidden, logits, captured[1]
 
     def replay(self, size: int) -> None:
         """Replay a captured bucket on whatever is staged (benchmarks time this)."""
@@ -162,21 +199,47 @@ class DecodeGraphs:
         )
         return hidden, self.model.compute_logits(hidden)
 
+    def sample_eager(self, size: int, logits: torch.Tensor) -> torch.Tensor:
+        """The bucket's sampling without its graph: [size] int64 (what capture records).
+        Staged positions are the rows' own; each token sits one after its row."""
+        assert self.sampler is not None
+        return self.sampler(logits, self._i64[3, :size], self._i64[1, :size] + 1)
+
     def capture(self, warmup_steps: int = 2) -> None:
         """Capture every bucket, largest first, sharing one pool. Stages padding rows only,
-        so warm-up and capture write K/V into the pad block alone."""
+        so warm-up and capture write K/V into the pad block alone and sample the scratch slot."""
         pool = torch.cuda.graph_pool_handle()
         empty_rows = np.zeros((0, self.max_blocks_per_req), dtype=np.int32)
         for size in reversed(self.sizes):
             self.stage([], np.zeros(0, dtype=np.int64), empty_rows)
-            side = torch.cuda.Stream()
-            side.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(side):
-                for _ in range(warmup_steps):
-                    self.forward_eager(size)
-            torch.cuda.current_stream().wait_stream(side)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=pool):
-                self._outputs[size] = self.forward_eager(size)
-            self._graphs[size] = graph
+            self._graphs[size], self._outputs[size] = _capture(
+                lambda: self.forward_eager(size), pool, warmup_steps
+            )
+            if self.sampler is not None:
+                self._capture_sampling(size, pool, warmup_steps)
         torch.cuda.synchronize()
+
+    def _capture_sampling(self, size: int, pool: tuple[int, int], warmup_steps: int) -> None:
+        logits = self._outputs[size][1]
+        try:
+            self._sample_graphs[size] = _capture(
+                lambda: self.sample_eager(size, logits), pool, warmup_steps
+            )
+        except RuntimeError:  # a kernel that cannot be captured: sample eagerly, still no sync
+            _LOG.warning("sampling graph capture failed for bucket %d", size, exc_info=True)
+
+
+def _capture(
+    run: Callable[[], _Output], pool: tuple[int, int], warmup_steps: int
+) -> tuple[torch.cuda.CUDAGraph, _Output]:
+    """Warm `run` up on a side stream, then capture it; returns (graph, its static output)."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(warmup_steps):
+            run()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, pool=pool):
+        output = run()
+    return graph, output

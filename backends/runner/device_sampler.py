@@ -16,8 +16,14 @@ import torch
 
 
 def _signed(value: int) -> int:
-    """A 64-bit constant as the int64 torch stores (two's complement)."""
+    """A 64-bit value (taken mod 2^64) as the int64 torch stores (two's complement)."""
+    value &= (1 << 64) - 1
     return value - (1 << 64) if value >= 1 << 63 else value
+
+
+def as_int64(seed: int) -> int:
+    """A request seed as stored in a device table (its low 64 bits, as `step_seed` uses)."""
+    return _signed(seed)
 
 
 _GOLDEN = _signed(0x9E3779B97F4A7C15)
@@ -38,6 +44,13 @@ def mix64(x: torch.Tensor) -> torch.Tensor:
     x = x ^ _shift_right(x, 27)
     x = x * _MIX2
     return x ^ _shift_right(x, 31)
+
+
+def step_seeds(seeds: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """seeds: [rows] int64 (`as_int64`), positions: [rows] int64 -> [rows] int64 step seeds,
+    bitwise `sampler.step_seed(seed, position)` (splitmix64 is mix64(x + golden))."""
+    first = mix64(seeds + _GOLDEN)
+    return _shift_right(mix64((first ^ positions) + _GOLDEN), 1)
 
 
 def uniform_noise(step_seeds: torch.Tensor, vocab_size: int) -> torch.Tensor:

@@ -3,11 +3,12 @@
 `launch` does all host work of a step and queues all device work without waiting: decode
 batches (one row per request, at most the largest bucket) replay a CUDA graph over persistent
 buffers; other batches (appends, mixed) run eagerly through the same kernels. Rows whose
-request has no hook and no repetition penalty are sampled on the device (`device_sampler`);
-rows with a hook or a penalty get their logits row copied to the host and sampled there by the
-runner's host sampler, exactly as on the reference path. Tokens, hook logits and captured
-hidden rows come back through one `AsyncOutput`, whose `wait` (inside `PendingStep.wait`) is
-the step's only host wait.
+request has no hook and no repetition penalty are sampled on the device from the per-slot
+`SamplingStates`, through the runner's `DeviceLogitsProcessor` when one is installed (then a
+graphed decode also replays a sampling graph); rows with a hook or a penalty get their logits
+row copied to the host and sampled there by the runner's host sampler, exactly as on the
+reference path. Tokens, hook logits and captured hidden rows come back through one
+`AsyncOutput`, whose `wait` (inside `PendingStep.wait`) is the step's only host wait.
 """
 
 from __future__ import annotations
@@ -22,13 +23,18 @@ from backends.models.decoder import DecoderModel
 from backends.runner.async_output import AsyncOutput, PendingStep
 from backends.runner.block_table import BlockTable
 from backends.runner.cuda_graphs import DecodeGraphs, bucket_sizes
-from backends.runner.device_sampler import sample_on_device
 from backends.runner.host_staging import to_device
 from backends.runner.input_batch import build_input_batch
 from backends.runner.kv_cache import KVCache
 from backends.runner.request_states import RequestStates
-from backends.runner.sampler import step_seed
-from backends.runner.types import RunnerConfig, StepInput, StepResult
+from backends.runner.sampling_states import SamplingStates
+from backends.runner.types import (
+    DeviceLogitsProcessor,
+    RunnerConfig,
+    SamplingParams,
+    StepInput,
+    StepResult,
+)
 
 HostSampler = Callable[[StepInput, int, torch.Tensor], int]  # (input, slot, [vocab] logits)
 
@@ -41,6 +47,7 @@ class _Forwarded:
     logits: torch.Tensor  # [num_sampled, vocab] float32, one row per sampling input
     row_starts: list[int]  # first hidden row of each input
     positions: list[list[int]]  # positions of each input's rows
+    tokens: torch.Tensor | None = None  # [>= num_inputs] int64 drawn in the graph, batch order
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,12 +66,14 @@ class FastPath:
         states: RequestStates,
         block_table: BlockTable,
         pad_block: int,
+        processor: DeviceLogitsProcessor | None = None,
     ) -> None:
         self.model = model
         self.config = config
         self.kv = kv
         self.states = states
         self.block_table = block_table
+        self.sampling = SamplingStates(config.max_num_reqs, kv.data.device, processor)
         self.graphs = DecodeGraphs(
             model,
             kv,
@@ -72,34 +81,47 @@ class FastPath:
             config.max_blocks_per_req,
             pad_block,
             config.max_model_len,
+            # Graphed sampling pays off only where device rows always sample: with a processor.
+            sampler=self.sampling.sample if processor is not None else None,
+            scratch_slot=self.sampling.scratch_slot,
         )
         if config.use_cuda_graphs and kv.data.device.type == "cuda":
             with torch.no_grad():
                 self.graphs.capture()
+
+    def admit(self, slot: int, params: SamplingParams) -> None:
+        """A request took `slot`: publish its sampling params to the device table."""
+        self.sampling.set(slot, params)
 
     def launch(
         self, inputs: list[StepInput], slots: list[int], host_sampler: HostSampler
     ) -> PendingStep:
         """Queue the step; host state (token ledger) advances now, sampled tokens on wait."""
         with torch.no_grad():
+            plan = self._plan(inputs, slots)
             if all(inp.num_rows == 1 for inp in inputs) and self.graphs.bucket_for(len(inputs)):
-                forwarded = self._forward_decode(inputs, slots)
+                forwarded = self._forward_decode(inputs, slots, plan)
             else:
                 forwarded = self._forward_eager(inputs, slots)
             for inp, slot in zip(inputs, slots):
                 self.states.append_tokens(slot, inp.token_ids)
-            plan = self._plan(inputs, slots)
             output = AsyncOutput(self._outputs(inputs, slots, forwarded, plan))
         return PendingStep(
             lambda: self._finish(inputs, slots, forwarded, plan, output, host_sampler)
         )
 
-    def _forward_decode(self, inputs: list[StepInput], slots: list[int]) -> _Forwarded:
+    def _forward_decode(
+        self, inputs: list[StepInput], slots: list[int], plan: _SamplePlan
+    ) -> _Forwarded:
         positions = self.states.num_computed_tokens_np[slots]
         ids = [0 if inp.embeds is not None else inp.token_ids[0] for inp in inputs]
         injected = [(i, inp.embeds[0]) for i, inp in enumerate(inputs) if inp.embeds is not None]
-        size = self.graphs.stage(ids, positions, self.block_table.table_np[slots], injected)
-        hidden, logits = self.graphs.run(size)
+        sample_slots = [self.sampling.scratch_slot] * len(inputs)  # host rows draw nothing
+        for j in plan.on_device:
+            sample_slots[plan.sampled[j]] = slots[plan.sampled[j]]
+        block_rows = self.block_table.table_np[slots]
+        size = self.graphs.stage(ids, positions, block_rows, injected, sample_slots)
+        hidden, logits, tokens = self.graphs.run(size)
         sampled = [i for i, inp in enumerate(inputs) if inp.sample]
         if sampled != list(range(len(sampled))):
             logits = logits.index_select(0, to_device(np.asarray(sampled), logits.device))
@@ -108,6 +130,7 @@ class FastPath:
             logits=logits[: len(sampled)],
             row_starts=list(range(len(inputs))),
             positions=[[int(p)] for p in positions],
+            tokens=tokens,
         )
 
     def _forward_eager(self, inputs: list[StepInput], slots: list[int]) -> _Forwarded:
@@ -152,10 +175,7 @@ class FastPath:
         sampled = [i for i, inp in enumerate(inputs) if inp.sample]
         on_device, on_host = [], []
         for j, i in enumerate(sampled):
-            slot = slots[i]
-            needs_host = self.states.hooks[slot] is not None
-            needs_host = needs_host or self.states.sampling[slot].repetition_penalty != 1.0
-            (on_host if needs_host else on_device).append(j)
+            (on_host if self.states.samples_on_host(slots[i]) else on_device).append(j)
         return _SamplePlan(sampled, on_device, on_host)
 
     def _outputs(
@@ -167,7 +187,9 @@ class FastPath:
     ) -> dict[str, torch.Tensor]:
         device = forwarded.logits.device
         outputs: dict[str, torch.Tensor] = {}
-        if plan.on_device:
+        if plan.on_device and forwarded.tokens is not None:
+            outputs["tokens"] = forwarded.tokens[: len(inputs)]  # picked by batch row on wait
+        elif plan.on_device:
             logits = self._rows(forwarded.logits, plan.on_device, len(plan.sampled))
             device_slots = [slots[plan.sampled[j]] for j in plan.on_device]
             outputs["tokens"] = self._sample(logits, device_slots)
@@ -191,21 +213,17 @@ class FastPath:
         return tensor.index_select(0, to_device(np.asarray(rows, dtype=np.int64), tensor.device))
 
     def _sample(self, logits: torch.Tensor, slots: list[int]) -> torch.Tensor:
-        """logits: [rows, vocab] float32 -> [rows] int64 tokens drawn on the device."""
+        """logits: [rows, vocab] float32 -> [rows] int64 tokens drawn on the device.
+
+        Called after the step's tokens joined the ledger, so num_computed is where each
+        sampled token will sit (the position its noise is keyed on)."""
         params = [self.states.sampling[slot] for slot in slots]
-        if all(p.is_greedy for p in params):
+        if self.sampling.processor is None and all(p.is_greedy for p in params):
             return torch.argmax(logits, dim=-1)  # the common case: nothing to stage
-        seeds = [step_seed(p.seed, int(self.states.num_computed_tokens_np[s]))
-                 for p, s in zip(params, slots)]  # fmt: skip
-        floats = np.asarray(
-            [[p.temperature for p in params], [p.top_p for p in params]], dtype=np.float32
-        )
-        ints = np.asarray([[p.top_k for p in params], seeds], dtype=np.int64)
-        floats_dev, ints_dev = to_device(floats, logits.device), to_device(ints, logits.device)
+        rows = np.stack([np.asarray(slots), self.states.num_computed_tokens_np[slots]])
+        index = to_device(rows.astype(np.int64), logits.device)  # [2, rows]: slots, positions
         use_filters = any(p.top_k > 0 or p.top_p < 1.0 for p in params if not p.is_greedy)
-        return sample_on_device(
-            logits, floats_dev[0], ints_dev[0], floats_dev[1], ints_dev[1], use_filters
-        )
+        return self.sampling.sample(logits, index[0], index[1], use_filters)
 
     def _finish(
         self,
@@ -219,10 +237,11 @@ class FastPath:
         host = output.wait()
         tokens: list[int | None] = [None] * len(inputs)
         device_tokens = host["tokens"].tolist() if plan.on_device else []
-        for token, j in zip(device_tokens, plan.on_device):
+        for k, j in enumerate(plan.on_device):
             i = plan.sampled[j]
-            tokens[i] = int(token)
-            self.states.generated[slots[i]].append(int(token))
+            token = int(device_tokens[i if forwarded.tokens is not None else k])
+            tokens[i] = token
+            self.states.generated[slots[i]].append(token)
         for k, j in enumerate(plan.on_host):
             i = plan.sampled[j]
             tokens[i] = host_sampler(inputs[i], slots[i], host["host_logits"][k])

@@ -9,6 +9,10 @@ forward (`_sample`, the single place where sampled token values reach the host);
 forward itself never reads device values. With the "triton" backend a step goes through
 `FastPath` instead (graphed decode, device sampling, async outputs); `launch_step` returns the
 step before its outputs are read, and every other runner call settles it first.
+
+A stage may install a `DeviceLogitsProcessor` (its sampling policy as per-slot device tables)
+instead of giving each request a host hook: it then runs on every row sampled without a hook
+or HF penalty, on both paths (the reference path draws those rows on the host after it).
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from backends.runner.request_states import RequestStates
 from backends.runner.sampler import make_generator, sample_token
 from backends.runner.types import (
     AdmissionError,
+    DeviceLogitsProcessor,
     RunnerConfig,
     SampleContext,
     SamplingHook,
@@ -45,10 +50,16 @@ class ModelRunner:
     (id `num_blocks`, never handed out) that padding rows of graphed batches write to.
     """
 
-    def __init__(self, model: DecoderModel, config: RunnerConfig) -> None:
+    def __init__(
+        self,
+        model: DecoderModel,
+        config: RunnerConfig,
+        logits_processor: DeviceLogitsProcessor | None = None,
+    ) -> None:
         check_backend(config.attention_backend)
         self.model = model
         self.config = config
+        self.logits_processor = logits_processor
         self.block_size = config.block_size
         self.kv = KVCache(
             num_layers=model.num_layers,
@@ -67,8 +78,9 @@ class ModelRunner:
         self.fast_path: FastPath | None = None
         if config.is_fast_path:
             self.fast_path = FastPath(
-                model, config, self.kv, self.states, self.block_table, config.num_blocks
-            )
+                model, config, self.kv, self.states, self.block_table, config.num_blocks,
+                logits_processor,
+            )  # fmt: skip
         self._pending = PendingStep.done([])
 
     def add_request(
@@ -90,6 +102,10 @@ class ModelRunner:
         num_blocks = self._check_admission(request_id, max_len)
         slot = self.states.add(request_id, sampling, hook, max_len)
         self.block_table.set_row(slot, self.block_pool.allocate(num_blocks))
+        if self.logits_processor is not None:
+            self.logits_processor.reset_slot(slot)
+        if self.fast_path is not None:
+            self.fast_path.admit(slot, sampling)
 
     def _check_admission(self, request_id: str, max_len: int) -> int:
         if max_len > self.config.max_model_len:
@@ -235,11 +251,43 @@ class ModelRunner:
             [batch.rows(i).stop - 1 for i in sampled], dtype=torch.int64, device=hidden.device
         )
         logits = self.model.compute_logits(hidden.index_select(0, last_rows))
-        for logits_row, batch_idx in zip(logits, sampled):
-            tokens[batch_idx] = self._sample_one(inputs[batch_idx], slots[batch_idx], logits_row)
+        processed = self._process(logits, [slots[i] for i in sampled])
+        for k, (logits_row, batch_idx) in enumerate(zip(logits, sampled)):
+            tokens[batch_idx] = self._sample_one(
+                inputs[batch_idx], slots[batch_idx], logits_row, record=k not in processed
+            )
+        if processed:
+            self._finish_processed([sampled[k] for k in processed], slots, tokens)
         return tokens
 
-    def _sample_one(self, inp: StepInput, slot: int, logits: torch.Tensor) -> int:
+    def _process(self, logits: torch.Tensor, row_slots: list[int]) -> list[int]:
+        """Apply the device processor to the rows it owns, in place; returns their indices."""
+        if self.logits_processor is None:
+            return []
+        rows = [k for k, slot in enumerate(row_slots) if not self.states.samples_on_host(slot)]
+        if rows:
+            index = torch.tensor(rows, dtype=torch.int64, device=logits.device)
+            picked = logits.index_select(0, index)
+            self.logits_processor.apply(picked, index.new_tensor([row_slots[k] for k in rows]))
+            logits.index_copy_(0, index, picked)
+        return rows
+
+    def _finish_processed(
+        self, batch_rows: list[int], slots: list[int], tokens: list[int | None]
+    ) -> None:
+        """Let the processor see (and maybe force) its rows' draws, then record them."""
+        assert self.logits_processor is not None
+        device = self.kv.data.device
+        drawn = torch.tensor([tokens[i] for i in batch_rows], dtype=torch.int64, device=device)
+        row_slots = torch.tensor([slots[i] for i in batch_rows], dtype=torch.int64, device=device)
+        final = self.logits_processor.update(drawn, row_slots).tolist()
+        for i, token in zip(batch_rows, final):
+            tokens[i] = token
+            self.states.generated[slots[i]].append(token)
+
+    def _sample_one(
+        self, inp: StepInput, slot: int, logits: torch.Tensor, record: bool = True
+    ) -> int:
         params = self.states.sampling[slot]
         position = int(self.states.num_computed_tokens_np[slot])  # where the token will sit
         ctx = SampleContext(
@@ -249,7 +297,8 @@ class ModelRunner:
             generated=self.states.generated[slot],  # live history: hooks must not mutate it
         )
         token = sample_token(logits, params, ctx, self.states.hooks[slot])
-        self.states.generated[slot].append(token)
+        if record:
+            self.states.generated[slot].append(token)
         return token
 
     @staticmethod

@@ -74,6 +74,11 @@ class RequestStates:
             raise ValueError(f"unknown request {request_id!r} (never added, or already freed)")
         return slot
 
+    def samples_on_host(self, slot: int) -> bool:
+        """A host hook or the HF penalty needs the logits row on the host; every other row is
+        drawn on the device (through the runner's DeviceLogitsProcessor, if any)."""
+        return self.hooks[slot] is not None or self.sampling[slot].repetition_penalty != 1.0
+
     def token_ids(self, slot: int) -> list[int]:
         """Ledger ids of the rows now in KV, oldest first."""
         return self.token_ids_np[slot, : self.num_computed_tokens_np[slot]].tolist()

@@ -66,6 +66,30 @@ class SamplingHook(Protocol):
         ...
 
 
+class DeviceLogitsProcessor(Protocol):
+    """A stage's sampling policy as per-slot device tables: the device counterpart of a hook.
+
+    Installed on a runner (`ModelRunner(..., logits_processor=...)`), it sees every row the
+    runner samples without a host hook or HF penalty: `apply` before the draw, `update` after
+    it, both with the rows' slots, so it reads and writes its state by slot on the device. Both
+    must queue tensor work only (no host reads, shapes fixed by the row count) so they run
+    inside a captured CUDA graph and on CPU tensors alike. Rows whose slot the stage does not
+    manage (and the scratch slot `max_num_reqs`, used by graph padding) must pass unchanged.
+    """
+
+    def reset_slot(self, slot: int) -> None:
+        """Called when `slot` is handed to a new request: forget the previous owner."""
+        ...
+
+    def apply(self, logits: torch.Tensor, slots: torch.Tensor) -> None:
+        """logits: [rows, vocab] float32, modified in place; slots: [rows] int64."""
+        ...
+
+    def update(self, tokens: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+        """tokens: [rows] int64 drawn -> [rows] int64 final (may force some); advances state."""
+        ...
+
+
 @dataclass(frozen=True, slots=True)
 class StepInput:
     """One request's rows in one forward."""

@@ -13,6 +13,8 @@ import threading
 import time
 from typing import Any, Callable, Protocol
 
+import torch
+
 from backends.stages.sink import ResponseSink, StageError, StageFailure
 
 log = logging.getLogger(__name__)
@@ -39,6 +41,9 @@ class EngineThread:
         self._on_error = on_error or log.error
         self._observer = observer
         self._on_step = on_step  # called on this thread with each step's wall time in seconds
+        # The CUDA device is per host thread: the engine thread steps on the one its builder chose
+        # (a stage on GPU 1 would otherwise make its streams and graphs on GPU 0).
+        self._cuda_device = torch.cuda.current_device() if torch.cuda.is_initialized() else None
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
@@ -70,6 +75,8 @@ class EngineThread:
             sink.close(StageError("internal", f"{type(exc).__name__}: {exc}"))
 
     def _run(self) -> None:
+        if self._cuda_device is not None:
+            torch.cuda.set_device(self._cuda_device)
         while True:
             command = self._next_command(block=not self.engine.has_work())
             while command is not None:

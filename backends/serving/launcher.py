@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from backends.serving.checkpoints import prepare_checkpoint
+from backends.serving.grpc_stages import STAGE_URL_ENV
 from backends.serving.health import HEALTH_MODEL, server_ready
 from backends.serving.profiles import Profile, get_profile
 from backends.serving.repository import render_repository
@@ -64,6 +65,13 @@ class ServerProcess:
         return f"{self.options.address}:{self.grpc_port}"
 
     @property
+    def stage_url(self) -> str:
+        """Where `duplex` reaches the stages: this server's gRPC port, on loopback when it
+        listens on every interface."""
+        host = "127.0.0.1" if self.options.address in ("0.0.0.0", "::", "") else self.options.address
+        return f"{host}:{self.grpc_port}"
+
+    @property
     def http_url(self) -> str:
         return f"http://{self.options.address}:{self.http_port}"
 
@@ -77,7 +85,7 @@ class ServerProcess:
         with open(self.log_file, "wb") as log:
             self.process = subprocess.Popen(
                 self._command(install.binary, install.backend_dir, repo), stdout=log, stderr=subprocess.STDOUT,
-                env=install.environment(), start_new_session=True,
+                env={**install.environment(), STAGE_URL_ENV: self.stage_url}, start_new_session=True,
             )
         self._wait_ready()
         return self

@@ -31,6 +31,9 @@ DESCRIPTIONS = {
     "codec_pending": "code2wav windows accepted and not yet decoded",
     "sessions": "open duplex sessions",
     "threads": "Python threads of the model process",
+    "session_threads": "worker threads of open duplex sessions (two per session)",
+    "stranded_threads": "threads of force-finished sessions still blocked in a stage call",
+    "stage_channels": "gRPC channels of the orchestrator to the stages (pooled or in a call)",
 }
 
 

@@ -3,6 +3,13 @@
 `ResponseThread` owns every `response_sender.send` of a model instance, so engine threads
 never block on IPC to the server. `TritonSink` is the ResponseSink the engines write to:
 its `close()` is idempotent and always ends the request with FINAL (with an error or not).
+
+Triton 2.51 BLS: a decoupled child's error response reaches the caller's ResponseIterator only
+when it is the request's first response (later ones carry no iterator id and are dropped, the
+FINAL on them too, so the caller blocks forever: verified on our binaries, one data response
+then error + FINAL hangs every time). So an error after data ends the request with a
+flags-only FINAL; the caller sees a stream that stopped before its terminal result (the
+talker's `finished` group), and the error itself goes to the log.
 """
 from __future__ import annotations
 
@@ -67,6 +74,11 @@ class ResponseThread:
             sender.send(response, flags=flags) if response is not None else sender.send(flags=flags)
         except Exception as exc:  # a client that went away must not stop the others
             log.warning("response send failed: %r", exc)
+            if flags and response is not None:  # the FINAL must still go: a BLS caller waits for it
+                try:
+                    sender.send(flags=flags)
+                except Exception as final_exc:
+                    log.warning("flags-only FINAL failed too: %r", final_exc)
 
 
 class TritonSink:
@@ -76,6 +88,7 @@ class TritonSink:
                  encode: Callable[[Any], Any]) -> None:
         self._pb, self._sender, self._responses, self._encode = pb_utils, sender, responses, encode
         self._closed = False
+        self._sent = False  # a data response went out: an error can no longer reach a BLS caller
         self._lock = threading.Lock()  # send/close may come from the engine and a stop path
 
     @property
@@ -87,12 +100,17 @@ class TritonSink:
             if self._closed:
                 raise RuntimeError("send after FINAL")
             self._responses.put(self._sender, self._encode(result), 0)
+            self._sent = True
 
     def close(self, error: StageError | None = None) -> None:
         with self._lock:
             if self._closed:
                 return
             self._closed = True
+            if error is not None and self._sent:  # see the module docstring: the FINAL must arrive
+                log.warning("request ended after its first results: [%s] %s (sent as a plain FINAL)",
+                            error.code, error.message)
+                error = None
             final = self._pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL
             response = None if error is None else self._pb.InferenceResponse(error=triton_error(self._pb, error))
             self._responses.put(self._sender, response, final)

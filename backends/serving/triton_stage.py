@@ -11,6 +11,7 @@ import json
 import logging
 from typing import Any, Callable
 
+from backends.serving.stack_dump import enable_stack_dump
 from backends.serving.engine_thread import EngineThread, SteppedEngine
 from backends.serving.fault_injection import install_fault_hook
 from backends.serving.health import ACTION_HEALTH
@@ -43,6 +44,7 @@ def apply_memory_fraction(params: dict[str, str], device_id: str) -> None:
 class StageAdapter:
     def __init__(self, pb_utils: Any, name: str, request_cls: type, engine: SteppedEngine,
                  params: dict[str, str] | None = None, instance: str = "") -> None:
+        enable_stack_dump()
         self._pb = pb_utils
         self._name = name
         self._request_cls = request_cls

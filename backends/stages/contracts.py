@@ -3,7 +3,7 @@
 Each dataclass is one Triton request or response: every field is one tensor whose name is
 the field name in upper case (see `tensor_codec`), so the `config.pbtxt` of a stage, the
 orchestrator and perf_analyzer input data all derive from these classes and cannot drift.
-Field types map to tensors: str -> TYPE_STRING [1], int -> TYPE_INT64 [1], float ->
+Field types map to tensors: str -> UTF-8 bytes TYPE_UINT8 [-1], int -> TYPE_INT64 [1], float ->
 TYPE_FP32 [1], bool -> TYPE_BOOL [1], np.ndarray -> the dtype and rank named in the comment.
 Fields with a default are optional inputs.
 """

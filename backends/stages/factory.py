@@ -36,6 +36,8 @@ class StageSetup:
         device = torch.device(f"cuda:{device_id}" if params.get("device", "cpu") == "cuda" else "cpu")
         if device.type == "cpu":
             torch.set_num_threads(1)
+        else:  # streams and graph captures made without a device go to the current one
+            torch.cuda.set_device(device)
         return StageSetup(
             checkpoint=params.get("checkpoint", "tiny"), device=device,
             dtype={"float32": torch.float32, "bfloat16": torch.bfloat16}[params.get("dtype", "float32")],

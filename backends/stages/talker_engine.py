@@ -10,6 +10,10 @@ fit with its generation reserve rolls the prompt over (`backends.talker.rollover
 request reserves its full Talker context in KV when first admitted, so the runner never has
 to preempt (facts edge case 10); a reservation that fails is `resource_exhausted`.
 
+The chunk policy runs on the device where the runner samples on the device (its fast path):
+one `TalkerPolicyTable` is the runner's logits processor and each request holds a row of it
+(`backends.talker.device_policy`); elsewhere each request gets the host hook `PolicyGuard`.
+
 Errors are request-scoped: a bad condition or an exception while handling one request closes
 that request's sinks with a StageError and frees its state; other requests go on. `stop`
 closes the request's open sinks with StageError("cancelled"), so a consumer can tell a stopped
@@ -32,9 +36,11 @@ from backends.runner.types import AdmissionError, RunnerConfig, StepInput, StepR
 from backends.stages.contracts import ACTION_RUN, ACTION_STOP, TalkerCodes, TalkerRequest
 from backends.stages.sink import ResponseSink, StageError, StageFailure
 from backends.talker.condition import Condition, build_condition
+from backends.talker.device_policy import DevicePolicy, use_device_policy
 from backends.talker.ended_requests import EndedRequests
 from backends.talker.policy_guard import PolicyGuard
-from backends.talker.request_state import ActiveChunk, TalkerStream, check_next_seq
+from backends.talker.policy_table import TalkerPolicyTable
+from backends.talker.request_state import ActiveChunk, ChunkPolicy, TalkerStream, check_next_seq
 from backends.talker.rollover import ChunkRecord, PromptKind, plan_prompt
 
 _LOG = logging.getLogger(__name__)
@@ -47,13 +53,19 @@ class TalkerEngine:
         runner_config: RunnerConfig,
         sampling: TalkerSamplingConfig | None = None,
         policy_factory: Callable[[], TalkerChunkPolicy] | None = None,
+        device_policy: bool | None = None,  # None: on the device where the runner can
     ) -> None:
         self._model = model
-        self._runner = ModelRunner(model, runner_config)
         self._device = torch.device(runner_config.device)
         self._sampling = sampling or TalkerSamplingConfig()
         self._eos_id = model.config.eos_id
         self._policy_factory = policy_factory or self._default_policy
+        self._policy_table: TalkerPolicyTable | None = None
+        if use_device_policy(device_policy, runner_config, self._sampling, bool(policy_factory)):
+            self._policy_table = TalkerPolicyTable(
+                runner_config.max_num_reqs, self._device, self._sampling, self._eos_id
+            )
+        self._runner = ModelRunner(model, runner_config, self._policy_table)
         # Talker context = min(runner max_model_len, tts max_position_embeddings) (facts 2.6).
         self.context = min(runner_config.max_model_len, model.config.max_position_embeddings)
         self._streams: dict[str, TalkerStream] = {}
@@ -136,8 +148,7 @@ class TalkerEngine:
         check_next_seq(stream, request)
         condition = build_condition(self._model, request, sink, self._device)
         if stream is None:
-            hook = PolicyGuard(self._policy_factory(), self._eos_id)
-            stream = TalkerStream(request.request_id, hook)
+            stream = TalkerStream(request.request_id, self._new_policy())
             self._admit(stream, request.seed)
             self._streams[request.request_id] = stream
         stream.last_seq = request.condition_seq
@@ -146,9 +157,11 @@ class TalkerEngine:
     def _admit(self, stream: TalkerStream, seed: int) -> None:
         params = dataclasses.replace(self._sampling.to_sampling_params(), seed=seed)
         try:
-            self._runner.add_request(stream.request_id, params, stream.hook, self.context)
+            hook = stream.hook.runner_hook
+            self._runner.add_request(stream.request_id, params, hook, self.context)
         except AdmissionError as exc:
             raise StageFailure("resource_exhausted", str(exc)) from exc
+        stream.hook.attach(self._runner.states.slot_of(stream.request_id))
 
     def _reject(self, request_id: str, sink: ResponseSink, error: StageError) -> None:
         """A condition failed on arrival: it ends the whole request (its seq is now lost)."""
@@ -204,6 +217,7 @@ class TalkerEngine:
 
     def _readmit(self, stream: TalkerStream, seed: int) -> None:
         """Drop the request's KV and start again from position 0 (same hook, same history)."""
+        stream.hook.detach(self._runner.states.slot_of(stream.request_id))
         self._runner.free_request(stream.request_id)
         stream.last_chunk = None
         self._admit(stream, seed)
@@ -263,6 +277,11 @@ class TalkerEngine:
 
     def _default_policy(self) -> TalkerChunkPolicy:
         return TalkerChunkPolicy(self._sampling, eos_id=self._eos_id)
+
+    def _new_policy(self) -> ChunkPolicy:
+        if self._policy_table is not None:
+            return DevicePolicy(self._policy_table)
+        return PolicyGuard(self._policy_factory(), self._eos_id)
 
 
 def _internal(request_id: str, exc: Exception) -> StageError:

@@ -1,9 +1,15 @@
 """Dataclass <-> named numpy arrays: the one place that maps contract fields to tensors.
 
-A contract field becomes the tensor named after it in upper case. Scalars travel as
-one-element tensors; arrays declare dtype and rank with `array_field`. Decoding validates
-dtype, rank and presence and raises `ContractError` (a ValueError) naming the tensor, so a bad
-request becomes an INVALID_ARG answer instead of an exception deep in an engine.
+A contract field becomes the tensor named after it in upper case. int/float/bool scalars
+travel as one-element tensors; a str travels as its UTF-8 bytes, a uint8 [-1] tensor; arrays
+declare dtype and rank with `array_field`. Decoding validates dtype, rank and presence and
+raises `ContractError` (a ValueError) naming the tensor, so a bad request becomes an
+INVALID_ARG answer instead of an exception deep in an engine.
+
+Why not TYPE_STRING: a Python-backend stub under numpy >= 2 reads every BYTES tensor it is
+handed as garbage (and dies of it) and sends every BYTES tensor it builds empty (the stub's
+pybind11 reads numpy 1's dtype layout: backends/serving/triton_tensors.py). uint8 tensors move
+through DLPack like every other number, whatever the numpy version.
 """
 from __future__ import annotations
 
@@ -14,9 +20,9 @@ from typing import Any, Callable
 
 import numpy as np
 
-_SCALAR_DTYPES: dict[type, Any] = {str: np.object_, int: np.int64, float: np.float32, bool: np.bool_}
+_SCALAR_DTYPES: dict[type, Any] = {int: np.int64, float: np.float32, bool: np.bool_}
 _TRITON_DTYPES: dict[Any, str] = {
-    np.object_: "TYPE_STRING", np.int64: "TYPE_INT64", np.int32: "TYPE_INT32",
+    np.uint8: "TYPE_UINT8", np.int64: "TYPE_INT64", np.int32: "TYPE_INT32",
     np.int16: "TYPE_INT16", np.float32: "TYPE_FP32", np.bool_: "TYPE_BOOL",
 }
 
@@ -41,7 +47,8 @@ class TensorSpec:
     dtype: Any  # numpy scalar type
     dims: tuple[int, ...]
     optional: bool
-    is_scalar: bool  # a str/int/float/bool field carried as a one-element tensor
+    is_scalar: bool  # an int/float/bool field carried as a one-element tensor
+    is_text: bool = False  # a str field carried as its UTF-8 bytes (uint8 [-1])
 
     @property
     def triton_dtype(self) -> str:
@@ -53,13 +60,19 @@ def tensor_specs(cls: type) -> list[TensorSpec]:
     specs = []
     for f in dataclasses.fields(cls):
         optional = f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING
-        is_scalar = "dtype" not in f.metadata
-        if is_scalar:
-            dtype, dims = _SCALAR_DTYPES[hints[f.name]], (1,)
+        name = f.name.upper()
+        if hints[f.name] is str:
+            specs.append(TensorSpec(name, f.name, np.uint8, (-1,), optional, False, is_text=True))
+        elif "dtype" not in f.metadata:
+            specs.append(TensorSpec(name, f.name, _SCALAR_DTYPES[hints[f.name]], (1,), optional, True))
         else:
-            dtype, dims = f.metadata["dtype"], f.metadata["dims"]
-        specs.append(TensorSpec(f.name.upper(), f.name, dtype, dims, optional, is_scalar))
+            specs.append(TensorSpec(name, f.name, f.metadata["dtype"], f.metadata["dims"], optional, False))
     return specs
+
+
+def encode_text(text: str) -> np.ndarray:
+    """A str field's tensor: its UTF-8 bytes, uint8 [n] (n = 0 for "")."""
+    return np.frombuffer(text.encode("utf-8"), dtype=np.uint8).copy()
 
 
 def to_arrays(obj: Any) -> dict[str, np.ndarray]:
@@ -67,8 +80,8 @@ def to_arrays(obj: Any) -> dict[str, np.ndarray]:
     out = {}
     for spec in tensor_specs(type(obj)):
         value = getattr(obj, spec.field)
-        if spec.dtype is np.object_:
-            out[spec.name] = np.array([value.encode("utf-8")], dtype=np.object_)
+        if spec.is_text:
+            out[spec.name] = encode_text(value)
         elif spec.is_scalar:
             out[spec.name] = np.array([value], dtype=spec.dtype)
         else:
@@ -90,6 +103,8 @@ def from_arrays(cls: type, get: Callable[[str], np.ndarray | None]) -> Any:
 
 
 def _decode(spec: TensorSpec, array: np.ndarray) -> Any:
+    if spec.is_text:
+        return _decode_text(spec, array)
     if spec.is_scalar:
         return _decode_scalar(spec, array)
     if array.dtype.type is not spec.dtype:
@@ -103,10 +118,16 @@ def _decode_scalar(spec: TensorSpec, array: np.ndarray) -> Any:
     if array.size != 1:
         raise ContractError(f"{spec.name} must hold exactly one element, got shape {list(array.shape)}")
     value = array.reshape(-1)[0]
-    if spec.dtype is np.object_:
-        if not isinstance(value, (bytes, str)):
-            raise ContractError(f"{spec.name} must be a string")
-        return value.decode("utf-8", errors="strict") if isinstance(value, bytes) else value
     if array.dtype.type is not spec.dtype:
         raise ContractError(f"{spec.name} must be {np.dtype(spec.dtype).name}, got {array.dtype.name}")
     return {np.int64: int, np.float32: float, np.bool_: bool}[spec.dtype](value)
+
+
+def _decode_text(spec: TensorSpec, array: np.ndarray) -> str:
+    if array.dtype.type is not np.uint8 or array.ndim != 1:
+        raise ContractError(f"{spec.name} must be UTF-8 text as uint8 [-1], "
+                            f"got {array.dtype.name} of shape {list(array.shape)}")
+    try:
+        return array.tobytes().decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ContractError(f"{spec.name} is not valid UTF-8 ({exc.reason} at byte {exc.start})") from None

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from backends.models.talker_policy import ChunkKind, TalkerChunkPolicy
-from backends.runner.types import SampleContext
+from backends.runner.types import SampleContext, SamplingHook
 
 
 class PolicyGuard:
@@ -20,6 +20,17 @@ class PolicyGuard:
         self.policy = policy
         self.eos_id = eos_id
         self.error: Exception | None = None  # the first exception the policy raised
+
+    @property
+    def runner_hook(self) -> SamplingHook | None:
+        """The runner calls this guard itself for every row of the request."""
+        return self
+
+    def attach(self, slot: int) -> None:
+        """Nothing to do: the policy's state lives in this object, whatever the slot."""
+
+    def detach(self, slot: int) -> None:
+        """Nothing to do: the history survives re-admission with this object."""
 
     def begin_chunk(self, kind: ChunkKind) -> None:
         self.policy.begin_chunk(kind)

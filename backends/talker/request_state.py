@@ -10,18 +10,41 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import numpy as np
 
-from backends.runner.types import StepInput
+from backends.models.talker_policy import ChunkKind
+from backends.runner.types import SamplingHook, StepInput
 from backends.stages.contracts import TalkerCodes, TalkerRequest
 from backends.stages.sink import ResponseSink, StageFailure
 from backends.talker.condition import Condition
-from backends.talker.policy_guard import PolicyGuard
 from backends.talker.rollover import ChunkRecord
 
 # Frames per streamed group: one second of 25 Hz codec frames, the Code2Wav window body.
 FRAMES_PER_GROUP = 25
+
+
+class ChunkPolicy(Protocol):
+    """A request's chunk policy as the engine drives it: a host hook (`PolicyGuard`) or a
+    row of the device table (`DevicePolicy`)."""
+
+    error: Exception | None  # set when the policy failed inside a step (host hooks only)
+
+    @property
+    def runner_hook(self) -> SamplingHook | None:
+        """What `ModelRunner.add_request` gets as the request's hook."""
+        ...
+
+    def attach(self, slot: int) -> None:
+        """Called after every admission of the request, with its runner slot."""
+        ...
+
+    def detach(self, slot: int) -> None:
+        """Called before a re-admission frees the request's slot."""
+        ...
+
+    def begin_chunk(self, kind: ChunkKind) -> None: ...
 
 
 @dataclass(slots=True)
@@ -55,7 +78,7 @@ class TalkerStream:
     """All Talker state of one request id (one session epoch)."""
 
     request_id: str
-    hook: PolicyGuard  # the chunk policy; survives rollovers so its code history does too
+    hook: ChunkPolicy  # the chunk policy; survives rollovers so its code history does too
     last_seq: int | None = None  # condition_seq of the last accepted condition
     queue: deque[Condition] = field(default_factory=deque)
     active: ActiveChunk | None = None

@@ -1,8 +1,10 @@
 """Scripted stage clients with real stream semantics, for orchestrator tests.
 
 The Thinker speaks units `speak_from .. speak_from + reply_units - 1` of each epoch (the last
-one ends the turn) and listens otherwise; the Talker returns 25 frames per condition; Code2Wav
-returns 960 samples per new frame. Stops are recorded; a request of a stopped id fails like
+one ends the turn) and listens otherwise; the Talker returns 25 frames per condition (with
+`talker_unfinished`, a first group whose stream then ends without its `finished` group, as a
+stage that failed after its first frames answers a BLS caller); Code2Wav returns 960 samples
+per new frame. Stops are recorded; a request of a stopped id fails like
 a real stage would. Fault injection: `fail_on[stage] = n` raises on that stage's n-th call.
 
 `open` mirrors the request tables of the real engines: a first request (thinker seq 0, talker
@@ -39,6 +41,7 @@ class ScriptedStages:
         self.talker_gate = threading.Event()
         self.talker_gate.set()
         self.open: set[tuple[str, str]] = set()
+        self.talker_unfinished = False
 
     def _arrive(self, stage: str, request_id: str, first: bool) -> None:
         if first:
@@ -76,7 +79,8 @@ class ScriptedStages:
         self.requests.append(request)
         self.talker_gate.wait(10)
         self._arrive("talker", request.request_id, request.condition_seq == 0)
-        yield TalkerCodes(request.request_id, request.condition_seq, np.arange(25, dtype=np.int32) + 100, True)
+        finished = not self.talker_unfinished
+        yield TalkerCodes(request.request_id, request.condition_seq, np.arange(25, dtype=np.int32) + 100, finished)
 
     def code2wav(self, request):
         self._count("code2wav")

@@ -116,6 +116,22 @@ def test_an_error_close_frees_the_transport():
     assert _closed_reason(down) == "error" and down.abandoned
 
 
+def test_a_talker_stream_that_ends_before_its_last_frames_fails_the_session():
+    """A stage that fails after its first results can only end the BLS stream (Triton 2.51
+    drops a later error response): the session must report it, not wait or go on silently."""
+    stages = ScriptedStages(speak_from=0, reply_units=2)
+    stages.talker_unfinished = True
+    manager = SessionManager(ManagerConfig(), stages)
+    down, _ = _send(manager, "s", start=True)
+    _send(manager, "s", 16000)
+    _wait(down.closed.is_set, "error close")
+    error = next(e for e in down.events if e.type == "error")
+    assert error.fields["code"] == "stage_failed" and "ended before its last frames" in error.fields["message"]
+    assert _closed_reason(down) == "error" and stages.open == set() and manager.num_sessions == 0
+    done = [e.fields["status"] for e in down.events if e.type == "response.done"]
+    assert done == ["failed"], down.types()
+
+
 def test_client_end_keeps_the_transport():
     """An END releases the transport itself (Triton's sequence slot): no abandon."""
     manager = SessionManager(ManagerConfig(), ScriptedStages())
@@ -158,9 +174,56 @@ def test_stats_and_observer_follow_the_sessions():
     manager = SessionManager(ManagerConfig(), ScriptedStages(), observer=seen.append)
     threads_before = threading.active_count()
     down, _ = _send(manager, "s", start=True)
-    assert manager.stats() == {"sessions": 1, "threads": threads_before + 2}
+    assert manager.stats() == {"sessions": 1, "session_threads": 2, "stranded_threads": 0,
+                               "threads": threads_before + 2}
     _wait(lambda: seen and seen[-1]["sessions"] == 1, "observer saw the session")
     _send(manager, "s", end=True)
     _wait(down.closed.is_set, "closed")
-    _wait(lambda: manager.stats() == {"sessions": 0, "threads": threads_before}, "threads gone")
-    _wait(lambda: seen[-1] == {"sessions": 0, "threads": threads_before}, "observer saw the close")
+    _wait(lambda: manager.stats() == {"sessions": 0, "session_threads": 0, "stranded_threads": 0,
+                                      "threads": threads_before}, "threads gone")
+    _wait(lambda: seen[-1]["sessions"] == 0 and seen[-1]["threads"] == threads_before, "observer saw the close")
+
+
+def test_a_session_stuck_in_a_stage_call_is_finished_by_the_reaper(monkeypatch):
+    """A BLS stream that never delivers its FINAL (seen with Triton 2.51) must not keep the
+    session, its admission slot or its client waiting: the reaper finishes it; the stuck thread
+    is counted until it returns, and its return changes nothing."""
+    import backends.duplex.session_manager as session_manager
+
+    monkeypatch.setattr(session_manager, "STUCK_CLOSE_S", 0.3)
+    stages = ScriptedStages(speak_from=99)
+    stages.gate.clear()  # the Thinker call never answers
+    manager = SessionManager(ManagerConfig(), stages)
+    down, _ = _send(manager, "s", start=True)
+    _send(manager, "s", 16000)
+    _wait(lambda: stages.calls["thinker"] == 1, "the call in flight")
+    down.cancelled.set()
+    _wait(down.closed.is_set, "forced finish")
+    assert _closed_reason(down) == "client_gone" and manager.num_sessions == 0
+    _wait(lambda: manager.stats()["stranded_threads"] >= 1, "stranded thread counted")
+    stops_before = len(stages.stops)
+    time.sleep(0.6)  # more reaper sweeps: the closed session is neither closed again nor re-stopped
+    assert len(stages.stops) == stops_before
+    stages.gate.set()
+    _wait(lambda: manager.stats()["stranded_threads"] == 0, "stranded thread returned")
+    assert down.types().count("session.closed") == 1
+
+
+def test_a_stage_that_never_answers_fails_the_session_with_stage_timeout(monkeypatch):
+    import backends.duplex.session_manager as session_manager
+
+    monkeypatch.setattr(session_manager, "STUCK_CLOSE_S", 0.2)
+    stages = ScriptedStages(speak_from=0, reply_units=2)
+    stages.talker_gate.clear()  # the Talker never answers: the client keeps streaming
+    manager = SessionManager(ManagerConfig(stage_timeout_s=0.5), stages)
+    down, _ = _send(manager, "s", start=True)
+    _send(manager, "s", 16000)
+    _wait(lambda: stages.calls["talker"] == 1, "the call in flight")
+    for _ in range(10):  # an active client: the idle reaper never fires
+        _send(manager, "s", 1600)
+        time.sleep(0.1)
+    _wait(down.closed.is_set, "stage timeout close")
+    error = next(e for e in down.events if e.type == "error")
+    assert error.fields["code"] == "stage_timeout" and _closed_reason(down) == "error"
+    assert manager.num_sessions == 0
+    stages.talker_gate.set()

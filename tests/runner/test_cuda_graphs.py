@@ -38,3 +38,23 @@ def test_stage_fills_real_and_padding_rows(qwen3) -> None:
     assert meta.block_tables[3].tolist() == [8, -1, -1]
     assert meta.query_start_loc.tolist() == [0, 1, 2, 3, 4]
     torch.testing.assert_close(graphs.embeds[:4], qwen3.embed_tokens(torch.tensor([11, 12, 13, 0])))
+
+
+def test_sampler_reads_staged_slots_and_next_positions(qwen3) -> None:
+    """With a sampler, `run` draws every bucket row from its staged sampling slot (scratch for
+    padding and unsampled rows) at the position after its row, over the forward's logits."""
+    kv = KVCache(qwen3.num_layers, 9, 4, qwen3.num_kv_heads, qwen3.head_dim, torch.float32, "cpu")
+    seen: list[tuple[list[int], list[int]]] = []
+
+    def sampler(logits: torch.Tensor, slots: torch.Tensor, positions: torch.Tensor):
+        seen.append((slots.tolist(), positions.tolist()))
+        return torch.argmax(logits, dim=-1)
+
+    graphs = DecodeGraphs(qwen3, kv, (1, 2, 4), 3, pad_block=8, max_seq_len=12,
+                          sampler=sampler, scratch_slot=6)  # fmt: skip
+    block_rows = np.array([[5, 1, -1], [0, 2, 3], [7, -1, -1]], dtype=np.int32)
+    size = graphs.stage([11, 12, 13], np.array([6, 9, 0]), block_rows, sample_slots=[2, 6, 0])
+    hidden, logits, tokens = graphs.run(size)
+    assert seen == [([2, 6, 0, 6], [7, 10, 1, 1])]
+    assert tokens is not None and tokens.tolist() == torch.argmax(logits, dim=-1).tolist()
+    assert not graphs.is_sampling_captured

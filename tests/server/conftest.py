@@ -18,27 +18,35 @@ from backends.serving.profiles import get_profile
 RESPONSE_TIMEOUT_S = 60.0
 
 
+# Triton 2.51 counts a request it refuses for an unknown sequence ("must specify the START
+# flag": test_duplex_bad_input sends one on purpose, and a client END that arrives after a
+# session released its own sequence is one too) as in flight for good, so a server stop waits
+# its whole exit timeout: 5 s instead of the launcher's 20 s of CI time.
+TEST_EXIT_ARGS = ["--exit-timeout-secs=5"]
+
+
 @pytest.fixture(scope="session")
 def server(tmp_path_factory):
     workdir = PROJECT_ROOT / "var"  # the tiny checkpoint is cached here across runs
     options = ServerOptions(profile=get_profile("cpu").with_overrides({"idle_timeout_s": "20"}), workdir=workdir,
-                            log_file=tmp_path_factory.mktemp("triton") / "server.log")
+                            log_file=tmp_path_factory.mktemp("triton") / "server.log", extra_args=TEST_EXIT_ARGS)
     with ServerProcess(options) as proc:
         yield proc
 
 
-# The reliability tests (tests/server/test_reliability_*.py) run on their own server: a 4 s idle
+# The reliability tests (tests/server/test_reliability_*.py) run on their own server: a 6 s idle
 # timeout (the shared server's 20 s would make the idle test wait 20 s), a 320-token Thinker
 # context (overflow after ~20 units instead of ~500) and fault injection on. Both would break or
 # slow down the tests that need production-like settings on the shared server.
-RELIABILITY_OVERRIDES = {"idle_timeout_s": "4", "max_context_tokens": "320", "fault_injection": "on"}
+RELIABILITY_OVERRIDES = {"idle_timeout_s": "6", "max_context_tokens": "320", "fault_injection": "on"}
 
 
 @pytest.fixture(scope="session")
 def reliability_server(tmp_path_factory):
     options = ServerOptions(profile=get_profile("cpu").with_overrides(RELIABILITY_OVERRIDES),
                             workdir=PROJECT_ROOT / "var",
-                            log_file=tmp_path_factory.mktemp("triton-reliability") / "server.log")
+                            log_file=tmp_path_factory.mktemp("triton-reliability") / "server.log",
+                            extra_args=TEST_EXIT_ARGS)
     with ServerProcess(options) as proc:
         yield proc
 

@@ -20,6 +20,7 @@ import tritonclient.grpc as grpcclient
 from backends.serving.launcher import DEFAULT_REPOSITORY, PROJECT_ROOT, ServerOptions, ServerProcess
 from backends.serving.profiles import get_profile
 from backends.serving.repository import render_repository
+from backends.stages.tensor_codec import encode_text
 
 ENSEMBLE_REPOSITORY = PROJECT_ROOT / "ensemble"
 MODELS = ("talker", "code2wav", "codec_bridge", "audio_tail")
@@ -50,14 +51,14 @@ def _utterance(url: str, request_id: str) -> list[tuple[int, int]]:
     """One mid-turn condition through the ensemble -> [(chunk_seq, samples)] in order."""
     rng = np.random.default_rng(0)
     arrays = {
-        "REQUEST_ID": np.array([request_id], dtype=np.object_),
+        "REQUEST_ID": encode_text(request_id),
         "CONDITION_SEQ": np.array([0], dtype=np.int64),
         "TOKEN_IDS": rng.integers(10, 40, 6).astype(np.int32),
         "HIDDEN": rng.standard_normal((6, TINY_LLM_DIM)).astype(np.float32),
         "TURN_START": np.array([False]),
         "TURN_END": np.array([False]),
     }
-    dtypes = {np.object_: "BYTES", np.int64: "INT64", np.int32: "INT32", np.float32: "FP32", np.bool_: "BOOL"}
+    dtypes = {np.uint8: "UINT8", np.int64: "INT64", np.int32: "INT32", np.float32: "FP32", np.bool_: "BOOL"}
     inputs = []
     for name, array in arrays.items():
         tensor = grpcclient.InferInput(name, list(array.shape), dtypes[array.dtype.type])

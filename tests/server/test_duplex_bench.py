@@ -13,6 +13,7 @@ import json
 import subprocess
 
 import pytest
+from server_resources import wait_for_gauges
 
 from perf.duplex_bench import main as bench_main
 from perf.pa_run import main as pa_main, pa_environment, perf_analyzer_binary
@@ -83,3 +84,6 @@ def test_perf_analyzer_on_the_thinker(server, tmp_path):
     result = json.loads((tmp_path / "thinker_latency.json").read_text())
     assert result["requests"] > 0 and result["acks"] > 0  # unit results, and the stop requests
     assert 0.0 < result["first_response_ms"]["mean"] < 10_000.0
+    # perf_analyzer stops wherever its window ends; pa_run stops the sessions it cut short.
+    idle = {("requests", "thinker"): 0.0, ("runner_requests", "thinker"): 0.0}
+    assert wait_for_gauges(server, idle) == idle, "perf_analyzer's thinker sessions still hold KV"

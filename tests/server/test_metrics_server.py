@@ -21,6 +21,7 @@ import tritonclient.grpc as grpcclient
 from backends.serving.health import probe
 from backends.serving.metrics_catalog import parse_samples, sample_sum
 from backends.stages.factory import SLOT_MARGIN
+from backends.stages.tensor_codec import encode_text
 from client.events import AudioDelta, DuplexEvent, ResponseDone, ResponseListen, ResponseSpeak
 from client.params import SessionParams
 from client.session import DuplexSession
@@ -42,8 +43,11 @@ def server(tmp_path_factory):
     from backends.serving.launcher import PROJECT_ROOT, ServerOptions, ServerProcess
     from backends.serving.profiles import get_profile
 
+    from conftest import TEST_EXIT_ARGS
+
     options = ServerOptions(profile=get_profile("cpu").with_overrides({"idle_timeout_s": "20"}),
-                            workdir=PROJECT_ROOT / "var", log_file=tmp_path_factory.mktemp("metrics") / "server.log")
+                            workdir=PROJECT_ROOT / "var", log_file=tmp_path_factory.mktemp("metrics") / "server.log",
+                            extra_args=TEST_EXIT_ARGS)
     with ServerProcess(options) as proc:
         yield proc
 
@@ -145,9 +149,9 @@ def _bad_stage_request(url: str) -> None:
     client = grpcclient.InferenceServerClient(url)
     client.start_stream(callback=lambda result, error: results.append(error))
     inputs = []
-    for name, dtype, value in (("REQUEST_ID", "BYTES", np.array([b"metrics-bad"], dtype=np.object_)),
+    for name, dtype, value in (("REQUEST_ID", "UINT8", encode_text("metrics-bad")),
                                ("AUDIO", "FP32", np.zeros(0, np.float32)),
-                               ("ACTION", "BYTES", np.array([b"explode"], dtype=np.object_))):
+                               ("ACTION", "UINT8", encode_text("explode"))):
         tensor = grpcclient.InferInput(name, list(value.shape), dtype)
         tensor.set_data_from_numpy(value)
         inputs.append(tensor)

@@ -6,7 +6,7 @@ import pytest
 from backends.stages.contracts import (
     Code2WavAudio, Code2WavRequest, TalkerCodes, TalkerRequest, ThinkerRequest, ThinkerUnitResult, stop_request,
 )
-from backends.stages.tensor_codec import ContractError, from_arrays, tensor_specs, to_arrays
+from backends.stages.tensor_codec import ContractError, encode_text, from_arrays, tensor_specs, to_arrays
 
 
 def _roundtrip(obj):
@@ -37,7 +37,7 @@ def test_optional_inputs_may_be_absent_and_required_ones_may_not():
     del arrays["FINISHED"]
     with pytest.raises(ContractError, match="FINISHED"):
         from_arrays(TalkerCodes, arrays.get)
-    minimal = {"REQUEST_ID": np.array([b"r"], object), "AUDIO": np.zeros(4, np.float32)}
+    minimal = {"REQUEST_ID": encode_text("r"), "AUDIO": np.zeros(4, np.float32)}
     assert from_arrays(ThinkerRequest, minimal.get).seq == 0
 
 
@@ -46,7 +46,9 @@ def test_optional_inputs_may_be_absent_and_required_ones_may_not():
     ("AUDIO", np.zeros((2, 2), np.float32), "rank"),
     ("SEQ", np.array([1, 2], np.int64), "one element"),
     ("SEQ", np.array([1.0], np.float32), "int64"),
-    ("REQUEST_ID", np.array([5], object), "string"),
+    ("REQUEST_ID", np.array([b"r"], object), "UTF-8 text as uint8"),
+    ("REQUEST_ID", np.array([[114]], np.uint8), "UTF-8 text as uint8"),
+    ("REQUEST_ID", np.array([0xff, 0xfe], np.uint8), "not valid UTF-8"),
 ])
 def test_bad_tensors_are_refused_with_their_name(name, value, match):
     arrays = to_arrays(ThinkerRequest(request_id="r", audio=np.zeros(4, np.float32)))
@@ -59,7 +61,8 @@ def test_specs_follow_field_order_and_types():
     specs = {s.name: s for s in tensor_specs(Code2WavRequest)}
     assert specs["CODES"].triton_dtype == "TYPE_INT32" and specs["CODES"].dims == (-1,)
     assert specs["LAST_CHUNK"].triton_dtype == "TYPE_BOOL" and specs["LAST_CHUNK"].optional
-    assert specs["REQUEST_ID"].triton_dtype == "TYPE_STRING" and not specs["REQUEST_ID"].optional
+    assert specs["REQUEST_ID"].triton_dtype == "TYPE_UINT8" and specs["REQUEST_ID"].dims == (-1,)
+    assert specs["REQUEST_ID"].is_text and not specs["REQUEST_ID"].optional
     assert [s.name for s in tensor_specs(Code2WavAudio)] == ["REQUEST_ID", "CHUNK_SEQ", "AUDIO"]
 
 
@@ -69,3 +72,12 @@ def test_stop_requests_encode(stage, cls):
     msg = stop_request(stage, "s.e1")
     back = _roundtrip(msg)
     assert isinstance(back, cls) and back.action == "stop" and back.request_id == "s.e1"
+
+
+@pytest.mark.parametrize("text", ["", "s1.e0", "héllo 🎙", "\x00"])
+def test_text_fields_travel_as_utf8_bytes(text):
+    """No TYPE_STRING between our models: a stub under numpy 2 cannot read or build one."""
+    arrays = to_arrays(ThinkerRequest(request_id="r", audio=np.zeros(4, np.float32), instructions=text))
+    assert arrays["INSTRUCTIONS"].dtype == np.uint8 and arrays["INSTRUCTIONS"].shape == (len(text.encode()),)
+    assert all(array.dtype != np.object_ for array in arrays.values())
+    assert from_arrays(ThinkerRequest, arrays.get).instructions == text

@@ -17,8 +17,10 @@ steady streaming hits one graph per batch size.
 from __future__ import annotations
 
 import dataclasses
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -27,6 +29,7 @@ from backends.models.token2wav.cfm import CausalConditionalCFM, SolverInputs, So
 from backends.models.token2wav.hift import HiFTGenerator
 
 FRAME_BUCKETS = (8, 16, 24, 32, 40, 50, 56)  # 50: steady windows; 56: a 28-code final window
+log = logging.getLogger(__name__)
 CACHE_STEP = 50  # one window's mel frames: first, second and steady windows hit exact sizes
 DEFAULT_MAX_GRAPHS = 48
 _WARMUP_RUNS = 2  # library plans and allocator pools settle before capture
@@ -46,6 +49,11 @@ class GraphRunner:
         self.fn = fn
         self.max_graphs = max_graphs
         self._graphs: dict[tuple, _Graph] = {}
+        # One memory pool for all of this runner's graphs: they replay one at a time and their
+        # callers copy what they keep before the next call (as with one graph replayed twice).
+        # A pool per graph held every batch x length bucket's activations at once, and under
+        # the stage's memory cap cuDNN then found no workspace in a later capture.
+        self._pool: Any = None
 
     def num_graphs(self) -> int:
         return len(self._graphs)
@@ -58,7 +66,13 @@ class GraphRunner:
         if entry is None:
             if len(self._graphs) >= self.max_graphs:
                 return self.fn(*inputs)  # beyond the budget: eager, same result
-            entry = self._graphs[key] = self._capture(inputs)
+            try:
+                entry = self._graphs[key] = self._capture(inputs)
+            except RuntimeError as exc:  # e.g. no cuDNN workspace under the memory cap
+                log.warning("CUDA graph capture for %s failed (%s); eager from now on", key, exc)
+                self.max_graphs = len(self._graphs)
+                torch.cuda.synchronize()
+                return self.fn(*inputs)
         for static, value in zip(entry.inputs, inputs):
             static.copy_(value)
         entry.graph.replay()
@@ -72,8 +86,10 @@ class GraphRunner:
             for _ in range(_WARMUP_RUNS):
                 self.fn(*static)
         torch.cuda.current_stream().wait_stream(side)
+        if self._pool is None:
+            self._pool = torch.cuda.graph_pool_handle()
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
+        with torch.cuda.graph(graph, pool=self._pool):
             outputs = self.fn(*static)
         return _Graph(graph, static, tuple(outputs))
 

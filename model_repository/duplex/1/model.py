@@ -1,27 +1,33 @@
-"""Triton adapter of the `duplex` orchestrator (BLS): sessions by sequence id."""
+"""Triton adapter of the `duplex` orchestrator: sessions by sequence id. It calls the stages
+over gRPC streams to its own server, not BLS (backends/serving/grpc_stages.py says why)."""
 import triton_python_backend_utils as pb_utils
 
 from backends.duplex.session_manager import SessionManager
+from backends.serving.grpc_stages import GrpcStageClients, stage_url
 from backends.serving.triton_duplex import (
-    BlsStageClients, TritonDownlink, TritonUplinkReply, is_sequence_release, manager_config, raw_uplink,
+    TritonDownlink, TritonUplinkReply, is_sequence_release, manager_config, raw_uplink,
 )
 from backends.serving.metrics_duplex import DuplexMetrics
 from backends.serving.metrics_thread import MetricsThread
 from backends.serving.resource_gauges import ResourceGauges
+from backends.serving.stack_dump import enable_stack_dump
 from backends.serving.triton_responses import ResponseThread
 from backends.serving.triton_stage import model_parameters
 
 
 class TritonPythonModel:
     def initialize(self, args):
+        enable_stack_dump()
         self._name = args["model_name"]
         self._responses = ResponseThread(pb_utils, "duplex-responses")
         # One thread per process calls the metric API (triton_notes 0.9): the gauges run on it too.
         metrics = MetricsThread(pb_utils, "duplex", args.get("model_instance_name", ""))
         self._metrics = DuplexMetrics(metrics)
         gauges = ResourceGauges(pb_utils, "duplex")
-        self._manager = SessionManager(manager_config(model_parameters(args)), BlsStageClients(pb_utils),
-                                       observer=lambda counts: metrics.call(gauges.publish, counts))
+        params = model_parameters(args)
+        self._stages = GrpcStageClients(stage_url(params))
+        self._manager = SessionManager(manager_config(params), self._stages, observer=lambda counts: metrics.call(
+            gauges.publish, {**counts, "stage_channels": self._stages.open_channels()}))
 
     def execute(self, requests):
         for request in requests:
@@ -40,5 +46,6 @@ class TritonPythonModel:
 
     def finalize(self):
         self._manager.shutdown()
+        self._stages.close()
         self._responses.shutdown()
         self._metrics.shutdown()

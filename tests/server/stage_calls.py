@@ -1,0 +1,89 @@
+"""Direct requests to a stage model (thinker, talker, code2wav) on a real server.
+
+A request is a contract dataclass (backends/stages/contracts.py) encoded by the same
+`to_arrays` the orchestrator uses; each call gets its own gRPC stream, because tritonclient
+2.51 drops the request id of in-band errors (a stream with one request in flight needs none).
+Answers are decoded back into the contract's result class. `StageCall` reads a stream
+incrementally (a test can act between two results); `call` waits for the FINAL.
+"""
+from __future__ import annotations
+
+import queue
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import tritonclient.grpc as grpcclient
+
+from backends.stages.contracts import stop_request
+from backends.stages.tensor_codec import from_arrays, to_arrays
+
+ANSWER_TIMEOUT_S = 60.0
+TRITON_DTYPES = {np.float32: "FP32", np.int32: "INT32", np.int64: "INT64", np.int16: "INT16", np.bool_: "BOOL",
+                 np.uint8: "UINT8", np.object_: "BYTES"}
+
+
+def infer_inputs(arrays: dict[str, np.ndarray]) -> list[grpcclient.InferInput]:
+    inputs = []
+    for name, array in arrays.items():
+        tensor = grpcclient.InferInput(name, list(array.shape), TRITON_DTYPES[array.dtype.type])
+        tensor.set_data_from_numpy(array)
+        inputs.append(tensor)
+    return inputs
+
+
+@dataclass
+class Answer:
+    results: list[Any] = field(default_factory=list)
+    error: str | None = None  # the in-band error of the request, if any
+
+
+class StageCall:
+    """One request in flight on its own stream."""
+
+    def __init__(self, url: str, model: str, request: Any, result_cls: type | None) -> None:
+        self._result_cls = result_cls
+        self._items: queue.Queue = queue.Queue()
+        self._client = grpcclient.InferenceServerClient(url)
+        self._client.start_stream(callback=lambda result, error: self._items.put((result, error)))
+        self.answer = Answer()
+        self.done = False
+        self._client.async_stream_infer(model, infer_inputs(to_arrays(request)), request_id=f"sc-{uuid.uuid4().hex[:8]}",
+                                        enable_empty_final_response=True)
+
+    def next_result(self, timeout_s: float = ANSWER_TIMEOUT_S) -> Any | None:
+        """The next decoded result; None once the request ended (with or without an error)."""
+        while not self.done:
+            result, error = self._items.get(timeout=timeout_s)
+            if error is not None:
+                self.answer.error, self.done = str(error), True
+                break
+            response = result.get_response()
+            self.done = response.parameters["triton_final_response"].bool_param
+            if self._result_cls is not None and response.outputs:
+                decoded = from_arrays(self._result_cls, result.as_numpy)
+                self.answer.results.append(decoded)
+                return decoded
+        self.close()
+        return None
+
+    def wait(self, timeout_s: float = ANSWER_TIMEOUT_S) -> Answer:
+        while self.next_result(timeout_s) is not None:
+            pass
+        return self.answer
+
+    def close(self) -> None:
+        if self._client is not None:
+            self._client.stop_stream()
+            self._client.close()
+            self._client = None
+
+
+def call(url: str, model: str, request: Any, result_cls: type | None = None) -> Answer:
+    return StageCall(url, model, request, result_cls).wait()
+
+
+def stop(url: str, model: str, request_id: str) -> None:
+    answer = call(url, model, stop_request(model, request_id))
+    assert answer.error is None, f"stop of {model} {request_id}: {answer.error}"

@@ -1,0 +1,201 @@
+"""GrpcStageClients: stage calls on pooled gRPC channels, decoded into the stage contracts.
+
+Strategy: a fake StageChannel replays scripted answers (tritonclient-like results, or an
+error); the tests check what reaches the caller and which channels are reused or closed: a
+stage's own error keeps the channel, a broken channel is closed, concurrent calls never share
+one. The real channel's stream handling runs in the server tests (every duplex session).
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from backends.duplex.stage_clients import StageCallError
+from backends.serving.grpc_stages import GrpcStageClients, stage_url
+from backends.stages.contracts import Code2WavAudio, TalkerCodes, TalkerRequest, stop_request
+from backends.stages.tensor_codec import to_arrays
+
+REQUEST = TalkerRequest(request_id="s.e0", condition_seq=0, token_ids=np.array([5, 6], np.int32),
+                        hidden=np.zeros((2, 4), np.float32), turn_start=True)
+
+
+class Result:
+    def __init__(self, arrays):
+        self._arrays = arrays
+
+    def as_numpy(self, name):
+        return self._arrays.get(name)
+
+
+class FakeChannel:
+    made: list["FakeChannel"] = []
+    script: list = []  # per new stream: the answers of its calls, in order
+
+    def __init__(self, url, timeout_s):
+        self.calls, self.closed, self.usable = [], False, True
+        self.answers = list(FakeChannel.script.pop(0)) if FakeChannel.script else []
+        FakeChannel.made.append(self)
+
+    def call(self, model, arrays):
+        self.calls.append((model, arrays))
+        for answer in self.answers.pop(0):
+            if isinstance(answer, StageCallError):
+                self.usable = answer.error.code != "unavailable"  # the channel itself broke
+                raise answer
+            yield Result(answer)
+
+    def close(self):
+        self.closed = True
+
+
+@pytest.fixture
+def clients():
+    FakeChannel.made, FakeChannel.script = [], []
+    return GrpcStageClients("host:1", channel_factory=FakeChannel)
+
+
+def _codes(seq, finished):
+    return to_arrays(TalkerCodes("s.e0", seq, np.arange(3, dtype=np.int32), finished))
+
+
+def test_results_are_decoded_and_a_finished_stream_is_reused(clients):
+    FakeChannel.script = [[[_codes(0, False), _codes(0, True)], []]]
+    groups = list(clients.talker(REQUEST))
+    assert [g.finished for g in groups] == [False, True] and groups[0].codes.tolist() == [0, 1, 2]
+    clients.stop("talker", "s.e0")
+    assert len(FakeChannel.made) == 1 and len(FakeChannel.made[0].calls) == 2, "the channel was not reused"
+    model, arrays = FakeChannel.made[0].calls[1]
+    assert model == "talker" and arrays.keys() == to_arrays(stop_request("talker", "s.e0")).keys()
+    assert clients.open_channels() == 1
+
+
+def test_a_stage_error_keeps_the_channel_and_a_broken_channel_is_closed(clients):
+    from backends.stages.sink import StageError
+
+    FakeChannel.script = [[[StageCallError("talker", StageError("cancelled", "stopped"))],
+                           [StageCallError("talker", StageError("unavailable", "connection lost"))]]]
+    with pytest.raises(StageCallError, match="stopped"):
+        list(clients.talker(REQUEST))
+    assert not FakeChannel.made[0].closed and clients.open_channels() == 1
+    with pytest.raises(StageCallError, match="connection lost"):
+        list(clients.talker(REQUEST))
+    assert FakeChannel.made[0].closed and clients.open_channels() == 0
+
+
+def test_an_abandoned_call_returns_its_channel_for_the_next_call(clients):
+    FakeChannel.script = [[[_codes(0, False), _codes(0, True)], [_codes(1, True)]]]
+    calls = clients.talker(REQUEST)
+    next(calls)
+    calls.close()  # the consumer stopped; the channel's stream of that call is closed with it
+    assert [g.condition_seq for g in clients.talker(REQUEST)] == [1]
+    assert len(FakeChannel.made) == 1 and clients.open_channels() == 1
+
+
+def test_concurrent_calls_get_channels_of_their_own_and_close_shuts_the_idle_ones(clients):
+    audio = to_arrays(Code2WavAudio("s.e0", 0, np.zeros(4, np.float32)))
+    FakeChannel.script = [[[_codes(0, True)]], [[audio]]]
+    talker = clients.talker(REQUEST)
+    next(talker)  # a talker call in flight ...
+    assert len(clients.code2wav(stop_request("code2wav", "s.e0"))) == 1  # ... a nested code2wav call
+    list(talker)
+    assert len(FakeChannel.made) == 2 and clients.open_channels() == 2
+    clients.close()
+    assert all(stream.closed for stream in FakeChannel.made) and clients.open_channels() == 0
+
+
+def test_stage_url_comes_from_the_parameter_then_the_environment(monkeypatch):
+    monkeypatch.delenv("MINICPMO_STAGE_URL", raising=False)
+    assert stage_url({}) == "127.0.0.1:8001"
+    monkeypatch.setenv("MINICPMO_STAGE_URL", "127.0.0.1:9")
+    assert stage_url({}) == "127.0.0.1:9" and stage_url({"stage_url": "h:1"}) == "h:1"
+
+
+class FakeResponse:
+    def __init__(self, final: bool, outputs: bool) -> None:
+        self.outputs = [object()] if outputs else []
+        self.parameters = {"triton_final_response": type("P", (), {"bool_param": final})()}
+
+
+class FakeError:
+    def __init__(self, message: str, status: str | None = None) -> None:
+        self._message, self._status = message, status
+
+    def message(self) -> str:
+        return self._message
+
+    def status(self) -> str | None:
+        return self._status
+
+
+class FakeClient:
+    """tritonclient's InferenceServerClient as StageChannel uses it: a stream per call."""
+
+    answers: list = []  # (result, error) pairs the server sends for the next request
+
+    def __init__(self, url: str) -> None:
+        self.streams = 0
+
+    def start_stream(self, callback) -> None:
+        self.streams += 1
+        self._callback = callback
+
+    def async_stream_infer(self, model, inputs, **kwargs) -> None:
+        for result, error in FakeClient.answers:
+            self._callback(result=result, error=error)
+
+    def stop_stream(self, cancel_requests: bool = False) -> None:
+        self._callback = None
+
+    def close(self) -> None:
+        pass
+
+
+class FakeResult:
+    def __init__(self, final: bool, outputs: bool) -> None:
+        self._response = FakeResponse(final, outputs)
+
+    def get_response(self) -> FakeResponse:
+        return self._response
+
+
+@pytest.fixture
+def channel(monkeypatch):
+    from backends.serving import grpc_stages
+
+    monkeypatch.setattr(grpc_stages.grpcclient, "InferenceServerClient", FakeClient)
+    return grpc_stages.StageChannel("host:1", timeout_s=0.2)
+
+
+def test_a_channel_yields_results_with_outputs_up_to_the_final(channel):
+    FakeClient.answers = [(FakeResult(False, True), None), (FakeResult(True, False), None)]
+    assert len(list(channel.call("talker", to_arrays(REQUEST)))) == 1 and channel.usable
+
+
+def test_a_stage_error_keeps_its_code_and_a_stream_error_marks_the_channel_broken(channel):
+    FakeClient.answers = [(None, FakeError("[cancelled] talker request s.e0 was stopped"))]
+    with pytest.raises(StageCallError) as stopped:
+        list(channel.call("talker", to_arrays(REQUEST)))
+    assert stopped.value.error.code == "cancelled" and channel.usable
+    FakeClient.answers = [(None, FakeError("Socket closed", status="StatusCode.UNAVAILABLE"))]
+    with pytest.raises(StageCallError) as lost:
+        list(channel.call("talker", to_arrays(REQUEST)))
+    assert lost.value.error.code == "unavailable" and not channel.usable
+
+
+def test_a_stage_that_never_answers_times_out(channel):
+    FakeClient.answers = [(FakeResult(False, True), None)]  # no FINAL ever
+    calls = channel.call("talker", to_arrays(REQUEST))
+    next(calls)
+    with pytest.raises(StageCallError) as timeout:
+        next(calls)
+    assert timeout.value.error.code == "stage_timeout"
+
+
+def test_the_launcher_points_duplex_at_its_own_grpc_port_on_loopback():
+    from backends.serving.launcher import ServerOptions, ServerProcess
+    from backends.serving.profiles import get_profile
+
+    ports = {"http_port": 8000, "grpc_port": 8001, "metrics_port": 8002}
+    everywhere = ServerProcess(ServerOptions(profile=get_profile("cpu"), address="0.0.0.0", **ports))
+    local = ServerProcess(ServerOptions(profile=get_profile("cpu"), address="127.0.0.2", **ports))
+    assert everywhere.stage_url == "127.0.0.1:8001" and local.stage_url == "127.0.0.2:8001"

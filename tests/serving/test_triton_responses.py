@@ -1,0 +1,75 @@
+"""TritonSink and ResponseThread: every request ends with exactly one FINAL that a BLS caller of
+Triton 2.51 can receive.
+
+2.51's BLS drops an error response that is not the request's first (and the FINAL on it), so a
+sink that already sent data ends an error close with a flags-only FINAL; a FINAL whose send
+fails is retried without its response. A fake sender records what would reach the server.
+"""
+from __future__ import annotations
+
+import pytest
+
+from backends.serving.triton_responses import ResponseThread, TritonSink
+from backends.stages.sink import StageError
+
+FINAL = 1
+STOPPED = StageError("cancelled", "request r was stopped")
+
+
+@pytest.fixture
+def responses(pb):
+    thread = ResponseThread(pb, "test-responses")
+    yield thread
+    thread.shutdown()
+
+
+def _sink(pb, responses, sender) -> TritonSink:
+    return TritonSink(pb, sender, responses, lambda result: pb.InferenceResponse())
+
+
+def _sent(sender) -> list[tuple[str, int]]:
+    assert sender.done.wait(5), "no FINAL"
+    kinds = {True: "error", False: "data"}
+    return [("none" if r is None else kinds[r.has_error()], flags) for r, flags in sender.sent]
+
+
+def test_an_error_before_any_data_travels_on_the_final(pb, responses):
+    sender = pb.Sender()
+    _sink(pb, responses, sender).close(STOPPED)
+    assert _sent(sender) == [("error", FINAL)]
+    assert sender.sent[0][0].error().message() == "[cancelled] request r was stopped"
+
+
+def test_an_error_after_data_ends_with_a_plain_final(pb, responses):
+    sender = pb.Sender()
+    sink = _sink(pb, responses, sender)
+    sink.send(object())
+    sink.close(STOPPED)
+    sink.close(StageError("internal", "closed twice"))  # idempotent: one FINAL only
+    assert _sent(sender) == [("data", 0), ("none", FINAL)]
+
+
+def test_a_completed_request_ends_with_a_plain_final(pb, responses):
+    sender = pb.Sender()
+    sink = _sink(pb, responses, sender)
+    sink.send(object())
+    sink.close()
+    assert _sent(sender) == [("data", 0), ("none", FINAL)]
+
+
+class RefusingSender:
+    """The server refuses a response (e.g. it cannot be serialized); a plain FINAL goes."""
+
+    def __init__(self, pb) -> None:
+        self.inner = pb.Sender()
+
+    def send(self, response=None, flags: int = 0) -> None:
+        if response is not None:
+            raise RuntimeError("response refused")
+        self.inner.send(flags=flags)
+
+
+def test_a_final_whose_response_is_refused_still_ends_the_request(pb, responses):
+    sender = RefusingSender(pb)
+    _sink(pb, responses, sender).close(STOPPED)
+    assert _sent(sender.inner) == [("none", FINAL)]
