@@ -18,11 +18,7 @@ from backends.serving.profiles import get_profile
 RESPONSE_TIMEOUT_S = 60.0
 
 
-# Triton 2.51 counts a request it refuses for an unknown sequence ("must specify the START
-# flag": test_duplex_bad_input sends one on purpose, and a client END that arrives after a
-# session released its own sequence is one too) as in flight for good, so a server stop waits
-# its whole exit timeout: 5 s instead of the launcher's 20 s of CI time.
-TEST_EXIT_ARGS = ["--exit-timeout-secs=5"]
+from server_args import TEST_EXIT_ARGS  # noqa: E402 - the 5 s exit timeout of every test server
 
 
 @pytest.fixture(scope="session")

@@ -43,7 +43,7 @@ def server(tmp_path_factory):
     from backends.serving.launcher import PROJECT_ROOT, ServerOptions, ServerProcess
     from backends.serving.profiles import get_profile
 
-    from conftest import TEST_EXIT_ARGS
+    from server_args import TEST_EXIT_ARGS
 
     options = ServerOptions(profile=get_profile("cpu").with_overrides({"idle_timeout_s": "20"}),
                             workdir=PROJECT_ROOT / "var", log_file=tmp_path_factory.mktemp("metrics") / "server.log",
