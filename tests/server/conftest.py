@@ -47,6 +47,24 @@ def reliability_server(tmp_path_factory):
         yield proc
 
 
+@pytest.fixture(scope="module")
+def baseline(reliability_server):
+    """The reliability server's resource gauges, warm and idle, as each module starts."""
+    from server_resources import warm_baseline  # imports this conftest: not at module level
+
+    return warm_baseline(reliability_server)
+
+
+@pytest.fixture
+def probes(reliability_server):
+    """Session probes on the reliability server, each closed after the test."""
+    from session_probe import ProbePool  # imports this conftest: not at module level
+
+    pool = ProbePool(reliability_server.grpc_url)
+    yield pool
+    pool.close_all()
+
+
 @dataclass
 class Received:
     request_id: str

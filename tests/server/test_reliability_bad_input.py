@@ -116,11 +116,6 @@ DUPLEX_TENSORS = st.lists(st.tuples(st.sampled_from(["AUDIO", "REF_AUDIO", "EVEN
 
 
 @pytest.fixture(scope="module")
-def baseline(reliability_server):
-    return warm_baseline(reliability_server)
-
-
-@pytest.fixture(scope="module")
 def answers(reliability_server):
     stream = AnswerStream(reliability_server.grpc_url)
     yield stream

@@ -18,8 +18,8 @@ import time
 
 import numpy as np
 import pytest
-from server_resources import settled, wait_for_gauges, warm_baseline
-from session_probe import ProbePool, silence_units, speech_units
+from server_resources import settled, wait_for_gauges
+from session_probe import silence_units, speech_units
 from stage_calls import StageCall, call, stop
 
 from backends.audio.codec_windows import CodecWindowBridge
@@ -35,18 +35,6 @@ TURN_END_MAX_FRAMES = 103
 FIRST_WINDOW_SAMPLES = 20160  # 25 frames x 960 minus the 3840-sample cross-fade hold (facts 1.4)
 STEADY_WINDOW_SAMPLES = 24000
 STAGE_CAPACITY = 6  # requests whose whole context fits a stage's KV pool (reliability profile)
-
-
-@pytest.fixture(scope="module")
-def baseline(reliability_server):
-    return warm_baseline(reliability_server)
-
-
-@pytest.fixture
-def probes(reliability_server):
-    pool = ProbePool(reliability_server.grpc_url)
-    yield pool
-    pool.close_all()
 
 
 def _epoch_of(response_id: str, session_id: str) -> int:
@@ -301,6 +289,8 @@ def test_edge_case_10_a_full_stage_refuses_instead_of_preempting(reliability_ser
     the next request with resource_exhausted; the admitted ones are never preempted and their
     output is what it would be alone."""
     url = reliability_server.grpc_url
+    # Capacity counts from an idle server: earlier tests' stage requests must have drained.
+    assert settled(reliability_server, baseline).tracked() == baseline.tracked()
     thinkers = [f"ec10-{i}.e0" for i in range(STAGE_CAPACITY + 1)]
     talkers = [f"ec10-t{i}.e0" for i in range(STAGE_CAPACITY + 1)]
     try:

@@ -14,25 +14,13 @@ import threading
 import uuid
 
 import pytest
-from server_resources import settled, warm_baseline
-from session_probe import ProbePool, SessionProbe, silence_units
+from server_resources import settled
+from session_probe import SessionProbe, silence_units
 
 from backends.serving.fault_injection import fault_marker
 
 REPLY = {"initial_user_text": "Say something.", "reply_units": 2, "reply_tokens_per_unit": 2}
 OVERFLOW_UNITS = 40  # far past 320 tokens at ~14 tokens per forced-listen unit
-
-
-@pytest.fixture(scope="module")
-def baseline(reliability_server):
-    return warm_baseline(reliability_server)
-
-
-@pytest.fixture
-def probes(reliability_server):
-    pool = ProbePool(reliability_server.grpc_url)
-    yield pool
-    pool.close_all()
 
 
 def _converse(probe: SessionProbe, seed: int) -> None:

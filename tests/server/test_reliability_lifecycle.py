@@ -16,8 +16,8 @@ import time
 import uuid
 
 import pytest
-from server_resources import settled, wait_for_gauges, warm_baseline
-from session_probe import ProbePool, SessionProbe, silence_units, speech_units
+from server_resources import settled, wait_for_gauges
+from session_probe import SessionProbe, silence_units, speech_units
 
 REPLY = {"initial_user_text": "Tell me a story.", "reply_units": 4, "reply_tokens_per_unit": 2, "seed": 3}
 # A refused START touches no stage: its answer is one round trip through `execute`.
@@ -33,18 +33,6 @@ IDLE_TIMEOUT_S = 6.0  # conftest RELIABILITY_OVERRIDES
 CLIENT_GONE_MAX_S = 5.0
 STAGE_IDLE = {("requests", "thinker"): 0.0, ("requests", "talker"): 0.0, ("codec_states", "code2wav"): 0.0}
 WHOLE_KV = (("kv_free_blocks", "thinker"), ("kv_free_blocks", "talker"))
-
-
-@pytest.fixture(scope="module")
-def baseline(reliability_server):
-    return warm_baseline(reliability_server)
-
-
-@pytest.fixture
-def probes(reliability_server):
-    pool = ProbePool(reliability_server.grpc_url)
-    yield pool
-    pool.close_all()
 
 
 def _first_audio(probe: SessionProbe) -> dict:
