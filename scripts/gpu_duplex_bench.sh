@@ -41,22 +41,27 @@ prepare() {
 }
 
 device_env() {
+  local fresh=1
+  [ -x /tmp/venv/bin/python ] && fresh=0  # a second part in the same call: already unpacked
   mkdir -p /tmp/tb /tmp/b64
-  tar -C /tmp/tb -xJf "$CARRY/triton.tar.xz"
-  dpkg -x "$CARRY"/libb64-0d_*.deb /tmp/b64
+  if ((fresh)); then
+    tar -C /tmp/tb -xJf "$CARRY/triton.tar.xz"
+    dpkg -x "$CARRY"/libb64-0d_*.deb /tmp/b64
+  fi
   # The stubs run their Python isolated (PYTHONPATH is ignored there): they see the venv whose
   # bin/ is first on PATH. This one adds tritonclient (duplex calls the stages over gRPC) to
   # the image's torch and numpy.
-  python3 -m venv --system-site-packages --without-pip /tmp/venv
+  ((fresh)) && python3 -m venv --system-site-packages --without-pip /tmp/venv
   local site
   site=$(/tmp/venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$site" \
+  ((fresh)) && python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$site" \
     $(ls "$CARRY"/wheels/*.whl | grep -v /numpy-)
   # and every path of the image's python3 (its torch may live outside what a venv inherits)
-  python3 -c 'import sys; print("\n".join(p for p in sys.path if p.startswith("/") and "site" in p or "dist-packages" in p))' \
+  ((fresh)) && python3 -c 'import sys; print("\n".join(p for p in sys.path if p.startswith("/") and "site" in p or "dist-packages" in p))' \
     > "$site/zz_image_python.pth"
   # Our own processes (launcher, benchmark client) take numpy 1.26, which tritonclient pins.
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site "$CARRY"/wheels/numpy-*.whl
+  ((fresh)) && python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site \
+    "$CARRY"/wheels/numpy-*.whl
   export PYTHONPATH="/tmp/site:$PWD" PYTHONUNBUFFERED=1 PYTHON=/tmp/venv/bin/python
   export TRITONSERVER_BIN=/tmp/tb/pytriton/tritonserver/bin/tritonserver
   export LD_LIBRARY_PATH="/tmp/b64/usr/lib/x86_64-linux-gnu:$site/nvidia/cuda_runtime/lib:${LD_LIBRARY_PATH:-}"
