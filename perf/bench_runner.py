@@ -14,7 +14,8 @@ Reported per configuration:
 
 Also writes per-kernel device-time profiles (`profile_*.txt`) of three configurations to DIR.
 
-Usage: python perf/bench_runner.py --out DIR [--commit SHA] [--quick]
+Usage: python perf/bench_runner.py --out DIR [--commit SHA] [--quick] [--gemv triton]
+(`--gemv triton` runs the decoders' matmuls through the Triton skinny GEMM, not cuBLAS.)
 """
 
 from __future__ import annotations
@@ -53,6 +54,7 @@ THINKER_CONTEXTS = (1024, 4096)
 TALKER_BATCHES = (1, 2, 4, 8, 16)
 TALKER_CONTEXT = 256
 APPEND_SESSIONS, APPEND_ROWS, APPEND_CONTEXT = 16, 13, 1024
+GEMV_BACKEND = ["cublas"]  # RunnerConfig.gemv_backend, set from --gemv
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,6 +125,7 @@ def make_runner(model: nn.Module, max_reqs: int, max_len: int) -> ModelRunner:
         num_blocks=max_reqs * -(-max_len // BLOCK_SIZE), max_num_reqs=max_reqs,
         max_model_len=max_len, block_size=BLOCK_SIZE, device="cuda", dtype=torch.bfloat16,
         attention_backend="triton", cuda_graph_sizes=(1, 2, 4, 8, 16),
+        gemv_backend=GEMV_BACKEND[0],
     )  # fmt: skip
     runner = ModelRunner(model, config)  # type: ignore[arg-type]
     for i in range(max_reqs):
@@ -191,6 +194,8 @@ def bench_thinker(bandwidth: float, iters: int, out: list[str], profile_dir: Pat
                 profile_kernels(runner, batch, profile_dir / name)
     out.append(bench_appends(runner))
     print(out[-1], flush=True)
+    out.append(bench_mixed(runner))
+    print(out[-1], flush=True)
     del runner, model
     gc.collect()  # the runner's pending step closes over the runner: a reference cycle
     torch.cuda.empty_cache()
@@ -198,7 +203,8 @@ def bench_thinker(bandwidth: float, iters: int, out: list[str], profile_dir: Pat
 
 
 def bench_appends(runner: ModelRunner) -> str:
-    """16 sessions each append one unit (13 rows) at 1k context in one eager mixed forward."""
+    """16 sessions each append one unit (13 rows) at 1k context in one mixed forward (graphed
+    when the runner's mixed graphs are on, the default)."""
     rids = [f"r{i}" for i in range(APPEND_SESSIONS)]
     feed = [StepInput(rid, list(range(10, 10 + APPEND_ROWS))) for rid in rids]
     walls = []
@@ -213,6 +219,34 @@ def bench_appends(runner: ModelRunner) -> str:
     return (
         f"thinker append {APPEND_SESSIONS} x {APPEND_ROWS} rows at ctx {APPEND_CONTEXT}: "
         f"{ms:.3f} ms per step, {tokens / ms * 1e3:,.0f} tokens/s"
+    )
+
+
+def bench_mixed(runner: ModelRunner, appending: int = 4) -> str:
+    """A duplex-like step at 1k context: `appending` of 16 sessions append 13 rows, the rest
+    decode one; wall time per step with the mixed graphs off (eager) and on (graphed)."""
+    rids = [f"r{i}" for i in range(APPEND_SESSIONS)]
+    feed = [StepInput(rid, list(range(10, 10 + APPEND_ROWS)) if i < appending else [5])
+            for i, rid in enumerate(rids)]  # fmt: skip
+    fast_path = runner.fast_path
+    assert fast_path is not None and fast_path.mixed is not None
+    mixed, times = fast_path.mixed, {}
+    for name, graphs in (("eager", None), ("graphed", mixed)):
+        fast_path.mixed = graphs
+        walls = []
+        for _ in range(10):
+            set_context(runner, rids, APPEND_CONTEXT)
+            torch.cuda.synchronize()
+            start = time.perf_counter()
+            runner.step(feed)
+            walls.append((time.perf_counter() - start) * 1e3)
+        times[name] = statistics.median(walls[2:])
+    fast_path.mixed = mixed
+    return (
+        f"thinker mixed step ({appending} x {APPEND_ROWS} appended rows + "
+        f"{APPEND_SESSIONS - appending} decodes) at ctx {APPEND_CONTEXT}: eager "
+        f"{times['eager']:.3f} ms, graphed {times['graphed']:.3f} ms per step "
+        f"({mixed.num_captured} mixed graphs captured)"
     )
 
 
@@ -280,7 +314,10 @@ def main() -> None:
     parser.add_argument("--out", type=Path, required=True, help="folder for runner_h200.md")
     parser.add_argument("--commit", default="unknown", help="git commit of the tree measured")
     parser.add_argument("--quick", action="store_true", help="fewer timed iterations")
+    parser.add_argument("--gemv", choices=("cublas", "triton"), default="cublas",
+                        help="the decoders' matmul backend (RunnerConfig.gemv_backend)")
     args = parser.parse_args()
+    GEMV_BACKEND[0] = args.gemv
     iters = 5 if args.quick else 20
     torch.manual_seed(0)
     bandwidth = copy_bandwidth()

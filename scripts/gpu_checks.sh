@@ -29,6 +29,9 @@ nvidia-smi --query-gpu=name,memory.used,clocks.sm,clocks.mem --format=csv || tru
 check gpu_tests "$python" -m pytest -q -p no:cacheprovider tests/runner_gpu \
     tests/talker/test_device_policy_gpu.py
 check bench_runner "$python" perf/bench_runner.py --out "$out" --commit "${COMMIT:-unknown}"
+# Served Thinker in-process: unit latency with C paced sessions, host profile at C=8.
+check bench_thinker_engine "$python" perf/bench_thinker_engine.py --concurrency 1,8,32 --seconds 8 \
+    --profile 8
 # Talker time to 25 frames: chunk policy on the device (default), then the host hook it replaced.
 check bench_talker "$python" perf/bench_audio_tail.py --stages talker --repeats 3 \
     --out "$out/audio_tail_talker.md" --commit "${COMMIT:-unknown}"

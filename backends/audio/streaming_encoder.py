@@ -90,19 +90,43 @@ class StreamingAudioEncoder:
         if self._cache is not None:
             self._cache.length = 0
 
+    @property
+    def model(self) -> AudioEncoderModel:
+        return self._model
+
     @torch.inference_mode()
     def encode_unit(self, samples: np.ndarray) -> torch.Tensor:
         """One unit ([16000] float32, 16 kHz mono) -> [10, llm_hidden] in the model dtype."""
+        return self.encode_chunk(*self.take_unit(samples))
+
+    @torch.inference_mode()
+    def take_unit(self, samples: np.ndarray) -> tuple[torch.Tensor, int]:
+        """The first half of `encode_unit`: advance the streaming mel by one unit ([16000]
+        float32) and return its chunk ([80, frames] on the model device) and the chunk's left
+        redundancy frames, for `encode_chunk` or the batched encode
+        (backends/audio/batched_encoder.py)."""
         unit = _as_samples(samples)
         if unit.shape[0] != self.unit_samples:
             raise ValueError(f"a unit is {self.unit_samples} samples, got {unit.shape[0]}")
         prefix = self._mel.prefix_extra_frames
-        mel = self._mel.push_unit(unit).to(self._model.apm.conv1.weight.device)
+        return self._mel.push_unit(unit).to(self._model.apm.conv1.weight.device), prefix
+
+    @torch.inference_mode()
+    def encode_chunk(self, mel: torch.Tensor, prefix_extra_frames: int) -> torch.Tensor:
+        """The second half of `encode_unit`: a chunk from `take_unit` -> [10, llm_hidden]."""
         frames, self._cache = self._model.apm.forward_chunk(
-            mel, self._cache, prefix_extra_frames=prefix,
+            mel, self._cache, prefix_extra_frames=prefix_extra_frames,
             suffix_extra_frames=self.config.mel.redundancy_frames,
         )
-        embeds = self._model.embed(frames)
+        return self.check_rows(self._model.embed(frames))
+
+    def claim_cache(self, conv_frames: int) -> EncoderKVCache:
+        """The KV cache the next chunk (`conv_frames` before the crop) writes to, after the
+        restart rule at the position table; allocated on first use. For the batched encode."""
+        self._cache = self._model.apm.cache_for(self._cache, conv_frames)
+        return self._cache
+
+    def check_rows(self, embeds: torch.Tensor) -> torch.Tensor:
         # The framing guarantees it; a failure here is a bug in the streaming arithmetic.
         assert embeds.shape[0] == self.embeddings_per_unit, embeds.shape
         return embeds

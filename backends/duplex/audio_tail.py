@@ -1,7 +1,9 @@
 """The audio tail of one session: speak unit -> Talker frames -> codec windows -> audio deltas.
 
 Runs on the session's audio thread. One Talker request and one Code2Wav stream per epoch;
-each response (model turn) is one Code2Wav cache epoch, closed by the turn-end flush. This
+each response (model turn) is one Code2Wav cache epoch, closed by the turn-end flush. The first
+window of every cache epoch carries the session's START REF_AUDIO (16 kHz, the rate Code2Wav's
+voice prompt takes), so each of its streams speaks in that voice (none: the default voice). This
 thread is the only sender of both, so after voicing a unit whose epoch ended meanwhile it stops
 the two requests itself: a barge-in stop may have overtaken a condition or window that would
 otherwise restart them (facts edge cases 1 and 7).
@@ -92,10 +94,16 @@ class AudioTail:
             request_id=self._request_id(work.epoch), cache_epoch=window.cache_epoch,
             chunk_seq=window.chunk_seq, codes=np.asarray(window.codes, dtype=np.int32),
             num_left_context=window.num_left_context, last_chunk=window.last_chunk,
+            ref_audio=self._reference(window),
         )
         for chunk in self._stages.code2wav(request):
             if chunk.audio.size:
                 self._emit_audio(work, chunk.audio)
+
+    def _reference(self, window: CodecWindow) -> np.ndarray:
+        """The session's reference voice on a cache epoch's first window, else empty."""
+        ref = self._session.options.ref_audio
+        return ref if window.chunk_seq == 0 and ref is not None else np.zeros((0,), np.float32)
 
     def _emit_audio(self, work: SpeakWork, audio: np.ndarray) -> None:
         session = self._session

@@ -14,11 +14,11 @@ import numpy as np
 
 from backends.duplex.errors import INVALID_ARGUMENT, DuplexError
 from backends.duplex.unit_buffer import SAMPLE_RATE
+from backends.stages.contracts import MAX_REF_AUDIO_SECONDS, MIN_REF_AUDIO_SAMPLES
 from backends.thinker.context_window import WINDOW_MODES
 
 ACTIONS = ("append", "commit", "cancel")
 MAX_TEXT_CHARS = 4000
-MAX_REF_AUDIO_SECONDS = 30
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,6 +143,9 @@ def _session_options(params: dict[str, Any], ref_audio: np.ndarray | None) -> Se
         values[name] = float(value) if name == "temperature" else value
     values.pop("voice", None)
     ref = _pcm16("REF_AUDIO", ref_audio, MAX_REF_AUDIO_SECONDS * SAMPLE_RATE) if ref_audio is not None else None
+    if ref is not None and 0 < ref.size < MIN_REF_AUDIO_SAMPLES:
+        raise DuplexError(INVALID_ARGUMENT, f"REF_AUDIO holds {ref.size} samples, under the minimum of "
+                                            f"{MIN_REF_AUDIO_SAMPLES} ({MIN_REF_AUDIO_SAMPLES / SAMPLE_RATE:.1f} s)")
     if ref is not None and ref.size:
         values["ref_audio"] = ref.astype(np.float32) / 32768.0
     return SessionOptions(**values)

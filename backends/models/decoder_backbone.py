@@ -14,7 +14,7 @@ and the memory footprint stay as they were.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -73,6 +73,7 @@ class RMSNorm(nn.Module):
 
 
 FusedLinear = tuple[torch.Tensor, torch.Tensor | None]  # ([out, in] weight, [out] bias)
+LinearFn = Callable[..., torch.Tensor]  # (x, weight, bias) -> y, like F.linear
 
 
 def fuse_linears(linears: Sequence[nn.Linear]) -> FusedLinear:
@@ -115,14 +116,15 @@ class GatedMLP(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
-    def forward_fused(self, x: torch.Tensor) -> torch.Tensor:
+    def forward_fused(self, x: torch.Tensor, linear: LinearFn = F.linear) -> torch.Tensor:
         """x: [num_tokens, hidden] -> [num_tokens, hidden]: one gate|up matmul + fused SwiGLU."""
         from backends.runner.triton_layer_ops import silu_and_mul
 
         if not is_fused(self._gate_up, self.gate_proj):
             self._gate_up = fuse_linears([self.gate_proj, self.up_proj])
         weight, bias = self._gate_up  # type: ignore[misc]
-        return self.down_proj(silu_and_mul(F.linear(x, weight, bias)))
+        down = self.down_proj
+        return linear(silu_and_mul(linear(x, weight, bias)), down.weight, down.bias)
 
 
 class PagedSelfAttention(nn.Module):
@@ -171,6 +173,7 @@ class PagedSelfAttention(nn.Module):
         meta: AttentionMetadata,
         k_cache: torch.Tensor,
         v_cache: torch.Tensor,
+        linear: LinearFn = F.linear,
     ) -> torch.Tensor:
         """x: [num_tokens, hidden] normed; positions: [num_tokens] int64; inv_freq:
         [head_dim // 2] float32 -> [num_tokens, hidden]. Writes this step's K/V."""
@@ -183,11 +186,12 @@ class PagedSelfAttention(nn.Module):
         if self.q_norm is not None and self.k_norm is not None:
             qk_norm = (self.q_norm.weight, self.k_norm.weight, self.q_norm.eps)
         query = qk_norm_rope_store_kv(
-            F.linear(x, weight, bias), positions, meta.slot_mapping, inv_freq, qk_norm,
+            linear(x, weight, bias), positions, meta.slot_mapping, inv_freq, qk_norm,
             k_cache, v_cache, self.num_heads,
         )  # fmt: skip
         out = attend(query, k_cache, v_cache, meta, self.scale)
-        return self.o_proj(out.view(x.shape[0], self.num_heads * self.head_dim))
+        out = out.view(x.shape[0], self.num_heads * self.head_dim)
+        return linear(out, self.o_proj.weight, self.o_proj.bias)
 
 
 class DecoderLayer(nn.Module):
@@ -223,6 +227,7 @@ class DecoderBackbone(nn.Module):
         self.layers = nn.ModuleList(DecoderLayer(spec) for _ in range(spec.num_layers))
         self.norm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
         self.rotary = RotaryEmbedding(spec.head_dim, spec.rope_theta)
+        self.gemv_backend = "cublas"  # the fast path's matmuls: see set_gemv_backend
 
     def forward(
         self,
@@ -250,18 +255,30 @@ class DecoderBackbone(nn.Module):
     ) -> torch.Tensor:
         """The fast path: each norm is fused with the residual add before it, so a layer is
         4 matmuls, attention and 4 small kernels."""
+        from backends.runner.triton_gemv import linear_for
         from backends.runner.triton_layer_ops import rms_norm
 
+        linear = linear_for(self.gemv_backend)
         first = self.layers[0].input_layernorm
         normed, x = rms_norm(embeds, first.weight, first.eps)
         norms_after = [layer.input_layernorm for layer in self.layers[1:]] + [self.norm]
         for layer_idx, (layer, next_norm) in enumerate(zip(self.layers, norms_after)):
             attn = layer.self_attn.forward_fused(
                 normed, positions, self.rotary.inv_freq, meta,
-                kv.key_cache(layer_idx), kv.value_cache(layer_idx),
+                kv.key_cache(layer_idx), kv.value_cache(layer_idx), linear,
             )  # fmt: skip
             post = layer.post_attention_layernorm
             normed, x = rms_norm(attn, post.weight, post.eps, residual=x)
-            mlp = layer.mlp.forward_fused(normed)
+            mlp = layer.mlp.forward_fused(normed, linear)
             normed, x = rms_norm(mlp, next_norm.weight, next_norm.eps, residual=x)
         return normed
+
+
+def set_gemv_backend(model: nn.Module, backend: str) -> None:
+    """Route the fast path's matmuls of every backbone in `model` (and the heads that read
+    `gemv_backend`) to `backend`: "cublas" (F.linear) or "triton" (skinny_linear)."""
+    if backend not in ("cublas", "triton"):
+        raise ValueError(f"gemv backend must be 'cublas' or 'triton', got {backend!r}")
+    for module in model.modules() if isinstance(model, nn.Module) else ():
+        if isinstance(module, DecoderBackbone):
+            module.gemv_backend = backend

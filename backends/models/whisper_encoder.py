@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 import torch.nn.functional as F
@@ -92,6 +92,14 @@ class EncoderKVCache:
         return self.keys[layer, :, :end].unsqueeze(0), self.values[layer, :, :end].unsqueeze(0)
 
 
+class ChunkKV(Protocol):
+    """What a streaming chunk's attention writes its keys/values to: one session's
+    `EncoderKVCache`, or a batch of them (backends/audio/batched_encoder.py)."""
+
+    def append(self, layer: int, keys: torch.Tensor,
+               values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+
 def whisper_sinusoids(length: int, channels: int) -> torch.Tensor:
     """Whisper's sinusoidal position table (sines then cosines): [length, channels] float32."""
     if channels % 2:
@@ -121,8 +129,9 @@ class WhisperAttention(nn.Module):
         self.out_proj = nn.Linear(config.d_model, config.d_model)
 
     def forward(self, hidden: torch.Tensor, mask: torch.Tensor | None,
-                cache: EncoderKVCache | None, layer: int) -> torch.Tensor:
-        # hidden [batch, n, d_model]; mask [n, n] bool or None; cache only with batch 1
+                cache: ChunkKV | None, layer: int) -> torch.Tensor:
+        # hidden [batch, n, d_model]; mask bool, broadcast to [batch, heads, n, keys], or None;
+        # an EncoderKVCache only with batch 1
         q, k, v = (self._heads(proj(hidden)) for proj in (self.q_proj, self.k_proj, self.v_proj))
         if cache is not None:
             k, v = cache.append(layer, k, v)
@@ -147,7 +156,7 @@ class WhisperEncoderLayer(nn.Module):
         self.final_layer_norm = nn.LayerNorm(config.d_model)
 
     def forward(self, hidden: torch.Tensor, mask: torch.Tensor | None,
-                cache: EncoderKVCache | None, layer: int) -> torch.Tensor:
+                cache: ChunkKV | None, layer: int) -> torch.Tensor:
         # hidden [batch, n, d_model] -> same
         hidden = hidden + self.self_attn(self.self_attn_layer_norm(hidden), mask, cache, layer)
         return hidden + self.fc2(F.gelu(self.fc1(self.final_layer_norm(hidden))))
@@ -174,7 +183,7 @@ class WhisperEncoder(nn.Module):
         [batch, (num_mel_frames - 1) // 2 + 1, d_model] in the model dtype."""
         if mel.ndim != 3:
             raise ValueError(f"mel must be [batch, num_mel_bins, frames], got {tuple(mel.shape)}")
-        hidden = self._conv_frames(mel)
+        hidden = self.conv_frames(mel)
         num = hidden.shape[1]
         if num > self.config.max_source_positions:
             raise ValueError(
@@ -184,7 +193,7 @@ class WhisperEncoder(nn.Module):
         if chunk_frames is not None and chunk_frames <= 0:
             raise ValueError(f"chunk_frames must be positive, got {chunk_frames}")
         mask = None if chunk_frames is None else block_causal_mask(num, chunk_frames, mel.device)
-        return self._transform(hidden + self.embed_positions.weight[:num], mask, None)
+        return self.transform(hidden + self.embed_positions.weight[:num], mask, None)
 
     def forward_chunk(
         self, mel_chunk: torch.Tensor, cache: EncoderKVCache | None, *,
@@ -204,15 +213,17 @@ class WhisperEncoder(nn.Module):
                 f"extra frames must be >= 0, got prefix {prefix_extra_frames}, "
                 f"suffix {suffix_extra_frames}"
             )
-        conv = self._conv_frames(mel_chunk[None])
-        hidden = _crop(conv, (prefix_extra_frames + 1) // 2, (suffix_extra_frames + 1) // 2)
-        cache = self._cache_for(cache, conv.shape[1])
+        conv = self.conv_frames(mel_chunk[None])
+        hidden = crop_redundancy(conv, prefix_extra_frames, suffix_extra_frames)
+        cache = self.cache_for(cache, conv.shape[1])
         start, end = cache.length, cache.length + hidden.shape[1]
-        out = self._transform(hidden + self.embed_positions.weight[start:end], None, cache)
+        out = self.transform(hidden + self.embed_positions.weight[start:end], None, cache)
         cache.length = end
         return out[0], cache
 
-    def _cache_for(self, cache: EncoderKVCache | None, conv_frames: int) -> EncoderKVCache:
+    def cache_for(self, cache: EncoderKVCache | None, conv_frames: int) -> EncoderKVCache:
+        """The cache a chunk of `conv_frames` (uncropped) writes to: allocated, or emptied when
+        the chunk would reach the position table."""
         limit = self.config.max_source_positions
         if conv_frames > limit:
             raise ValueError(
@@ -224,7 +235,7 @@ class WhisperEncoder(nn.Module):
             cache.length = 0  # the reference resets on the uncropped count, so do we
         return cache
 
-    def _conv_frames(self, mel: torch.Tensor) -> torch.Tensor:
+    def conv_frames(self, mel: torch.Tensor) -> torch.Tensor:
         # [batch, num_mel_bins, frames] -> [batch, (frames - 1) // 2 + 1, d_model]
         if mel.shape[1] != self.config.num_mel_bins:
             raise ValueError(f"expected {self.config.num_mel_bins} mel bins, got {mel.shape[1]}")
@@ -232,16 +243,19 @@ class WhisperEncoder(nn.Module):
         hidden = F.gelu(self.conv2(F.gelu(self.conv1(mel))))
         return hidden.transpose(1, 2)
 
-    def _transform(self, hidden: torch.Tensor, mask: torch.Tensor | None,
-                   cache: EncoderKVCache | None) -> torch.Tensor:
+    def transform(self, hidden: torch.Tensor, mask: torch.Tensor | None,
+                  cache: ChunkKV | None) -> torch.Tensor:
         # hidden [batch, n, d_model] with positions added -> final-LN output, same shape
         for index, layer in enumerate(self.layers):
             hidden = layer(hidden, mask, cache, index)
         return self.layer_norm(hidden)
 
 
-def _crop(hidden: torch.Tensor, front: int, back: int) -> torch.Tensor:
-    # hidden [1, n, d_model] -> [1, n - front - back, d_model]
+def crop_redundancy(hidden: torch.Tensor, prefix_extra_frames: int,
+                    suffix_extra_frames: int) -> torch.Tensor:
+    """Drop the conv frames of a chunk's mel redundancy, (extra + 1) // 2 per side:
+    [batch, n, d_model] -> [batch, n - front - back, d_model]."""
+    front, back = (prefix_extra_frames + 1) // 2, (suffix_extra_frames + 1) // 2
     kept = hidden.shape[1] - front - back
     if kept <= 0:
         raise ValueError(

@@ -32,6 +32,9 @@ class AttentionMetadata:
     seq_lens_np: np.ndarray  # [num_reqs] int32 host mirror
     block_size: int
     backend: str = "reference"
+    # Rows past query_start_loc[-1] (read on the device) are padding of a graphed batch and
+    # belong to no request: the Triton backend writes zeros there (see `mixed_layout`).
+    pad_tail: bool = False
 
     @property
     def num_reqs(self) -> int:

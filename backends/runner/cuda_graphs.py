@@ -205,14 +205,15 @@ class DecodeGraphs:
         assert self.sampler is not None
         return self.sampler(logits, self._i64[3, :size], self._i64[1, :size] + 1)
 
-    def capture(self, warmup_steps: int = 2) -> None:
-        """Capture every bucket, largest first, sharing one pool. Stages padding rows only,
-        so warm-up and capture write K/V into the pad block alone and sample the scratch slot."""
-        pool = torch.cuda.graph_pool_handle()
+    def capture(self, warmup_steps: int = 2, pool: tuple[int, int] | None = None) -> None:
+        """Capture every bucket, largest first, sharing one pool (`pool`, else a fresh one).
+        Stages padding rows only, so warm-up and capture write K/V into the pad block alone
+        and sample the scratch slot."""
+        pool = torch.cuda.graph_pool_handle() if pool is None else pool
         empty_rows = np.zeros((0, self.max_blocks_per_req), dtype=np.int32)
         for size in reversed(self.sizes):
             self.stage([], np.zeros(0, dtype=np.int64), empty_rows)
-            self._graphs[size], self._outputs[size] = _capture(
+            self._graphs[size], self._outputs[size] = capture_graph(
                 lambda: self.forward_eager(size), pool, warmup_steps
             )
             if self.sampler is not None:
@@ -222,14 +223,14 @@ class DecodeGraphs:
     def _capture_sampling(self, size: int, pool: tuple[int, int], warmup_steps: int) -> None:
         logits = self._outputs[size][1]
         try:
-            self._sample_graphs[size] = _capture(
+            self._sample_graphs[size] = capture_graph(
                 lambda: self.sample_eager(size, logits), pool, warmup_steps
             )
         except RuntimeError:  # a kernel that cannot be captured: sample eagerly, still no sync
             _LOG.warning("sampling graph capture failed for bucket %d", size, exc_info=True)
 
 
-def _capture(
+def capture_graph(
     run: Callable[[], _Output], pool: tuple[int, int], warmup_steps: int
 ) -> tuple[torch.cuda.CUDAGraph, _Output]:
     """Warm `run` up on a side stream, then capture it; returns (graph, its static output)."""

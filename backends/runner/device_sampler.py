@@ -55,8 +55,15 @@ def step_seeds(seeds: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
 
 def uniform_noise(step_seeds: torch.Tensor, vocab_size: int) -> torch.Tensor:
     """step_seeds: [rows] int64 -> [rows, vocab_size] float32 uniforms in (0, 1)."""
-    token = torch.arange(1, vocab_size + 1, dtype=torch.int64, device=step_seeds.device)
-    mixed = mix64(step_seeds[:, None] + token[None, :] * _GOLDEN)
+    token = torch.arange(vocab_size, dtype=torch.int64, device=step_seeds.device)
+    return uniform_at(step_seeds[:, None], token[None, :])
+
+
+def uniform_at(step_seeds: torch.Tensor, token_ids: torch.Tensor) -> torch.Tensor:
+    """The uniforms of `uniform_noise` at given token ids only (broadcasting int64 tensors):
+    a draw over a few candidates sees the very noise a whole-vocabulary draw would. Id -1
+    keys a uniform that no token's noise uses."""
+    mixed = mix64(step_seeds + (token_ids + 1) * _GOLDEN)
     bits = _shift_right(mixed, 64 - _UNIFORM_BITS)
     return (bits.to(torch.float32) + 0.5) * (2.0**-_UNIFORM_BITS)
 

@@ -2,13 +2,15 @@
 
 `launch` does all host work of a step and queues all device work without waiting: decode
 batches (one row per request, at most the largest bucket) replay a CUDA graph over persistent
-buffers; other batches (appends, mixed) run eagerly through the same kernels. Rows whose
-request has no hook and no repetition penalty are sampled on the device from the per-slot
-`SamplingStates`, through the runner's `DeviceLogitsProcessor` when one is installed (then a
-graphed decode also replays a sampling graph); rows with a hook or a penalty get their logits
-row copied to the host and sampled there by the runner's host sampler, exactly as on the
-reference path. Tokens, hook logits and captured hidden rows come back through one
-`AsyncOutput`, whose `wait` (inside `PendingStep.wait`) is the step's only host wait.
+buffers; mixed batches of short queries (appends next to decodes) replay a graph per
+(requests, tokens) bucket (`mixed_graphs`); other batches (long prefills) run eagerly through
+the same kernels. Rows whose request has no hook and no repetition penalty are sampled on
+the device from the per-slot `SamplingStates`, through the runner's `DeviceLogitsProcessor`
+when one is installed (then a graphed decode also replays a sampling graph); rows with a hook
+or a penalty get their logits row copied to the host and sampled there by the runner's host
+sampler, exactly as on the reference path (mixed graphs leave sampling outside the graph).
+Tokens, hook logits and captured hidden rows come back through one `AsyncOutput`, whose
+`wait` (inside `PendingStep.wait`) is the step's only host wait.
 """
 
 from __future__ import annotations
@@ -26,6 +28,8 @@ from backends.runner.cuda_graphs import DecodeGraphs, bucket_sizes
 from backends.runner.host_staging import to_device
 from backends.runner.input_batch import build_input_batch
 from backends.runner.kv_cache import KVCache
+from backends.runner.mixed_graphs import MixedGraphs
+from backends.runner.mixed_layout import Bucket
 from backends.runner.request_states import RequestStates
 from backends.runner.sampling_states import SamplingStates
 from backends.runner.types import (
@@ -74,10 +78,11 @@ class FastPath:
         self.states = states
         self.block_table = block_table
         self.sampling = SamplingStates(config.max_num_reqs, kv.data.device, processor)
+        sizes = bucket_sizes(config.cuda_graph_sizes, config.max_num_reqs)
         self.graphs = DecodeGraphs(
             model,
             kv,
-            bucket_sizes(config.cuda_graph_sizes, config.max_num_reqs),
+            sizes,
             config.max_blocks_per_req,
             pad_block,
             config.max_model_len,
@@ -85,9 +90,13 @@ class FastPath:
             sampler=self.sampling.sample if processor is not None else None,
             scratch_slot=self.sampling.scratch_slot,
         )
+        self.mixed = MixedGraphs.for_config(model, config, kv, pad_block, sizes)
         if config.use_cuda_graphs and kv.data.device.type == "cuda":
+            pool = torch.cuda.graph_pool_handle()  # one pool for every capture
             with torch.no_grad():
-                self.graphs.capture()
+                self.graphs.capture(pool=pool)
+                if self.mixed is not None:
+                    self.mixed.capture(pool)
 
     def admit(self, slot: int, params: SamplingParams) -> None:
         """A request took `slot`: publish its sampling params to the device table."""
@@ -99,8 +108,11 @@ class FastPath:
         """Queue the step; host state (token ledger) advances now, sampled tokens on wait."""
         with torch.no_grad():
             plan = self._plan(inputs, slots)
+            mixed = self.mixed.bucket_for([i.num_rows for i in inputs]) if self.mixed else None
             if all(inp.num_rows == 1 for inp in inputs) and self.graphs.bucket_for(len(inputs)):
                 forwarded = self._forward_decode(inputs, slots, plan)
+            elif mixed is not None:
+                forwarded = self._forward_mixed(inputs, slots, plan, mixed)
             else:
                 forwarded = self._forward_eager(inputs, slots)
             for inp, slot in zip(inputs, slots):
@@ -131,6 +143,21 @@ class FastPath:
             row_starts=list(range(len(inputs))),
             positions=[[int(p)] for p in positions],
             tokens=tokens,
+        )
+
+    def _forward_mixed(
+        self, inputs: list[StepInput], slots: list[int], plan: _SamplePlan, bucket: Bucket
+    ) -> _Forwarded:
+        assert self.mixed is not None
+        contexts = self.states.num_computed_tokens_np[slots]
+        block_rows = self.block_table.table_np[slots]
+        cu = self.mixed.stage(bucket, inputs, contexts, block_rows, plan.sampled)
+        hidden, logits = self.mixed.run(bucket)
+        return _Forwarded(
+            hidden=hidden,
+            logits=logits[: len(plan.sampled)],
+            row_starts=cu[:-1].tolist(),
+            positions=[list(range(c, c + i.num_rows)) for c, i in zip(contexts.tolist(), inputs)],
         )
 
     def _forward_eager(self, inputs: list[StepInput], slots: list[int]) -> _Forwarded:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import torch
 
 from backends.models.decoder import DecoderModel
+from backends.models.decoder_backbone import set_gemv_backend
 from backends.runner.async_output import PendingStep
 from backends.runner.attention import check_backend
 from backends.runner.block_pool import BlockPool
@@ -57,6 +58,7 @@ class ModelRunner:
         logits_processor: DeviceLogitsProcessor | None = None,
     ) -> None:
         check_backend(config.attention_backend)
+        set_gemv_backend(model, config.gemv_backend)  # type: ignore[arg-type]
         self.model = model
         self.config = config
         self.logits_processor = logits_processor

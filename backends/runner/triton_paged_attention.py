@@ -10,7 +10,7 @@ context still fills the GPU.
 
 Launch shapes depend only on host values (shapes, the metadata's host mirrors), never on device
 values, so a captured CUDA graph replays correctly when the device metadata changes. For a
-captured graph the mirrors hold upper bounds (see `cuda_graphs`).
+captured graph the mirrors hold upper bounds (see `cuda_graphs` and `mixed_layout`).
 """
 
 from __future__ import annotations
@@ -149,17 +149,21 @@ def _merge_splits_kernel(
     partial_out_ptr,  # [num_tokens, num_heads, num_splits, head_dim] float32
     partial_lse_ptr,  # [num_tokens, num_heads, num_splits] float32
     out_ptr,  # [num_tokens, num_heads, head_dim]
+    num_real_ptr,  # [1] int32 rows that belong to a request (read when ZERO_TAIL)
     num_heads,
     num_splits,
     stride_o_tok,
     stride_o_head,
     SPLITS_PAD: tl.constexpr,
     HEAD_DIM: tl.constexpr,
+    ZERO_TAIL: tl.constexpr,
 ):
     tok = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)
     offs_s = tl.arange(0, SPLITS_PAD)
     s_ok = offs_s < num_splits
+    if ZERO_TAIL:  # a padding row of a graphed batch reads no split (none wrote it): zeros
+        s_ok = s_ok & (tok < tl.load(num_real_ptr))
     base = (tok * num_heads + head) * num_splits
     lse = tl.load(partial_lse_ptr + base + offs_s, mask=s_ok, other=float("-inf"))
     m = tl.max(lse, 0)
@@ -201,23 +205,18 @@ def paged_attention_triton(
 
     Same contract as `paged_attention_reference`: the step's K/V are already in the cache.
     k_cache/v_cache: [num_blocks, page, num_kv_heads, head_dim], contiguous per page.
-    `splits` overrides the split heuristic (tests force the merge path with it).
+    `splits` overrides the split heuristic (tests force the merge path with it). With
+    `meta.pad_tail` the merge always runs and writes zeros into the padding rows.
     """
     num_tokens, num_heads, head_dim = query.shape
     num_kv_heads, page = k_cache.shape[2], k_cache.shape[1]
     group = num_heads // num_kv_heads
     group_pad = triton.next_power_of_2(group)
-    max_query_len = int((meta.query_start_loc_np[1:] - meta.query_start_loc_np[:-1]).max())
-    rows = DECODE_ROWS if max_query_len <= 1 else APPEND_ROWS
-    block_q = max(1, rows // group_pad)
-    num_q_tiles = -(-max_query_len // block_q)
-    max_seq_len = int(meta.seq_lens_np.max())
-    if splits is None:
-        splits = num_kv_splits(
-            meta.num_reqs * num_q_tiles * num_kv_heads, max_seq_len, _num_sms(query.device)
-        )
+    block_q, num_q_tiles, heuristic = _launch_shape(meta, group_pad, num_kv_heads, query.device)
+    splits = heuristic if splits is None else splits
+    is_split = splits > 1 or meta.pad_tail
     out = torch.empty(query.shape, dtype=query.dtype, device=query.device)
-    partial_shape = (num_tokens, num_heads, splits) if splits > 1 else (1, 1, 1)
+    partial_shape = (num_tokens, num_heads, splits) if is_split else (1, 1, 1)
     partial_lse = torch.empty(partial_shape, dtype=torch.float32, device=query.device)
     partial_out = torch.empty((*partial_shape, head_dim), dtype=torch.float32, device=query.device)
     grid = (meta.num_reqs * num_q_tiles, num_kv_heads, splits)
@@ -229,12 +228,29 @@ def paged_attention_triton(
         meta.block_tables.stride(0), out.stride(0), out.stride(1),
         num_heads, num_q_tiles, splits,
         GROUP=group, GROUP_PAD=group_pad, BLOCK_Q=block_q, TILE=TILE_N,
-        HEAD_DIM=head_dim, PAGE=page, IS_SPLIT=splits > 1,
+        HEAD_DIM=head_dim, PAGE=page, IS_SPLIT=is_split,
         num_warps=4, num_stages=2,
     )  # fmt: skip
-    if splits > 1:
+    if is_split:
         _merge_splits_kernel[(num_tokens, num_heads)](
-            partial_out, partial_lse, out, num_heads, splits, out.stride(0), out.stride(1),
-            SPLITS_PAD=triton.next_power_of_2(splits), HEAD_DIM=head_dim, num_warps=4,
+            partial_out, partial_lse, out, meta.query_start_loc[meta.num_reqs:],
+            num_heads, splits, out.stride(0), out.stride(1),
+            SPLITS_PAD=triton.next_power_of_2(splits), HEAD_DIM=head_dim,
+            ZERO_TAIL=meta.pad_tail, num_warps=4,
         )  # fmt: skip
     return out
+
+
+def _launch_shape(
+    meta: AttentionMetadata, group_pad: int, num_kv_heads: int, device: torch.device
+) -> tuple[int, int, int]:
+    """(query rows per tile, query tiles per request, heuristic split count), all from the
+    host mirrors (upper bounds for a graphed batch) so a graph's grid never depends on
+    device values."""
+    max_query_len = int((meta.query_start_loc_np[1:] - meta.query_start_loc_np[:-1]).max())
+    rows = DECODE_ROWS if max_query_len <= 1 else APPEND_ROWS
+    block_q = max(1, rows // group_pad)
+    num_q_tiles = -(-max_query_len // block_q)
+    num_programs = meta.num_reqs * num_q_tiles * num_kv_heads
+    splits = num_kv_splits(num_programs, int(meta.seq_lens_np.max()), _num_sms(device))
+    return block_q, num_q_tiles, splits

@@ -136,6 +136,14 @@ class RunnerConfig:
     attention_backend: str = "reference"
     use_cuda_graphs: bool = True  # fast path on CUDA: replay decode batches from graphs
     cuda_graph_sizes: tuple[int, ...] = (1, 2, 4, 8, 16, 32)  # decode batch-size buckets
+    # fast path: graph mixed batches (appends next to decodes) whose requests hold at most
+    # `mixed_graph_max_query_len` rows, in buckets (request bucket, token bucket); the request
+    # buckets are the decode ones (see backends.runner.mixed_graphs)
+    mixed_cuda_graphs: bool = True
+    mixed_graph_tokens: tuple[int, ...] = (16, 32, 64, 128, 256, 512)  # token-count buckets
+    mixed_graph_max_query_len: int = 32
+    # the fast path's matmuls (<= 16 rows): "cublas" (F.linear) or "triton" (skinny_linear)
+    gemv_backend: str = "cublas"
 
     def __post_init__(self) -> None:
         for name in ("num_blocks", "max_num_reqs", "max_model_len", "block_size"):
@@ -148,6 +156,15 @@ class RunnerConfig:
         if not sizes or any(not isinstance(s, int) or s < 1 for s in sizes):
             raise ValueError(
                 f"RunnerConfig.cuda_graph_sizes must be positive ints, got {sizes!r}"
+            )
+        if self.gemv_backend not in ("cublas", "triton"):
+            raise ValueError(f"RunnerConfig.gemv_backend must be 'cublas' or 'triton', "
+                             f"got {self.gemv_backend!r}")
+        tokens, query = self.mixed_graph_tokens, self.mixed_graph_max_query_len
+        if any(not isinstance(t, int) or t < 1 for t in tokens) or query < 2:
+            raise ValueError(
+                "RunnerConfig.mixed_graph_tokens must be positive ints and "
+                f"mixed_graph_max_query_len >= 2, got {tokens!r} and {query!r}"
             )
 
     @property

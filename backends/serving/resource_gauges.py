@@ -29,6 +29,8 @@ DESCRIPTIONS = {
     "codec_states": "code2wav vocoder states (one per request with an open turn)",
     "codec_sequences": "code2wav (cache_epoch, chunk_seq) trackers, one per request id",
     "codec_pending": "code2wav windows accepted and not yet decoded",
+    "voice_cache": "code2wav reference voices held prepared (bounded LRU plus voices in use)",
+    "voice_users": "code2wav streams that use a cached reference voice",
     "sessions": "open duplex sessions",
     "threads": "Python threads of the model process",
     "session_threads": "worker threads of open duplex sessions (two per session)",

@@ -7,7 +7,9 @@ and replaces the request's vocoder state; a lower epoch is `stale_cache_epoch`. 
 window never advances the sequence and is answered by an error result at the next `step`.
 `step` decodes the oldest pending window of every request in one batched forward; a request
 id appears at most once per forward, so its later windows wait for later steps. Every epoch's
-stream starts from the engine's prepared voice (its prompt caches are shared, never copied).
+stream starts from the engine's prepared default voice, or, when its first window carries
+REF_AUDIO, from the voice of that reference (`voice_cache`: prepared once per distinct audio,
+used by the stream until its state is dropped); prompt caches are shared, never copied.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import numpy as np
 from backends.audio.codec_windows import CodecWindow
 from backends.models.token2wav import StreamWindow, Token2Wav, Token2WavStream, Voice
 from backends.stages.contracts import ACTION_STOP, Code2WavRequest
+from backends.stages.voice_cache import DEFAULT_CAPACITY, VoiceCache, reference_error
 
 _LOG = logging.getLogger(__name__)
 
@@ -75,12 +78,14 @@ class _Sequence:
 class _State:
     cache_epoch: int
     stream: Token2WavStream
+    voice_key: str | None = None  # the cached reference voice the stream uses (None: default)
 
 
 @dataclass(slots=True)
 class Code2WavEngine:
     token2wav: Token2Wav
-    voice: Voice  # prepared by `token2wav` (its caches belong to that model)
+    voice: Voice  # the default voice, prepared by `token2wav` (its caches belong to that model)
+    voice_cache_size: int = DEFAULT_CAPACITY  # reference voices kept prepared (LRU)
     # request_id -> accepted, not yet decoded windows (oldest first); insertion order = age
     _pending: OrderedDict[str, deque[Code2WavRequest]] = field(
         init=False, default_factory=OrderedDict
@@ -88,8 +93,12 @@ class Code2WavEngine:
     _sequences: dict[str, _Sequence] = field(init=False, default_factory=dict)
     _states: dict[str, _State] = field(init=False, default_factory=dict)
     _errors: list[Code2WavResult] = field(init=False, default_factory=list)
+    voices: VoiceCache = field(init=False)
     # Test-only, set by backends/serving/fault_injection.py when fault_injection=on.
     fault_hook: Callable[[str], None] | None = field(init=False, default=None)
+
+    def __post_init__(self) -> None:
+        self.voices = VoiceCache(self.token2wav, self.voice_cache_size)
 
     def submit(self, request: Code2WavRequest) -> None:
         if request.action == ACTION_STOP:
@@ -123,7 +132,7 @@ class Code2WavEngine:
             return results + self._fail_batch(batch, exc)
         for request, audio in zip(batch, decoded):
             if request.last_chunk:
-                del self._states[request.request_id]
+                self._drop_state(request.request_id)
             results.append(Code2WavResult(
                 request.request_id, request.chunk_seq, audio,
                 cache_epoch=request.cache_epoch, last_chunk=request.last_chunk,
@@ -145,13 +154,19 @@ class Code2WavEngine:
     def resource_counts(self) -> dict[str, int]:
         """What the engine holds (leak checks; published as gauges by the serving layer)."""
         return {"codec_states": len(self._states), "codec_sequences": len(self._sequences),
-                "codec_pending": self.num_pending()}
+                "codec_pending": self.num_pending(), "voice_cache": len(self.voices),
+                "voice_users": self.voices.num_users()}
 
     def release(self, request_id: str) -> None:
         """Drop the request's state and pending windows (idempotent)."""
         self._pending.pop(request_id, None)
         self._sequences.pop(request_id, None)
-        self._states.pop(request_id, None)
+        self._drop_state(request_id)
+
+    def _drop_state(self, request_id: str) -> None:
+        state = self._states.pop(request_id, None)
+        if state is not None and state.voice_key is not None:
+            self.voices.release(state.voice_key)
 
     def num_states(self) -> int:
         return len(self._states)
@@ -170,6 +185,9 @@ class Code2WavEngine:
         lookahead = self.token2wav.config.flow.encoder.pre_lookahead_len
         vocab = self.token2wav.config.flow.vocab_size
         codes = request.codes
+        reference = reference_error(request.ref_audio, request.chunk_seq)
+        if reference is not None:
+            return reference
         if codes.size == 0 and not request.last_chunk:
             return f"{ERROR_EMPTY_CHUNK}: non-final chunk {request.chunk_seq} has no codes"
         # the left context is the previous window's look-ahead, decoded in this window
@@ -218,9 +236,19 @@ class Code2WavEngine:
         """The request's stream; a new epoch starts from fresh state (the old one is dropped)."""
         state = self._states.get(request.request_id)
         if state is None or state.cache_epoch != request.cache_epoch:
-            state = _State(request.cache_epoch, self.token2wav.new_stream(self.voice))
-            self._states[request.request_id] = state
+            self._drop_state(request.request_id)
+            state = self._states[request.request_id] = self._new_state(request)
         return state.stream
+
+    def _new_state(self, request: Code2WavRequest) -> _State:
+        if request.ref_audio.size == 0:
+            return _State(request.cache_epoch, self.token2wav.new_stream(self.voice))
+        key, voice = self.voices.acquire(request.ref_audio)
+        try:
+            return _State(request.cache_epoch, self.token2wav.new_stream(voice), key)
+        except BaseException:
+            self.voices.release(key)
+            raise
 
 
 def _error_result(request: Code2WavRequest, error: str) -> Code2WavResult:

@@ -21,6 +21,12 @@ ACTION_RUN = "run"
 ACTION_STOP = "stop"
 
 DECISION_LISTEN = "listen"
+
+# Reference voice audio (REF_AUDIO of the Thinker and of Code2Wav): float32 mono in [-1, 1] at
+# 16 kHz, at least one 100 ms hop (the Thinker's reference embedding step), at most 30 s.
+REF_AUDIO_SAMPLE_RATE = 16000
+MIN_REF_AUDIO_SAMPLES = 1600
+MAX_REF_AUDIO_SECONDS = 30
 DECISION_SPEAK = "speak"
 
 
@@ -87,7 +93,13 @@ class TalkerCodes:
 
 @dataclass(frozen=True, slots=True)
 class Code2WavRequest:
-    """One codec window: left-context codes followed by new codes."""
+    """One codec window: left-context codes followed by new codes.
+
+    `ref_audio` is the session's reference voice; it is read on the first window of a cache
+    epoch (chunk_seq 0) only, where it selects the voice the epoch's stream starts from
+    (prepared once per distinct audio, cached by content hash); empty = the default voice.
+    On a later window it is an `invalid_ref_audio` error, as are NaN/Inf, |x| > 1 and a length
+    outside [MIN_REF_AUDIO_SAMPLES, MAX_REF_AUDIO_SECONDS x 16000]."""
 
     request_id: str
     cache_epoch: int
@@ -96,6 +108,7 @@ class Code2WavRequest:
     num_left_context: int = 3
     last_chunk: bool = False
     action: str = ACTION_RUN
+    ref_audio: np.ndarray = array_field(np.float32, -1, optional=True)  # [n] float32 16 kHz mono, empty = default voice
 
 
 @dataclass(frozen=True, slots=True)

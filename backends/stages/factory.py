@@ -20,6 +20,7 @@ from backends.stages.code2wav_service import Code2WavService
 
 BLOCK_SIZE = 16
 SLOT_MARGIN = 2  # requests of an epoch being stopped while the next one starts
+WARMUP_TEXT_TOKEN = 100  # a plain text id of every Thinker vocabulary, handed in Talker warm-ups
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,8 +75,13 @@ def build_thinker_engine(params: dict[str, str], device_id: str = "0"):
     else:
         model = ThinkerModel.from_checkpoint(ckpt, setup.device, setup.dtype)
     max_len = min(setup.max_context_tokens, ckpt.config.llm.max_position_embeddings)
-    return ThinkerEngine(model.llm, model.audio_encoder, ckpt.tokenizer, ckpt.special_tokens,
-                         setup.runner_config(max_len), ThinkerEngineConfig(max_context_tokens=max_len))
+    engine = ThinkerEngine(model.llm, model.audio_encoder, ckpt.tokenizer, ckpt.special_tokens,
+                           setup.runner_config(max_len), ThinkerEngineConfig(max_context_tokens=max_len))
+    if setup.device.type == "cuda":  # Triton kernels compile now, not inside the first replies
+        from backends.stages.warmup import thinker_request, warm_up
+
+        warm_up(engine, "thinker", thinker_request, setup.max_sessions)
+    return engine
 
 
 def build_talker_engine(params: dict[str, str], device_id: str = "0"):
@@ -94,7 +100,12 @@ def build_talker_engine(params: dict[str, str], device_id: str = "0"):
         load_talker_weights(model, ckpt.weights("tts."))
         model = model.to(setup.dtype).eval()
     max_len = min(setup.talker_context_tokens, config.max_position_embeddings)
-    return TalkerEngine(model, setup.runner_config(max_len))
+    engine = TalkerEngine(model, setup.runner_config(max_len))
+    if setup.device.type == "cuda":  # as the Thinker's: compile before serving
+        from backends.stages.warmup import talker_request_maker, warm_up
+
+        warm_up(engine, "talker", talker_request_maker(config.llm_dim, WARMUP_TEXT_TOKEN), setup.max_sessions)
+    return engine
 
 
 def build_code2wav_engine(params: dict[str, str], device_id: str = "0") -> Code2WavService:
@@ -102,6 +113,7 @@ def build_code2wav_engine(params: dict[str, str], device_id: str = "0") -> Code2
     from backends.models.token2wav import load_token2wav
     from backends.models.token2wav.voice import VOICE_FILE
     from backends.stages.code2wav_engine import Code2WavEngine
+    from backends.stages.voice_cache import DEFAULT_CAPACITY
 
     setup = StageSetup.from_params(params, device_id)
     ckpt = setup.load()
@@ -117,4 +129,6 @@ def build_code2wav_engine(params: dict[str, str], device_id: str = "0") -> Code2
     voice = token2wav.voice_from_audio(torch.from_numpy(audio).float(), rate, override)
     if setup.device.type == "cuda":  # after the one-off prompt pass: graphs for window shapes only
         token2wav.enable_cuda_graphs()
-    return Code2WavService(Code2WavEngine(token2wav, voice))
+    # session reference voices (REF_AUDIO) are prepared on first use, kept in a bounded LRU
+    cache_size = int(params.get("voice_cache_size", str(DEFAULT_CAPACITY)))
+    return Code2WavService(Code2WavEngine(token2wav, voice, cache_size))

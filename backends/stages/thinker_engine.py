@@ -18,8 +18,9 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from functools import partial
 
-from backends.audio.streaming_encoder import AudioEncoderModel, StreamingAudioEncoder
+from backends.audio.encoder_model import AudioEncoderModel
 from backends.checkpoint.tokenizer import SpecialTokens, TextTokenizer
 from backends.models.qwen3 import Qwen3ForCausalLM
 from backends.runner.hidden_ledger import HiddenLedger
@@ -38,6 +39,7 @@ from backends.thinker.context_window import WINDOW_MODES, ContextWindow, WindowC
 from backends.thinker.duplex_policy import DuplexPolicy
 from backends.thinker.prompt_layout import AppendRows, PromptLayout
 from backends.thinker.session_state import QueuedAppend, ThinkerSession, UnitEncoder
+from backends.thinker.unit_batch import Encoded, encode_pending_units, streaming_encoder_factory
 
 
 logger = logging.getLogger(__name__)
@@ -78,7 +80,7 @@ class ThinkerEngine:
         self.runner = ModelRunner(model, runner_config)
         self.runner_config = runner_config
         self.layout = PromptLayout(tokenizer, special_tokens)
-        self.encoder_factory = encoder_factory or _streaming_encoder_factory(audio_encoder_model)
+        self.encoder_factory = encoder_factory or streaming_encoder_factory(audio_encoder_model)
         self.max_len = _max_len(model, runner_config, self.config)
         # Embedding rows past the tokenizer's vocabulary are padding: never sampled.
         self.bad_token_ids = range(tokenizer.vocab_size, model.config.vocab_size)
@@ -142,17 +144,19 @@ class ThinkerEngine:
             self._guarded(session, lambda s=session, i=inp, r=result: self._deliver(s, i, r))
 
     def _ready_inputs(self) -> Iterator[tuple[ThinkerSession, StepInput]]:
+        encoded = encode_pending_units(self._sessions.values())  # one batched audio encode
         for session in list(self._sessions.values()):
             if session.has_work:
-                inp = self._guarded(session, lambda s=session: self._next_input(s))
+                work = partial(self._next_input, session, encoded.get(session.request_id))
+                inp = self._guarded(session, work)
                 if inp is not None:
                     yield session, inp
 
-    def _next_input(self, session: ThinkerSession) -> StepInput:
+    def _next_input(self, session: ThinkerSession, encoded: Encoded | None = None) -> StepInput:
         if self.fault_hook is not None:
             self.fault_hook(session.request_id)
         if session.active is None:
-            active = session.activate()
+            active = session.activate(encoded)
             assert active.rows is not None  # fresh from activate()
             self._fit_window(session, active.rows)
             self._check_context(session, active.rows.num_rows)
@@ -288,10 +292,3 @@ def _max_len(
     configured = config.max_context_tokens or runner_config.max_model_len
     return min(model.config.max_position_embeddings, configured, runner_config.max_model_len)
 
-
-def _streaming_encoder_factory(
-    audio_encoder_model: AudioEncoderModel | None,
-) -> Callable[[], UnitEncoder]:
-    if audio_encoder_model is None:
-        raise ValueError("ThinkerEngine needs an audio_encoder_model or an encoder_factory")
-    return lambda: StreamingAudioEncoder(audio_encoder_model)

@@ -12,7 +12,8 @@ Per sampled token, in order:
 3. hard cut: 19 tokens already in this unit -> `<|chunk_eos|>`;
 4. boundary draw from the raw softmax -> `<|chunk_eos|>` if drawn;
 5. mask tts_pad / bad ids / chunk_eos, repetition penalty over the distinct tokens of the last
-   512 generated, temperature, top-k, top-p, draw (request-local seeded generator);
+   512 generated, temperature, top-k, top-p, draw (noise keyed on the request seed and the
+   stream position: backends/thinker/policy_draws.py);
 6. 28-character cut of the unit's text -> `<|chunk_eos|>`;
 7. `<|listen|>` while a turn is open (and not forced) -> `<|tts_bos|>`;
 8. latches updated from the final token (`after_sample`).
@@ -34,14 +35,9 @@ from typing import TYPE_CHECKING, Protocol
 
 import torch
 
-from backends.runner.sampler import (
-    apply_repetition_penalty,
-    apply_top_k,
-    apply_top_p,
-    gumbel_argmax,
-    make_generator,
-)
+from backends.runner.sampler import apply_repetition_penalty, step_seed
 from backends.runner.types import SampleContext
+from backends.thinker.policy_draws import boundary_hit, filtered_draw
 
 if TYPE_CHECKING:
     from backends.checkpoint.tokenizer import SpecialTokens
@@ -173,11 +169,6 @@ class DuplexPolicy:
         self._unit = _UnitState(force_listen=force_listen or silent_idle)
 
     def before_sample(self, logits: torch.Tensor, ctx: SampleContext) -> int | None:
-        if self.position_offset:
-            stream_position = ctx.position + self.position_offset
-            ctx = dataclasses.replace(
-                ctx, generator=make_generator(self.seed, stream_position, ctx.generator.device)
-            )
         unit = self._unit
         if unit.force_listen and not unit.tokens:
             return self.special.listen
@@ -188,7 +179,8 @@ class DuplexPolicy:
             return self._reply_token(logits, ctx)
         if len(unit.tokens) >= self.config.max_tokens_per_unit - 1:
             return self.special.chunk_eos
-        if self._draw(logits, ctx, self.config.temperature) == self.special.chunk_eos:
+        greedy = self.config.temperature == 0.0
+        if boundary_hit(logits, self.special.chunk_eos, greedy, self._step_seed(ctx)):
             return self.special.chunk_eos
         self._mask(logits, "chunk_eos_ids")
         candidate = self._sample(logits, ctx)
@@ -254,34 +246,28 @@ class DuplexPolicy:
         apply_repetition_penalty(
             logits, list(self.latches.history), cfg.repetition_penalty, cfg.penalty_window
         )
-        if cfg.temperature == 0.0:
-            return int(torch.argmax(logits).item())
-        scaled = logits / cfg.temperature
-        apply_top_k(scaled, cfg.top_k)
-        apply_top_p(scaled, cfg.top_p)
-        return int(gumbel_argmax(scaled, 1.0, ctx.generator).item())
+        return filtered_draw(logits, cfg.temperature, cfg.top_k, cfg.top_p, self._step_seed(ctx))
 
-    def _draw(self, logits: torch.Tensor, ctx: SampleContext, temperature: float) -> int:
-        """Rule 4: one draw from the raw, untempered softmax (argmax when greedy)."""
-        if temperature == 0.0:
-            return int(torch.argmax(logits).item())
-        return int(gumbel_argmax(logits, 1.0, ctx.generator).item())
+    def _step_seed(self, ctx: SampleContext) -> int:
+        """The draws' key: RoPE positions repeat after a context-window cut or re-prefill, so
+        they are keyed on the stream position (position + offset), which never repeats."""
+        return step_seed(self.seed, ctx.position + self.position_offset)
 
     def _mask(self, logits: torch.Tensor, id_set: str) -> None:
         """-inf on the ids of `id_set` ("chunk_eos_ids", "special_ids" or "bad_ids")."""
-        index = self._mask_index(id_set, logits.shape[0], logits.device)
-        if index.numel():
-            logits[index] = float("-inf")
+        logits.masked_fill_(self._mask_of(id_set, logits.shape[0], logits.device), float("-inf"))
 
-    def _mask_index(self, id_set: str, vocab: int, device: torch.device) -> torch.Tensor:
-        # The bad ids of a full-size vocab are ~150k: build their index tensor once per
+    def _mask_of(self, id_set: str, vocab: int, device: torch.device) -> torch.Tensor:
+        # The bad ids of a full-size vocab are ~150k: build their [vocab] bool mask once per
         # (set, vocab, device), not once per sampled token (33 ms each on a CPU).
         key = (id_set, vocab, device)
-        index = self._mask_cache.get(key)
-        if index is None:
-            ids = sorted(token for token in getattr(self, id_set) if 0 <= token < vocab)
-            index = self._mask_cache[key] = torch.tensor(ids, dtype=torch.int64, device=device)
-        return index
+        mask = self._mask_cache.get(key)
+        if mask is None:
+            ids = [token for token in getattr(self, id_set) if 0 <= token < vocab]
+            mask = torch.zeros(vocab, dtype=torch.bool, device=device)
+            mask[torch.tensor(ids, dtype=torch.int64, device=device)] = True
+            self._mask_cache[key] = mask
+        return mask
 
     def _reaches_char_limit(self, candidate: int) -> bool:
         """Rule 6: the unit's text since the last turn_eos plus a non-special candidate."""

@@ -139,11 +139,24 @@ class ThinkerSession:
         if first.initial_user_text:
             self.policy.open_turn_with_text()
 
-    def activate(self) -> ActiveAppend:
-        """Encode the next queued append's units and lay out its rows."""
+    def pending_unit(self) -> np.ndarray | None:
+        """The next append's audio ([16000] float32) when it is about to activate and holds one
+        unit: the engine encodes those of all sessions in one batch (backends/thinker/
+        unit_batch.py) and passes the result to `activate`. None otherwise."""
+        if self.active is not None or not self.queue:
+            return None
+        audio = self.queue[0].request.audio
+        return _split_units(audio)[0] if len(audio) == UNIT_SAMPLES else None
+
+    def activate(self, encoded: torch.Tensor | Exception | None = None) -> ActiveAppend:
+        """Encode the next queued append's units and lay out its rows. `encoded`: the rows of
+        its one unit ([10, hidden]) already encoded in a batch, or that encode's error."""
         queued = self.queue[0]  # popped only once laid out: a failure leaves its sink queued
         units = _split_units(queued.request.audio)
-        embeds = [self.encoder.encode_unit(unit) for unit in units]
+        if isinstance(encoded, Exception):
+            raise encoded
+        assert encoded is None or len(units) == 1, "batch-encoded rows are one unit's"
+        embeds = [encoded] if encoded is not None else [self.encoder.encode_unit(u) for u in units]
         rows = self._layout(embeds)
         self.num_units += len(units)
         speech = [float(np.sqrt(np.mean(np.square(unit)))) >= SPEECH_RMS for unit in units]

@@ -227,3 +227,20 @@ def test_a_stage_that_never_answers_fails_the_session_with_stage_timeout(monkeyp
     assert error.fields["code"] == "stage_timeout" and _closed_reason(down) == "error"
     assert manager.num_sessions == 0
     stages.talker_gate.set()
+
+
+def test_the_start_reference_voice_reaches_code2wav_on_each_streams_first_window():
+    stages = ScriptedStages(speak_from=0, reply_units=2)
+    manager = SessionManager(ManagerConfig(), stages)
+    ref = np.arange(3200, dtype=np.int16)
+    down, reply = RecordingDownlink(), RecordingReply()
+    manager.handle(RawUplink("s", True, False, np.zeros(0, np.int16), ref, "{}"), reply, lambda: down)
+    for _ in range(3):
+        _send(manager, "s", 16000)
+    _wait(lambda: "response.done" in down.types(), "reply done")
+    _send(manager, "s", end=True)
+    _wait(down.closed.is_set, "session closed")
+    windows = [r for r in stages.requests if hasattr(r, "chunk_seq") and hasattr(r, "ref_audio")]
+    assert len(windows) > 1 and windows[0].chunk_seq == 0
+    np.testing.assert_array_equal(windows[0].ref_audio, ref.astype(np.float32) / 32768.0)
+    assert all(w.ref_audio.size == 0 for w in windows if w.chunk_seq > 0)

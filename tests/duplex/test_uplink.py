@@ -39,6 +39,10 @@ def test_start_with_options_and_ref_audio():
     (_raw(True, initial_user_text="x" * 5000), "longer than"),
     (_raw(True, bogus=1), "unknown request parameter"),
     (_raw(ref=np.zeros(10, np.int16)), "START request only"),
+    (_raw(True, ref=np.zeros(1599, np.int16)), "under the minimum of 1600"),
+    (_raw(True, ref=np.zeros(1600, np.float32)), "REF_AUDIO must be INT16"),
+    (_raw(True, ref=np.zeros((2, 1600), np.int16)), "REF_AUDIO must have rank 1"),
+    (_raw(True, ref=np.zeros(30 * 16000 + 1, np.int16)), "REF_AUDIO holds"),
     (RawUplink("s1", False, False, None, None, "{not json"), "not valid JSON"),
     (RawUplink("s1", False, False, None, None, "[1, 2]"), "JSON object"),
 ])

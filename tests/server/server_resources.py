@@ -29,7 +29,7 @@ TRACKED = (
     ("requests", "thinker"), ("runner_requests", "thinker"), ("kv_free_blocks", "thinker"),
     ("requests", "talker"), ("runner_requests", "talker"), ("kv_free_blocks", "talker"),
     ("requests", "code2wav"), ("codec_states", "code2wav"), ("codec_sequences", "code2wav"),
-    ("codec_pending", "code2wav"),
+    ("codec_pending", "code2wav"), ("voice_users", "code2wav"),
 )
 SETTLE_TIMEOUT_S = 20.0
 STABLE_GAP_S = 0.6  # longer than the orchestrator's reaper period (0.5 s) between two looks

@@ -33,13 +33,13 @@ def _speech() -> np.ndarray:
     return read_wav(DEMO_WAV).samples[:, 0]
 
 
-def _session(url: str, session_id: str, seed: int = 7, reply_units: int = 3):
+def _session(url: str, session_id: str, seed: int = 7, reply_units: int = 3, ref_audio: np.ndarray | None = None):
     events: list = []
     params = SessionParams(initial_user_text="Tell me about the sea.", seed=seed,
                            reply_units=reply_units, reply_tokens_per_unit=4)
     with DuplexSession.connect(url, session_id=session_id) as session:
         report = stream_utterance(session, _speech(), params, StreamConfig(speed=SPEED, max_seconds=20),
-                                  on_event=events.append)
+                                  ref_audio=ref_audio, on_event=events.append)
     return report, events
 
 
@@ -93,3 +93,34 @@ def test_concurrent_sessions_are_isolated_and_reproducible(server):
     assert audio_a.shape == audio_alone.shape
     assert np.abs(audio_a - audio_alone).max() <= AUDIO_LSB_TOLERANCE
     assert texts(results["srv-b"][1]) != texts(alone), "a different seed should give a different reply"
+
+
+def test_concurrent_sessions_speak_in_their_own_reference_voices(server):
+    """REF_AUDIO reaches Code2Wav: two sessions at once with different references get different
+    reply audio, and the code2wav stage prepared (at least) their two voices, used by no stream
+    once the sessions are over. The seeds are fresh voices: no other test sent them."""
+    from server_resources import _gauges, wait_for_gauges
+
+    from backends.stages.voice_cache import DEFAULT_CAPACITY
+    from perf.voices import voice_pcm16
+
+    before = _gauges(server).get(("voice_cache", "code2wav"), 0.0)
+    results: dict[str, tuple] = {}
+
+    def run(sid: str, voice_seed: int) -> None:
+        results[sid] = _session(server.grpc_url, sid, seed=5, reply_units=2, ref_audio=voice_pcm16(voice_seed))
+
+    threads = [threading.Thread(target=run, args=args) for args in (("srv-voice-a", 901), ("srv-voice-b", 902))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    audio = {}
+    for sid, (report, events) in results.items():
+        assert report.ok, (sid, report.errors)
+        audio[sid] = np.concatenate([e.audio for e in events if isinstance(e, AudioDelta)]).astype(np.int32)
+    a, b = audio["srv-voice-a"], audio["srv-voice-b"]
+    n = min(a.size, b.size)
+    assert n > 0 and np.abs(a[:n] - b[:n]).max() > 100, "different reference voices gave the same audio"
+    assert wait_for_gauges(server, {("voice_users", "code2wav"): 0.0}) == {("voice_users", "code2wav"): 0.0}
+    assert _gauges(server)[("voice_cache", "code2wav")] >= min(before + 2, DEFAULT_CAPACITY)

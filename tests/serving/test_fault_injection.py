@@ -73,7 +73,8 @@ def test_a_faulty_window_fails_its_request_only_and_frees_its_state():
     results = {r.request_id: r for r in engine.step()}
     assert results[bad].error.startswith(f"{ERROR_INTERNAL}: InjectedFault")
     assert results["good.e0"].error is None and results["good.e0"].audio.size == SAMPLES_PER_WINDOW
-    assert engine.resource_counts() == {"codec_states": 1, "codec_sequences": 1, "codec_pending": 0}
+    assert engine.resource_counts() == {"codec_states": 1, "codec_sequences": 1, "codec_pending": 0,
+                                        "voice_cache": 0, "voice_users": 0}
 
 
 def test_service_answers_an_internal_fault_as_internal_and_ends_the_other_windows():

@@ -29,8 +29,12 @@ def _ctx(seed: int = 0, position: int = 100) -> SampleContext:
     return SampleContext("r", position, make_generator(seed, position, "cpu"), [])
 
 
-def _policy(tokenizer: TextTokenizer, special: SpecialTokens, **cfg: object) -> DuplexPolicy:
-    return DuplexPolicy(special, tokenizer, PolicyConfig(**cfg), BAD_IDS)  # type: ignore[arg-type]
+def _policy(
+    tokenizer: TextTokenizer, special: SpecialTokens, seed: int = 0, **cfg: object
+) -> DuplexPolicy:
+    """The policy's seed is the request's (the runner seeds its SamplingContext from it)."""
+    return DuplexPolicy(special, tokenizer, PolicyConfig(**cfg), BAD_IDS,  # type: ignore[arg-type]
+                        seed=seed)
 
 
 def _logits(favour: dict[int, float] | None = None) -> torch.Tensor:
@@ -152,7 +156,7 @@ def test_boundary_draw_uses_the_untempered_softmax(tokenizer, special) -> None:
     logits[word] = math.log(0.7)
     hits = 0
     for seed in range(NUM_SEEDS):
-        policy = _policy(tokenizer, special, temperature=0.2)
+        policy = _policy(tokenizer, special, seed=seed, temperature=0.2)
         policy.begin_unit(False, [True])
         hits += _sample(policy, logits, seed) == special.chunk_eos
     rate, sigma = hits / NUM_SEEDS, math.sqrt(0.3 * 0.7 / NUM_SEEDS)
@@ -166,7 +170,7 @@ def test_tts_pad_bad_ids_and_chunk_eos_are_masked_after_the_draw(tokenizer, spec
     word = _text_ids(tokenizer, "hi")[0]
     favour = {special.tts_pad: 60.0, 1005: 60.0, special.chunk_eos: -1.0, word: 1.0}
     for seed in range(50):
-        policy = _policy(tokenizer, special)
+        policy = _policy(tokenizer, special, seed=seed)
         policy.begin_unit(False, [True])
         token = _sample(policy, _logits(favour), seed)
         assert token not in (special.tts_pad, 1005)
@@ -196,7 +200,7 @@ def test_temperature_applies_after_the_boundary_draw(tokenizer, special) -> None
     logits[first], logits[second] = math.log(0.7), math.log(0.3)
     hits = 0
     for seed in range(NUM_SEEDS):
-        policy = _policy(tokenizer, special, temperature=0.5, top_p=1.0)
+        policy = _policy(tokenizer, special, seed=seed, temperature=0.5, top_p=1.0)
         policy.begin_unit(False, [True])
         hits += _sample(policy, logits, seed) == first
     expected = 0.49 / 0.58
@@ -231,7 +235,7 @@ def test_top_k_keeps_twenty(tokenizer, special) -> None:
     favour = {token: 10.0 - 0.001 * i for i, token in enumerate(candidates)}
     seen = set()
     for seed in range(300):
-        policy = _policy(tokenizer, special, temperature=1.0, top_p=1.0)
+        policy = _policy(tokenizer, special, seed=seed, temperature=1.0, top_p=1.0)
         policy.begin_unit(False, [True])
         seen.add(_sample(policy, _logits(favour), seed))
     assert seen <= set(candidates[:20]) and len(seen) > 10
@@ -243,7 +247,7 @@ def test_top_p_drops_the_tail(tokenizer, special) -> None:
     logits = torch.full((VOCAB,), -1e4)
     logits[first], logits[second] = math.log(0.85), math.log(0.15)
     for seed in range(200):
-        policy = _policy(tokenizer, special, temperature=1.0)
+        policy = _policy(tokenizer, special, seed=seed, temperature=1.0)
         policy.begin_unit(False, [True])
         assert _sample(policy, logits, seed) == first
 
@@ -252,7 +256,7 @@ def test_sampling_is_a_function_of_seed_and_position(tokenizer, special) -> None
     logits = torch.randn(VOCAB, generator=torch.Generator().manual_seed(3))
 
     def draw(seed: int, position: int) -> int:
-        policy = _policy(tokenizer, special, temperature=1.0)
+        policy = _policy(tokenizer, special, seed=seed, temperature=1.0)
         policy.begin_unit(False, [True])
         return _sample(policy, logits, seed, position)
 

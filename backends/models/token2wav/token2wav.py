@@ -87,11 +87,18 @@ class Token2Wav(nn.Module):
 
     @torch.inference_mode()
     def prepare_voice(self, prompt: VoicePrompt) -> Voice:
-        """Run the prompt codes plus 3 silence look-ahead codes (the reference's setup)."""
+        """Run the prompt codes plus 3 silence look-ahead codes (the reference's setup).
+
+        Always eager, also once CUDA graphs are on: the one-off prompt pass of a voice prepared
+        while serving (a session's reference) must not capture a graph of its own."""
         lookahead = torch.full((self.config.flow.encoder.pre_lookahead_len,), SILENCE_CODE)
         codes = torch.cat([prompt.codes.cpu(), lookahead]).to(self.device)
-        cache = self.flow.setup_cache(codes, prompt.mel.to(self.device),
-                                      prompt.speaker.to(self.device))
+        decoder = self.flow.decoder
+        solver, decoder.solver = decoder.solver, decoder.solve
+        try:
+            cache = self.flow.setup_cache(codes, prompt.mel.to(self.device), prompt.speaker.to(self.device))
+        finally:
+            decoder.solver = solver
         return Voice(prompt, cache)
 
     def new_stream(self, voice: Voice, seed: int = 0) -> Token2WavStream:

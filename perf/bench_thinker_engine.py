@@ -1,0 +1,159 @@
+"""Thinker engine in-process: unit latency and step cost with C paced duplex sessions.
+
+What the served Thinker does per session, without Triton around it: each session starts with
+`initial_user_text` and the reply-shape knobs of the duplex benchmark, then appends one 1 s
+unit of silence every second (staggered), and the engine thread's loop (submit what is due,
+step while there is work) runs here on the main thread. Per level it prints the unit latency
+(append submitted -> unit result: what the duplex benchmark's server TTFT/TTFP start with),
+the engine steps per unit and their wall time, and with `--profile` the functions that took
+the host time (cProfile, cumulative).
+
+    python3 perf/bench_thinker_engine.py --concurrency 1,8,32 --seconds 8 [--profile 8]
+    (CPU smoke test: --device cpu --checkpoint tiny --dtype float32)
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import pstats
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from backends.stages.contracts import ThinkerRequest  # noqa: E402
+from backends.stages.factory import build_thinker_engine  # noqa: E402
+from backends.stages.sink import ListSink  # noqa: E402
+
+UNIT_SAMPLES = 16000
+PROMPT = "Tell me about the weather on the coast this weekend, please."
+
+
+@dataclass(frozen=True)
+class Distribution:  # perf.bench_stats has one, but it imports the Triton client
+    mean: float | None
+    median: float | None
+    p99: float | None
+
+    @staticmethod
+    def of(values) -> "Distribution":
+        data = np.asarray(list(values), dtype=np.float64)
+        if data.size == 0:
+            return Distribution(None, None, None)
+        return Distribution(float(data.mean()), float(np.median(data)), float(np.percentile(data, 99)))
+
+
+@dataclass
+class _Session:
+    index: int
+    start_s: float
+    seq: int = 0
+    pending: list[tuple[float, ListSink, int]] = field(default_factory=list)  # (sent, sink, seq)
+
+    @property
+    def request_id(self) -> str:
+        return f"bench{self.index}.e0"
+
+
+def _request(session: _Session, args: argparse.Namespace) -> ThinkerRequest:
+    first = session.seq == 0
+    return ThinkerRequest(
+        request_id=session.request_id, audio=np.zeros(UNIT_SAMPLES, np.float32), seq=session.seq,
+        initial_user_text=PROMPT if first else "", seed=session.index,
+        reply_units=args.reply_units if first else 0,
+        reply_tokens_per_unit=args.tokens_per_unit if first else 0,
+    )  # fmt: skip
+
+
+def _run_level(engine, concurrency: int, args: argparse.Namespace) -> dict[str, object]:
+    t0 = time.perf_counter()
+    sessions = [_Session(i, t0 + i * args.stagger_s) for i in range(concurrency)]
+    latencies, first_latencies, step_times = [], [], []
+    end = t0 + args.seconds
+    while time.perf_counter() < end or engine.has_work():
+        now = time.perf_counter()
+        for s in sessions:
+            if now < end and now >= s.start_s + s.seq:  # one unit per second per session
+                sink = ListSink()
+                engine.submit(_request(s, args), sink)
+                s.pending.append((now, sink, s.seq))
+                s.seq += 1
+        if engine.has_work():
+            started = time.perf_counter()
+            engine.step()
+            step_times.append(time.perf_counter() - started)
+        else:
+            time.sleep(0.0005)
+        _collect(sessions, latencies, first_latencies)
+    for s in sessions:
+        engine.stop(s.request_id)
+    return {"C": concurrency, "units": len(latencies) + len(first_latencies),
+            "first_unit_ms": Distribution.of(x * 1e3 for x in first_latencies),
+            "unit_ms": Distribution.of(x * 1e3 for x in latencies),
+            "steps": len(step_times), "step_ms": Distribution.of(x * 1e3 for x in step_times)}
+
+
+def _collect(sessions: list[_Session], latencies: list[float], first: list[float]) -> None:
+    now = time.perf_counter()
+    for s in sessions:
+        for sent, sink, seq in [p for p in s.pending if p[1].closed]:
+            if sink.error is not None:
+                raise RuntimeError(f"{s.request_id}: {sink.error}")
+            (first if seq == 0 else latencies).append(now - sent)
+        s.pending = [p for p in s.pending if not p[1].closed]
+
+
+def _row(result: dict[str, object]) -> str:
+    unit, first, step = result["unit_ms"], result["first_unit_ms"], result["step_ms"]
+    per_unit = result["steps"] / max(1, result["units"])
+    return (f"| {result['C']} | {result['units']} | {_ms(first.mean)} | {_ms(unit.mean)} / "
+            f"{_ms(unit.median)} / {_ms(unit.p99)} | {per_unit:.1f} | {_ms(step.mean)} / {_ms(step.p99)} |")
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f}"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--concurrency", default="1,8,32")
+    parser.add_argument("--seconds", type=float, default=8.0)
+    parser.add_argument("--stagger-s", type=float, default=0.03)
+    parser.add_argument("--reply-units", type=int, default=5)
+    parser.add_argument("--tokens-per-unit", type=int, default=4)
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--checkpoint", default="full-random")
+    parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--profile", type=int, default=0, help="cProfile the level with this C")
+    args = parser.parse_args()
+    levels = [int(c) for c in args.concurrency.split(",")]
+    params = {"device": args.device, "checkpoint": args.checkpoint, "dtype": args.dtype,
+              "max_sessions": str(max(levels)), "max_context_tokens": "8192"}
+    started = time.perf_counter()
+    engine = build_thinker_engine(params)
+    print(f"engine built in {time.perf_counter() - started:.1f} s; warm-up level", flush=True)
+    _run_level(engine, 1, argparse.Namespace(**{**vars(args), "seconds": 2.0}))
+    print("| C | units | first unit ms (prompt + unit) | unit ms mean / median / P99 | steps per unit "
+          "| step ms mean / P99 |\n|---|---|---|---|---|---|")
+    for c in levels:
+        profiler = cProfile.Profile() if c == args.profile else None
+        if profiler is not None:
+            profiler.enable()
+        result = _run_level(engine, c, args)
+        if profiler is not None:
+            profiler.disable()
+        print(_row(result), flush=True)
+        if profiler is not None:
+            out = io.StringIO()
+            pstats.Stats(profiler, stream=out).sort_stats("cumulative").print_stats(45)
+            print(f"\ncProfile at C={c} (cumulative):\n{out.getvalue()}", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,78 @@
+"""The policy's linear-cost draws equal whole-row draws with the runner's noise.
+
+Reference: `device_sampler.sample_on_device` (temperature, top-k/top-p masks over the whole
+row, argmax of logits + counter-based Gumbel noise of every token). `filtered_draw` must pick
+the same token for the same step seed; `boundary_hit` must fire with probability
+softmax(row)[token].
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from backends.runner.device_sampler import sample_on_device
+from backends.thinker.policy_draws import boundary_hit, filtered_draw
+
+VOCAB = 5000
+
+
+def _reference(row: torch.Tensor, temperature: float, top_k: int, top_p: float, seed: int) -> int:
+    return int(sample_on_device(
+        row[None], torch.tensor([temperature]), torch.tensor([top_k]), torch.tensor([top_p]),
+        torch.tensor([seed]), use_filters=True,
+    )[0])  # fmt: skip
+
+
+@pytest.mark.parametrize(("temperature", "top_k", "top_p"),
+                         [(0.7, 20, 0.8), (1.0, 20, 1.0), (0.3, 5, 0.5), (1.3, 1, 0.9)])
+def test_filtered_draw_equals_the_whole_row_draw(temperature, top_k, top_p) -> None:
+    gen = torch.Generator().manual_seed(0)
+    for case in range(60):
+        row = torch.randn(VOCAB, generator=gen) * 2.0
+        row[torch.randint(0, VOCAB, (300,), generator=gen)] = float("-inf")  # masked ids
+        seed = 1_000_003 * case + 17
+        expected = _reference(row, temperature, top_k, top_p, seed)
+        assert filtered_draw(row, temperature, top_k, top_p, seed) == expected, case
+
+
+def test_ties_at_the_kth_value_stay_candidates() -> None:
+    """bf16 logits tie often: every token tied with the k-th must remain drawable."""
+    row = torch.full((VOCAB,), -5.0)
+    row[100:130] = 1.0  # 30 tokens tied, top_k 20
+    drawn = {filtered_draw(row, 1.0, 20, 1.0, seed) for seed in range(400)}
+    assert drawn == set(range(100, 130))
+    for seed in range(50):
+        assert filtered_draw(row, 1.0, 20, 1.0, seed) == _reference(row, 1.0, 20, 1.0, seed)
+
+
+def test_greedy_and_fully_masked_rows() -> None:
+    row = torch.randn(VOCAB, generator=torch.Generator().manual_seed(1))
+    assert filtered_draw(row, 0.0, 20, 0.8, 3) == int(torch.argmax(row))
+    assert filtered_draw(torch.full((VOCAB,), float("-inf")), 1.0, 20, 0.8, 3) == 0
+    few = torch.full((VOCAB,), float("-inf"))
+    few[[7, 9]] = torch.tensor([0.0, 0.1])
+    assert {filtered_draw(few, 1.0, 20, 1.0, seed) for seed in range(100)} == {7, 9}
+
+
+def test_boundary_hit_fires_with_the_softmax_probability() -> None:
+    row = torch.full((VOCAB,), -1e4)
+    row[10], row[11] = math.log(0.3), math.log(0.7)
+    trials = 4000
+    hits = sum(boundary_hit(row, 10, False, seed) for seed in range(trials))
+    sigma = math.sqrt(0.3 * 0.7 / trials)
+    assert abs(hits / trials - 0.3) < 5 * sigma, hits / trials
+    assert boundary_hit(row, 11, True, 0) and not boundary_hit(row, 10, True, 0)
+    row[10] = float("-inf")
+    assert not any(boundary_hit(row, 10, False, seed) for seed in range(200))
+
+
+def test_boundary_and_token_draws_use_different_noise() -> None:
+    """Rule 4 and rule 5 draw in the same step: their uniforms must not be the same numbers."""
+    row = torch.zeros(2)
+    hits = [boundary_hit(row, 0, False, seed) for seed in range(2000)]
+    draws = [filtered_draw(row, 1.0, 2, 1.0, seed) == 0 for seed in range(2000)]
+    agree = sum(a == b for a, b in zip(hits, draws)) / 2000
+    assert 0.45 < agree < 0.55, agree  # independent fair coins agree half the time
