@@ -44,6 +44,8 @@ class Profile:
     max_context_tokens: int = 8192  # Thinker KV reserved per session (window off)
     talker_context_tokens: int = 4096
     fault_injection: str = "off"  # test-only: `on` makes stage requests marked fault-<stage> fail
+    # Code2Wav streams from each session's REF_AUDIO voice (on) or always the default voice (off)
+    session_voices: str = "on"
 
     def __post_init__(self) -> None:
         if self.instance_kind not in KINDS:
@@ -55,6 +57,8 @@ class Profile:
                              "(cuda goes with KIND_GPU, cpu with KIND_CPU)")
         if self.dtype not in ("float32", "bfloat16"):
             raise ValueError(f"dtype must be float32 or bfloat16, got {self.dtype!r}")
+        if self.session_voices not in ("on", "off"):
+            raise ValueError(f"session_voices must be on or off, got {self.session_voices!r}")
         if self.fault_injection not in FAULT_SETTINGS:
             raise ValueError(f"fault_injection must be one of {FAULT_SETTINGS}, got {self.fault_injection!r}")
         for name in ("duplex_instances", "max_sessions", "idle_timeout_s", "max_append_ms", "max_context_tokens",
@@ -137,13 +141,16 @@ PROFILES: dict[str, Profile] = {
         thinker_gpus="0", talker_gpus="0", code2wav_gpus="0",
         thinker_memory_fraction=0.45, talker_memory_fraction=0.12, code2wav_memory_fraction=0.36,
         duplex_instances=2, max_sessions=32, max_context_tokens=8192,
+        # Distinct session voices: Code2Wav's batched windows then pack one prompt cache per
+        # voice and ran out of its 36% cap at C >= 16 on an H200 (perf/results/duplex_h200.md).
+        session_voices="off",
     ),
     # Two GPUs: the Thinker alone on GPU 0, the audio tail (Talker + Code2Wav) on GPU 1.
     "gpu-split": Profile(
         name="gpu-split", instance_kind="KIND_GPU", device="cuda", dtype="bfloat16", checkpoint="full-random",
         thinker_gpus="0", talker_gpus="1", code2wav_gpus="1",
         thinker_memory_fraction=0.9, talker_memory_fraction=0.45, code2wav_memory_fraction=0.45,
-        duplex_instances=4, max_sessions=64, max_context_tokens=8192,
+        duplex_instances=4, max_sessions=64, max_context_tokens=8192, session_voices="off",
     ),
 }
 

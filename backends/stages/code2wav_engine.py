@@ -86,6 +86,7 @@ class Code2WavEngine:
     token2wav: Token2Wav
     voice: Voice  # the default voice, prepared by `token2wav` (its caches belong to that model)
     voice_cache_size: int = DEFAULT_CAPACITY  # reference voices kept prepared (LRU)
+    session_voices: bool = True  # False: a valid REF_AUDIO is checked, the default voice speaks
     # request_id -> accepted, not yet decoded windows (oldest first); insertion order = age
     _pending: OrderedDict[str, deque[Code2WavRequest]] = field(
         init=False, default_factory=OrderedDict
@@ -241,7 +242,7 @@ class Code2WavEngine:
         return state.stream
 
     def _new_state(self, request: Code2WavRequest) -> _State:
-        if request.ref_audio.size == 0:
+        if request.ref_audio.size == 0 or not self.session_voices:
             return _State(request.cache_epoch, self.token2wav.new_stream(self.voice))
         key, voice = self.voices.acquire(request.ref_audio)
         try:

@@ -131,4 +131,5 @@ def build_code2wav_engine(params: dict[str, str], device_id: str = "0") -> Code2
         token2wav.enable_cuda_graphs()
     # session reference voices (REF_AUDIO) are prepared on first use, kept in a bounded LRU
     cache_size = int(params.get("voice_cache_size", str(DEFAULT_CAPACITY)))
-    return Code2WavService(Code2WavEngine(token2wav, voice, cache_size))
+    session_voices = params.get("session_voices", "on") == "on"
+    return Code2WavService(Code2WavEngine(token2wav, voice, cache_size, session_voices))
