@@ -87,6 +87,9 @@ class Code2WavEngine:
     voice: Voice  # the default voice, prepared by `token2wav` (its caches belong to that model)
     voice_cache_size: int = DEFAULT_CAPACITY  # reference voices kept prepared (LRU)
     session_voices: bool = True  # False: a valid REF_AUDIO is checked, the default voice speaks
+    # Windows per forward: the packed estimator caches grow with it (16-32 streams in one
+    # forward ran out of the 36% memory cap on an H200); 8 windows take ~70 ms there.
+    max_batch: int = 8
     # request_id -> accepted, not yet decoded windows (oldest first); insertion order = age
     _pending: OrderedDict[str, deque[Code2WavRequest]] = field(
         init=False, default_factory=OrderedDict
@@ -115,11 +118,12 @@ class Code2WavEngine:
         self._pending.setdefault(request.request_id, deque()).append(request)
 
     def step(self) -> list[Code2WavResult]:
-        """Decode the oldest pending window of every request in one forward; also return
-        the errors of windows rejected since the last step."""
+        """Decode the oldest pending window of up to `max_batch` requests (longest waiting
+        first) in one forward; also return the errors of windows rejected since the last step."""
         results, self._errors = self._errors, []
         batch, windows = [], []
-        for request in [self._pop_oldest(request_id) for request_id in list(self._pending)]:
+        waiting = list(self._pending)[: self.max_batch]
+        for request in [self._pop_oldest(request_id) for request_id in waiting]:
             window = self._prepare(request, results)
             if window is not None:
                 batch.append(request)
@@ -229,7 +233,9 @@ class Code2WavEngine:
     def _pop_oldest(self, request_id: str) -> Code2WavRequest:
         queue = self._pending[request_id]
         request = queue.popleft()
-        if not queue:
+        if queue:  # its next window waits behind the other requests (round robin)
+            self._pending.move_to_end(request_id)
+        else:
             del self._pending[request_id]
         return request
 

@@ -132,4 +132,5 @@ def build_code2wav_engine(params: dict[str, str], device_id: str = "0") -> Code2
     # session reference voices (REF_AUDIO) are prepared on first use, kept in a bounded LRU
     cache_size = int(params.get("voice_cache_size", str(DEFAULT_CAPACITY)))
     session_voices = params.get("session_voices", "on") == "on"
-    return Code2WavService(Code2WavEngine(token2wav, voice, cache_size, session_voices))
+    max_batch = int(params.get("max_batch", "8"))
+    return Code2WavService(Code2WavEngine(token2wav, voice, cache_size, session_voices, max_batch))

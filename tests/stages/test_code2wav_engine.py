@@ -8,6 +8,8 @@ are exact codes, and a rejected window must leave the request able to continue.
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
@@ -220,3 +222,32 @@ def test_a_failed_forward_answers_and_releases_every_window(token2wav: Token2Wav
     results = engine.step()
     assert [r.error.split(":")[0] for r in results] == [ERROR_INTERNAL, ERROR_INTERNAL]
     assert engine.num_states() == 0 and engine.num_pending() == 0
+
+
+def test_max_batch_caps_a_forward_and_serves_requests_round_robin(token2wav: Token2Wav, voice: Voice) -> None:
+    """Memory of a forward grows with its windows: at most `max_batch` per step, and a request
+    with more windows waits behind the others instead of starving them."""
+    engine = Code2WavEngine(token2wav, voice, max_batch=2)
+    for chunk_seq in range(3):
+        engine.submit(_request(chunk_seq, request_id="a", last=chunk_seq == 2))
+    engine.submit(_request(0, request_id="b", last=True))
+    engine.submit(_request(0, request_id="c", last=True))
+    steps = [[(r.request_id, r.chunk_seq) for r in step] for step in _drain(engine)]
+    assert steps == [[("a", 0), ("b", 0)], [("c", 0), ("a", 1)], [("a", 2)]]
+    assert engine.num_states() == 0
+
+
+def test_session_voices_off_speaks_the_default_voice(token2wav: Token2Wav, voice: Voice) -> None:
+    reference = np.random.default_rng(3).uniform(-0.5, 0.5, 16000).astype(np.float32)
+    windows = _windows(5, 40)
+    audio = {}
+    for name, ref in (("default", np.zeros(0, np.float32)), ("ref", reference)):
+        engine = Code2WavEngine(token2wav, voice, session_voices=False)
+        for i, window in enumerate(windows):
+            request = request_from_window(name, window)
+            if i == 0:
+                request = dataclasses.replace(request, ref_audio=ref)
+            engine.submit(request)
+        audio[name] = np.concatenate([r.audio for step in _drain(engine) for r in step])
+        assert engine.resource_counts()["voice_cache"] == 0  # nothing prepared
+    np.testing.assert_array_equal(audio["ref"], audio["default"])
