@@ -27,11 +27,12 @@ from backends.duplex import events as ev
 from backends.duplex.audio_tail import AudioTail
 from backends.duplex.downlink import Downlink
 from backends.duplex.responses import EpochIds, ResponseState, SpeakWork, UnitWork
-from backends.duplex.stage_clients import THINKER, StageCallError, StageClients
+from backends.duplex.stage_clients import StageClients
 from backends.duplex.stage_stops import StageStops
 from backends.duplex.stall_watch import StallWatch, WatchedStages
+from backends.duplex.thinker_call import call_thinker
 from backends.duplex.unit_buffer import UnitBuffer
-from backends.duplex.unit_queue import SessionConfig, UnitQueue, thinker_request
+from backends.duplex.unit_queue import SessionConfig, UnitQueue, setup_request, thinker_request
 from backends.duplex.uplink import SessionOptions
 from backends.stages.contracts import DECISION_SPEAK, ThinkerUnitResult
 from backends.stages.sink import StageError
@@ -97,6 +98,7 @@ class Session:
                 return
             old = self._new_epoch()
         self._stop_stage_requests(old)
+        self._units.wake()  # the new epoch's setup goes out before its first unit
 
     def end(self) -> None:
         """END: finish the queued units and their audio, then close."""
@@ -177,7 +179,7 @@ class Session:
 
     def _thinker_loop(self) -> None:
         try:
-            while (batch := self._units.next_batch()) is not None:
+            while self._set_up_epoch() and (batch := self._units.next_batch()) is not None:
                 with self._lock:
                     batch = [w for w in batch if self.is_current(w.epoch)]
                 if batch and not self._run_thinker(batch):
@@ -188,27 +190,25 @@ class Session:
         finally:
             self._speak.put(None)
 
+    def _set_up_epoch(self) -> bool:
+        """An epoch's seq 0 goes out alone, before its first unit: the Thinker prefills the
+        context while the user speaks. Not when closing (queued units carry the setup)."""
+        with self._lock:
+            ids = self._ids
+            if ids.next_seq or self._closing:
+                return True
+            request = setup_request(ids, self.options)
+        return call_thinker(self, self._stages.thinker, ids.epoch, request, None)
+
     def _run_thinker(self, batch: list[UnitWork]) -> bool:
         with self._lock:
             ids, epoch = self._ids, batch[0].epoch
             if not self.is_current(epoch):  # a barge-in since `_drain_batch`
                 return True
             request = thinker_request(ids, batch, self.options)
-            ids.started.add(THINKER)
-        try:
-            # A multi-unit append is decided once, on its last unit (the Thinker's contract).
-            for result in self._stages.thinker(request):
-                self._on_unit(epoch, batch[-1], result)
-        except StageCallError as exc:
-            with self._lock:
-                stale = not self.is_current(epoch)
-            if stale:  # a stop after barge-in or close ends the old request; not an error
-                return True
-            self.close(why.ERROR, exc.error)
-            return False
-        finally:
-            self.stop_if_stale(epoch, request.request_id, (THINKER,))
-        return True
+        # A multi-unit append is decided once, on its last unit (the Thinker's contract).
+        return call_thinker(self, self._stages.thinker, epoch, request,
+                            lambda result: self._on_unit(epoch, batch[-1], result))
 
     def _on_unit(self, epoch: int, work: UnitWork, result: ThinkerUnitResult) -> None:
         with self._lock:

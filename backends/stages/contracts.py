@@ -36,7 +36,9 @@ class ThinkerRequest:
 
     request_id: str  # "<session>.e<epoch>": one resumable request per session epoch
     audio: np.ndarray = array_field(np.float32, -1)  # [num_units * 16000] float32, 16 kHz mono in [-1, 1]
-    seq: int = 0  # append sequence number within the epoch (0 = first: carries the session setup)
+    # append sequence number within the epoch (0 = first: carries the session setup). Seq 0 may
+    # hold no audio: the setup alone, whose system context is prefilled at once; it answers no unit.
+    seq: int = 0
     action: str = ACTION_RUN
     force_listen: bool = False
     # Session setup, read on seq 0 only.

@@ -165,13 +165,14 @@ class ThinkerEngine:
 
     def _deliver(self, session: ThinkerSession, inp: StepInput, result: StepResult) -> None:
         unit = session.consume(inp, result)
-        if unit is None:
-            return
         active = session.active
-        assert active is not None  # consume() just finished its unit
+        assert active is not None  # consume() took this step's result for it
+        if unit is None and not active.setup_done:
+            return
         session.active = None  # the sink is closed here, never again by _end
         try:
-            active.sink.send(unit)
+            if unit is not None:  # a setup append answers with no unit
+                active.sink.send(unit)
         except Exception as err:
             _close_quietly(active.sink, StageError("internal", f"delivering a unit failed: {err}"))
             raise

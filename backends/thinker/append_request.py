@@ -15,16 +15,18 @@ from backends.thinker.prompt_layout import UNIT_SAMPLES
 
 
 def check_append(request: ThinkerRequest) -> None:
-    """A run action with whole 1-second units of 1-D float32 audio."""
+    """A run action with whole 1-second units of 1-D float32 audio; the first append (seq 0)
+    may hold none: it sets the session up and prefills its system context only."""
     if request.action != ACTION_RUN:
         raise StageFailure("invalid_argument", f"unknown action {request.action!r}")
     audio = request.audio
     if not isinstance(audio, np.ndarray) or audio.ndim != 1 or audio.dtype != np.float32:
         raise StageFailure("invalid_argument", "audio must be a 1-D float32 array")
-    if audio.size == 0 or audio.size % UNIT_SAMPLES:
+    if audio.size % UNIT_SAMPLES or (audio.size == 0 and request.seq != 0):
         raise StageFailure(
             "invalid_argument",
-            f"audio must hold whole units of {UNIT_SAMPLES} samples, got {audio.size}",
+            f"audio must hold whole units of {UNIT_SAMPLES} samples (none only on the setup "
+            f"append, seq 0), got {audio.size} at seq {request.seq}",
         )
 
 

@@ -62,6 +62,12 @@ class ActiveAppend:
     unit_index: int  # index of the append's last unit since the session started
     embeds: list[torch.Tensor] = field(default_factory=list)  # each [10, hidden], per new unit
     tokens: list[int] = field(default_factory=list)  # sampled for this unit, in order
+    setup_done: bool = False  # a setup-only append (no units): its context is in KV
+
+    @property
+    def is_setup(self) -> bool:
+        """A first append without audio: the system context alone, nothing sampled."""
+        return self.rows is not None and self.rows.num_units == 0
 
 
 class IsolatingHook:
@@ -153,6 +159,8 @@ class ThinkerSession:
         its one unit ([10, hidden]) already encoded in a batch, or that encode's error."""
         queued = self.queue[0]  # popped only once laid out: a failure leaves its sink queued
         units = _split_units(queued.request.audio)
+        if not units:
+            return self._activate_setup(queued)
         if isinstance(encoded, Exception):
             raise encoded
         assert encoded is None or len(units) == 1, "batch-encoded rows are one unit's"
@@ -163,6 +171,17 @@ class ThinkerSession:
         self.policy.begin_unit(queued.request.force_listen, speech)
         self.queue.popleft()
         self.active = ActiveAppend(queued.request, queued.sink, rows, self.num_units - 1, embeds)
+        return self.active
+
+    def _activate_setup(self, queued: QueuedAppend) -> ActiveAppend:
+        """Seq 0 without audio: prefill the system context now, before the first unit is
+        complete, so the first unit's append is 11 rows (`<unit>` + its embeddings)."""
+        if self.context is None:
+            raise RuntimeError(f"session {self.request_id!r}: a setup append after the first")
+        rows = AppendRows(tuple(self.context), 0)
+        self.context = ()  # in KV: the first unit's append adds no context
+        self.queue.popleft()
+        self.active = ActiveAppend(queued.request, queued.sink, rows, self.num_units - 1)
         return self.active
 
     def _layout(self, embeds: list[torch.Tensor]) -> AppendRows:
@@ -192,7 +211,7 @@ class ThinkerSession:
         active = self._require_active()
         if active.rows is not None:
             embeds = active.rows.materialize(embed_tokens, device, dtype)
-            return StepInput(self.request_id, active.rows.token_ids, embeds)
+            return StepInput(self.request_id, active.rows.token_ids, embeds, sample=not active.is_setup)
         return StepInput(self.request_id, [active.tokens[-1]], capture_hidden=True)
 
     def consume(self, inp: StepInput, result: StepResult) -> ThinkerUnitResult | None:
@@ -200,6 +219,9 @@ class ThinkerSession:
         if self.hook.error is not None:
             raise self.hook.error
         active = self._require_active()
+        if active.is_setup:
+            active.rows, active.setup_done = None, True
+            return None
         if active.rows is not None:
             self.snapshot.update(active.rows.token_ids)
             rows, active.rows = active.rows, None

@@ -59,6 +59,8 @@ class ScriptedStages:
         self.requests.append(request)
         self.gate.wait(10)
         self._arrive("thinker", request.request_id, request.seq == 0)
+        if request.audio.size == 0:  # a setup append: the context is prefilled, no unit
+            return
         with self._lock:  # one decision per append, on its last unit (as the real Thinker)
             self.units_seen[request.request_id] += request.audio.size // 16000
             index = self.units_seen[request.request_id] - 1

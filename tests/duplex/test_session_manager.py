@@ -157,8 +157,32 @@ def test_multi_unit_appends_when_allowed_and_force_listen_never_mixes():
         _send(manager, "s", 16000)
     stages.gate.set()
     _wait(lambda: sum(stages.units_seen.values()) == 6, "all six units decided")
-    sizes = [r.audio.size // 16000 for r in stages.requests if hasattr(r, "force_listen")]
-    flags = [r.force_listen for r in stages.requests if hasattr(r, "force_listen")]
+    appends = [r for r in stages.requests if hasattr(r, "force_listen") and r.audio.size]  # not the setup
+    sizes = [r.audio.size // 16000 for r in appends]
+    flags = [r.force_listen for r in appends]
     assert sum(sizes) == 6 and max(sizes) > 1, sizes
     assert flags[0] and not flags[-1] and sizes[0] <= 2
     assert all(f == (i < flags.count(True)) for i, f in enumerate(flags))
+
+
+def test_each_epoch_sends_its_setup_before_its_first_unit():
+    """Seq 0 goes out alone at START (the Thinker prefills the context while the first unit
+    is still being spoken), and again right after a barge-in for the new epoch."""
+    stages = ScriptedStages(speak_from=99)
+    manager = SessionManager(ManagerConfig(), stages)
+    down, _ = _send(manager, "s", start=True, instructions="be brief", initial_user_text="hi")
+    _wait(lambda: len(stages.requests) == 1, "the setup append")
+    setup = stages.requests[0]
+    assert (setup.seq, setup.audio.size, setup.instructions, setup.initial_user_text) == (0, 0, "be brief", "hi")
+    _send(manager, "s", 16000)
+    _wait(lambda: stages.units_seen["s.e0"] == 1, "the first unit")
+    unit = stages.requests[1]
+    assert (unit.seq, unit.audio.size, unit.instructions, unit.initial_user_text) == (1, 16000, "", "")
+    _send(manager, "s", action="cancel")
+    _send(manager, "s", 16000)
+    _wait(lambda: stages.units_seen["s.e1"] == 1, "the first unit of epoch 1")
+    epoch1 = [r for r in stages.requests if getattr(r, "request_id", "") == "s.e1"]
+    assert [(r.seq, r.audio.size) for r in epoch1] == [(0, 0), (1, 16000)]
+    assert epoch1[0].instructions == "be brief" and epoch1[0].initial_user_text == ""
+    _send(manager, "s", end=True)
+    _wait(down.closed.is_set, "downlink FINAL")

@@ -33,6 +33,7 @@ IDLE_TIMEOUT_S = 6.0  # conftest RELIABILITY_OVERRIDES
 CLIENT_GONE_MAX_S = 5.0
 STAGE_IDLE = {("requests", "thinker"): 0.0, ("requests", "talker"): 0.0, ("codec_states", "code2wav"): 0.0}
 WHOLE_KV = (("kv_free_blocks", "thinker"), ("kv_free_blocks", "talker"))
+SESSION_KV_BLOCKS = 320 // 16  # the reliability server's max_context_tokens / KV block size
 
 
 def _first_audio(probe: SessionProbe) -> dict:
@@ -49,8 +50,11 @@ def test_barge_in_cancels_the_response_and_frees_its_stage_state(reliability_ser
     done = probe.wait_for(lambda e: e["type"] == "response.done" and e["response_id"] == old, "cancelled done")
     assert done["status"] == "cancelled"
     # Explicit stops reached every stage: the old epoch's requests and codec state are gone
-    # while the session itself stays open.
-    idle = {**STAGE_IDLE, **{key: baseline.gauges[key] for key in WHOLE_KV}}  # every KV block free again
+    # while the session itself stays open. The Thinker holds the new epoch's request alone: its
+    # setup (the session context) is prefilled at once, before the user's next unit.
+    idle = {**STAGE_IDLE, **{key: baseline.gauges[key] for key in WHOLE_KV}}
+    idle[("requests", "thinker")] = 1.0
+    idle[("kv_free_blocks", "thinker")] -= SESSION_KV_BLOCKS
     assert wait_for_gauges(reliability_server, idle) == idle
     probe.append(speech_units(2, seed=1))  # a new user turn, answered under the new epoch
     probe.append(silence_units(3))

@@ -9,6 +9,7 @@ tokens must be equal and hidden rows equal within float32 batching noise.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterator
 
 import numpy as np
@@ -391,3 +392,53 @@ def test_real_streaming_encoder_and_reference_audio(llm, tokenizer, special) -> 
     kv = engine.runner.token_ids("r")
     assert kv.count(special.unit) == 2 + 2  # two reference rows (4000 -> 3200 samples) + 2 units
     assert kv.count(special.audio) == 20 and len(units) == 2
+
+
+# ---- setup append: the system context prefilled before the first unit ------------------------
+
+
+def _with_setup(requests: list[ThinkerRequest]) -> list[ThinkerRequest]:
+    """The same session, its setup sent alone first (seq 0, no audio), the units after."""
+    first = requests[0]
+    setup = dataclasses.replace(first, audio=np.zeros(0, np.float32))
+    units = [dataclasses.replace(r, seq=r.seq + 1, instructions="", initial_user_text="")
+             for r in requests]
+    return [setup] + units
+
+
+@pytest.mark.parametrize("session", [_knob_session, _free_session])
+def test_a_setup_append_then_units_equals_the_setup_with_the_first_unit(make_engine, session) -> None:
+    """Same rows at the same positions either way: the same tokens, handoffs and text."""
+    want = _alone(make_engine, session("s"))
+    engine = make_engine()
+    sinks = _submit_all(engine, _with_setup(session("s")))
+    _run(engine)
+    setup, units = sinks[0], sinks[1:]
+    assert setup.closed and setup.error is None and setup.results == []  # no unit for a setup
+    _assert_same(_units(units), want)
+
+
+def test_the_setup_prefill_runs_before_any_unit_arrives(make_engine) -> None:
+    engine = make_engine()
+    setup = ListSink()
+    engine.submit(ThinkerRequest("s", np.zeros(0, np.float32), seq=0, initial_user_text="hi"), setup)
+    _run(engine)
+    assert setup.closed and setup.error is None
+    held = engine.runner.num_tokens("s")
+    assert held > 0  # the system context is in KV, nothing sampled
+    unit = ListSink()
+    engine.submit(ThinkerRequest("s", _silence(), seq=1), unit)
+    _run(engine)
+    assert unit.error is None and len(unit.results) == 1
+    engine.stop("s")
+    assert engine.runner.num_free_blocks() == 96
+
+
+def test_empty_audio_after_the_setup_append_is_refused(make_engine) -> None:
+    engine = make_engine()
+    sinks = _submit_all(engine, [ThinkerRequest("s", np.zeros(0, np.float32), seq=0),
+                                 ThinkerRequest("s", np.zeros(0, np.float32), seq=1)])
+    _run(engine)
+    assert sinks[0].error is None
+    assert sinks[1].error.code == "invalid_argument" and "seq 1" in sinks[1].error.message
+    engine.stop("s")

@@ -22,8 +22,8 @@ VALID = ThinkerRequest("r", np.zeros(32000, np.float32))
     ({"action": "explode"}, "unknown action 'explode'"),
     ({"audio": np.zeros(16000, np.float64)}, "1-D float32"),
     ({"audio": np.zeros((1, 16000), np.float32)}, "1-D float32"),
-    ({"audio": np.zeros(0, np.float32)}, "whole units of 16000 samples, got 0"),
-    ({"audio": np.zeros(16001, np.float32)}, "whole units of 16000 samples, got 16001"),
+    ({"audio": np.zeros(0, np.float32), "seq": 1}, "got 0 at seq 1"),
+    ({"audio": np.zeros(16001, np.float32)}, "got 16001 at seq 0"),
 ])
 def test_bad_appends_are_refused(change: dict[str, object], match: str) -> None:
     with pytest.raises(StageFailure, match=match) as caught:
@@ -33,6 +33,10 @@ def test_bad_appends_are_refused(change: dict[str, object], match: str) -> None:
 
 def test_a_valid_append_passes() -> None:
     check_append(VALID)
+
+
+def test_the_setup_append_alone_may_hold_no_audio() -> None:
+    check_append(dataclasses.replace(VALID, audio=np.zeros(0, np.float32), seq=0))
 
 
 def test_policy_settings() -> None:
