@@ -141,8 +141,9 @@ PROFILES: dict[str, Profile] = {
         thinker_gpus="0", talker_gpus="0", code2wav_gpus="0",
         thinker_memory_fraction=0.45, talker_memory_fraction=0.12, code2wav_memory_fraction=0.36,
         duplex_instances=2, max_sessions=32, max_context_tokens=8192,
-        # Distinct session voices: Code2Wav's batched windows then pack one prompt cache per
-        # voice and ran out of its 36% cap at C >= 16 on an H200 (perf/results/duplex_h200.md).
+        # Not yet measured on the GPU with session voices: the one run with them went out of
+        # Code2Wav memory at C >= 16 before the 8-window cap (so did one without them); each
+        # distinct voice adds its prompt caches (perf/results/duplex_h200.md, run 3).
         session_voices="off",
     ),
     # Two GPUs: the Thinker alone on GPU 0, the audio tail (Talker + Code2Wav) on GPU 1.

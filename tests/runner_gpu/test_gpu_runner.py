@@ -21,6 +21,7 @@ if not torch.cuda.is_available():
     pytest.skip("needs CUDA", allow_module_level=True)
 
 from gpu_models import runner_for  # noqa: E402
+from no_sync import launch_without_host_sync  # noqa: E402
 
 from backends.runner.attention import AttentionMetadata, paged_attention_reference  # noqa: E402
 from backends.runner.device_sampler import uniform_noise  # noqa: E402
@@ -127,12 +128,7 @@ def test_graphed_decode_step_has_no_host_sync(make_gpu_model) -> None:
     runner.add_request("seeded", SamplingParams(temperature=0.8, top_k=20, top_p=0.9, seed=3))
     first = runner.step([StepInput("greedy", [1, 2, 3]), StepInput("seeded", [4, 5])])
     feed = [StepInput(r.request_id, [r.token], capture_hidden=True) for r in first]
-    torch.cuda.synchronize()
-    torch.cuda.set_sync_debug_mode("error")
-    try:
-        pending = runner.launch_step(feed)
-    finally:
-        torch.cuda.set_sync_debug_mode(0)
+    pending = launch_without_host_sync(runner, feed)
     results = pending.wait()
     assert all(r.token is not None and r.hidden is not None for r in results)
 
@@ -142,12 +138,7 @@ def test_eager_append_step_has_no_host_sync(make_gpu_model) -> None:
     for rid in ("a", "b"):
         runner.add_request(rid, SamplingParams())
     runner.step([StepInput("a", [1, 2, 3]), StepInput("b", [4])])  # compiles the kernels
-    torch.cuda.synchronize()
-    torch.cuda.set_sync_debug_mode("error")
-    try:
-        pending = runner.launch_step([StepInput("a", list(range(13))), StepInput("b", [7])])
-    finally:
-        torch.cuda.set_sync_debug_mode(0)
+    pending = launch_without_host_sync(runner, [StepInput("a", list(range(13))), StepInput("b", [7])])
     assert len(pending.wait()) == 2
 
 

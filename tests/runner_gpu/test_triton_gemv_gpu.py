@@ -23,6 +23,7 @@ if not torch.cuda.is_available():
     pytest.skip("needs CUDA", allow_module_level=True)
 
 from gpu_models import runner_for  # noqa: E402
+from no_sync import launch_without_host_sync  # noqa: E402
 
 from backends.runner.triton_gemv import (  # noqa: E402
     GemvConfig,
@@ -129,10 +130,5 @@ def test_runner_with_triton_gemv_matches_reference(cpu_model, make_gpu_model) ->
             got_h, ref_h = res.hidden.double().cpu(), ref.hidden.double().cpu()
             assert float((got_h - ref_h).norm() / ref_h.norm()) < 3e-2  # as test_gpu_runner
     feed = [StepInput(r.request_id, [r.token]) for r in got[-1]]
-    torch.cuda.synchronize()
-    torch.cuda.set_sync_debug_mode("error")
-    try:
-        pending = runner.launch_step(feed)
-    finally:
-        torch.cuda.set_sync_debug_mode(0)
+    pending = launch_without_host_sync(runner, feed)
     assert all(r.token is not None for r in pending.wait())
