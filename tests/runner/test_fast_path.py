@@ -151,3 +151,18 @@ def test_padding_rows_write_only_the_pad_block(pair) -> None:
         assert block == pad_block or (block, offset) in written, (block, offset)
     assert all(rows[block, offset] for block, offset in written)
     assert rows[pad_block, 0], "the padding row wrote nothing: is it really padded?"
+
+
+def test_a_step_where_no_input_samples(pair, qwen3) -> None:
+    """The Thinker's setup append: a prefill alone (injected rows, longer than a mixed-graph
+    query) that samples nothing; the next append continues from its KV on both paths."""
+    ref, fast = pair()
+    add_both((ref, fast), "s", SamplingParams())
+    injected = qwen3.embed_tokens(torch.tensor(list(range(40)))).detach()
+    for runner in (ref, fast):
+        (result,) = runner.step([StepInput("s", [0] * 40, injected, sample=False)])
+        assert result.token is None and result.hidden is None
+    follow = [StepInput("s", [7, 8, 9], capture_hidden=True)]
+    got, want = fast.step(follow)[0], ref.step(follow)[0]
+    assert got.token == want.token and got.positions == want.positions == [40, 41, 42]
+    torch.testing.assert_close(got.hidden, want.hidden, rtol=1e-4, atol=1e-4)
