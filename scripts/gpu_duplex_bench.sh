@@ -5,6 +5,9 @@
 # Here, once (fills the git-ignored .devcarry/, about 45 MB: Triton bundle for Python 3.12,
 # tritonclient 2.51 + its protobuf/rapidjson wheels, libcudart 12 and libb64 for perf_analyzer):
 #   bash scripts/gpu_duplex_bench.sh prepare
+# The carry and the working tree together must stay under 64 MiB: for `bench` runs, a
+# tritonclient wheel without its perf_analyzer binaries (data/bin, ~39 MB unpacked) fits; `pa`
+# needs the full wheel and a smaller tree.
 # On the device, through the `run` tool with carry [".devcarry"] (each part starts its own
 # server and stays inside one 10-minute call; COMMIT is recorded in the results):
 #   COMMIT=<sha> LEVEL_BUDGET_S=90 bash scripts/gpu_duplex_bench.sh bench 1,2,4,8 a
