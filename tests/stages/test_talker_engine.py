@@ -10,8 +10,6 @@ pure function of (seed, position, logits), so batch composition must not change 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import numpy as np
 import pytest
 import torch
@@ -68,16 +66,6 @@ def tiny_config() -> TalkerConfig:
 def build_model(eos_bias: float = 0.0) -> TalkerModel:
     torch.manual_seed(7)
     return EosBiasedTalker(tiny_config(), eos_bias).eval()
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_torch_thread() -> Iterator[None]:
-    """Tiny matmuls gain nothing from threads, and on the shared 2-core CI box a thread pool
-    spinning against other processes made each step 10-20x slower."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
 
 
 @pytest.fixture(scope="module")

@@ -10,8 +10,6 @@ whose mel step fails inside a batch ends alone with an `internal` error.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import numpy as np
 import pytest
 import torch
@@ -30,14 +28,6 @@ from backends.thinker import unit_batch
 HIDDEN = 32
 UNIT = 16000
 HIDDEN_ATOL = 1e-4  # as tests/stages/test_thinker_engine.py: mixed-batch float32 noise
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread() -> Iterator[None]:
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
 
 
 @pytest.fixture(scope="module")

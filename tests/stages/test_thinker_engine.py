@@ -10,7 +10,7 @@ tokens must be equal and hidden rows equal within float32 batching noise.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import numpy as np
 import pytest
@@ -61,16 +61,6 @@ class FakeEncoder:
 
     def reset(self) -> None:
         self.num_resets += 1
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread() -> Iterator[None]:
-    """Tiny ops are dominated by thread hand-off; on a loaded 2-core CI box the default pool
-    made each tiny SDPA call ~50 ms instead of ~50 us."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
 
 
 @pytest.fixture(scope="module")

@@ -56,14 +56,6 @@ class FakeEncoder:
         pass
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread() -> Iterator[None]:
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
-
-
 @pytest.fixture(scope="module")
 def tokenizer() -> TextTokenizer:
     return TextTokenizer(train_tiny_tokenizer(), EOS_TOKEN)

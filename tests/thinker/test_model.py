@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import shutil
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -25,15 +24,6 @@ from backends.stages.contracts import ThinkerRequest
 from backends.stages.sink import ListSink
 from backends.stages.thinker_engine import ThinkerEngine
 from backends.thinker.model import ThinkerModel
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread() -> Iterator[None]:
-    """Tiny ops are dominated by thread hand-off on a loaded 2-core box."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
 
 
 @pytest.fixture(scope="module")
