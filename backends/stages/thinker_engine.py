@@ -167,7 +167,7 @@ class ThinkerEngine:
         unit = session.consume(inp, result)
         active = session.active
         assert active is not None  # consume() took this step's result for it
-        if unit is None and not active.setup_done:
+        if unit is None and not active.is_setup:
             return
         session.active = None  # the sink is closed here, never again by _end
         try:

@@ -62,12 +62,7 @@ class ActiveAppend:
     unit_index: int  # index of the append's last unit since the session started
     embeds: list[torch.Tensor] = field(default_factory=list)  # each [10, hidden], per new unit
     tokens: list[int] = field(default_factory=list)  # sampled for this unit, in order
-    setup_done: bool = False  # a setup-only append (no units): its context is in KV
-
-    @property
-    def is_setup(self) -> bool:
-        """A first append without audio: the system context alone, nothing sampled."""
-        return self.rows is not None and self.rows.num_units == 0
+    is_setup: bool = False  # a first append without audio: the system context alone, unsampled
 
 
 class IsolatingHook:
@@ -181,7 +176,9 @@ class ThinkerSession:
         rows = AppendRows(tuple(self.context), 0)
         self.context = ()  # in KV: the first unit's append adds no context
         self.queue.popleft()
-        self.active = ActiveAppend(queued.request, queued.sink, rows, self.num_units - 1)
+        self.active = ActiveAppend(
+            queued.request, queued.sink, rows, self.num_units - 1, is_setup=True
+        )
         return self.active
 
     def _layout(self, embeds: list[torch.Tensor]) -> AppendRows:
@@ -219,8 +216,8 @@ class ThinkerSession:
         if self.hook.error is not None:
             raise self.hook.error
         active = self._require_active()
-        if active.is_setup:
-            active.rows, active.setup_done = None, True
+        if active.is_setup:  # one prefill step; it answers no unit
+            active.rows = None
             return None
         if active.rows is not None:
             self.snapshot.update(active.rows.token_ids)
