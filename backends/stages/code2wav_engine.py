@@ -28,6 +28,9 @@ from backends.stages.contracts import ACTION_STOP, Code2WavRequest
 from backends.stages.voice_cache import DEFAULT_CAPACITY, VoiceCache, reference_error
 
 _LOG = logging.getLogger(__name__)
+# Windows per forward: the packed estimator caches grow with it (16-32 streams in one forward
+# ran out of the 36% memory cap on an H200); 8 windows take ~70 ms there.
+DEFAULT_MAX_BATCH = 8
 
 ERROR_STALE_EPOCH = "stale_cache_epoch"
 ERROR_CHUNK_SEQ = "out_of_order_chunk_seq"
@@ -87,9 +90,7 @@ class Code2WavEngine:
     voice: Voice  # the default voice, prepared by `token2wav` (its caches belong to that model)
     voice_cache_size: int = DEFAULT_CAPACITY  # reference voices kept prepared (LRU)
     session_voices: bool = True  # False: a valid REF_AUDIO is checked, the default voice speaks
-    # Windows per forward: the packed estimator caches grow with it (16-32 streams in one
-    # forward ran out of the 36% memory cap on an H200); 8 windows take ~70 ms there.
-    max_batch: int = 8
+    max_batch: int = DEFAULT_MAX_BATCH
     # request_id -> accepted, not yet decoded windows (oldest first); insertion order = age
     _pending: OrderedDict[str, deque[Code2WavRequest]] = field(
         init=False, default_factory=OrderedDict

@@ -21,13 +21,13 @@ ACTION_RUN = "run"
 ACTION_STOP = "stop"
 
 DECISION_LISTEN = "listen"
+DECISION_SPEAK = "speak"
 
 # Reference voice audio (REF_AUDIO of the Thinker and of Code2Wav): float32 mono in [-1, 1] at
 # 16 kHz, at least one 100 ms hop (the Thinker's reference embedding step), at most 30 s.
 REF_AUDIO_SAMPLE_RATE = 16000
 MIN_REF_AUDIO_SAMPLES = 1600
 MAX_REF_AUDIO_SECONDS = 30
-DECISION_SPEAK = "speak"
 
 
 @dataclass(frozen=True, slots=True)

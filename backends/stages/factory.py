@@ -112,7 +112,7 @@ def build_code2wav_engine(params: dict[str, str], device_id: str = "0") -> Code2
     from backends.checkpoint.reference_voice import REFERENCE_VOICE_SAMPLE_RATE, synthesize_reference_voice
     from backends.models.token2wav import load_token2wav
     from backends.models.token2wav.voice import VOICE_FILE
-    from backends.stages.code2wav_engine import Code2WavEngine
+    from backends.stages.code2wav_engine import DEFAULT_MAX_BATCH, Code2WavEngine
     from backends.stages.voice_cache import DEFAULT_CAPACITY
 
     setup = StageSetup.from_params(params, device_id)
@@ -132,5 +132,5 @@ def build_code2wav_engine(params: dict[str, str], device_id: str = "0") -> Code2
     # session reference voices (REF_AUDIO) are prepared on first use, kept in a bounded LRU
     cache_size = int(params.get("voice_cache_size", str(DEFAULT_CAPACITY)))
     session_voices = params.get("session_voices", "on") == "on"
-    max_batch = int(params.get("max_batch", "8"))
+    max_batch = int(params.get("max_batch", str(DEFAULT_MAX_BATCH)))
     return Code2WavService(Code2WavEngine(token2wav, voice, cache_size, session_voices, max_batch))
