@@ -1,9 +1,9 @@
 """Per-request sampling: a pure function of (seed, position, logits, generated history).
 
 Each sampled row's Gumbel noise is a counter-based function of (request seed, position, token
-id) (`device_sampler.gumbel_noise`, the same noise the device sampler draws), so a request's
-tokens never depend on which other requests share the batch, on batch order, on slot or on
-device. Hooks get a `torch.Generator` seeded from (seed, position) for their own draws.
+id) (`device_sampler.uniform_at`, the same noise the device sampler draws; the draw itself is
+`host_draws.filtered_draw`, linear in the vocabulary), so a request's tokens never depend on
+which other requests share the batch, on batch order, on slot or on device. Hooks get a `torch.Generator` seeded from (seed, position) for their own draws.
 Order per row (vLLM's): float32 copy ->
 repetition penalty -> hook.before_sample (may force a token) -> temperature -> top-k ->
 top-p -> Gumbel-max (plain argmax when temperature is 0) -> hook.after_sample.
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from backends.runner.device_sampler import gumbel_noise
+from backends.runner.host_draws import filtered_draw
 from backends.runner.types import SampleContext, SamplingHook, SamplingParams
 
 _MASK64 = (1 << 64) - 1
@@ -52,6 +52,10 @@ def apply_repetition_penalty(
     logits[ids] = torch.where(picked > 0, picked / penalty, picked * penalty)
 
 
+# apply_top_k / apply_top_p: the filters as whole-row masks, the definition the tests hold the
+# device sampler and the linear-cost host draw (`host_draws.filtered_draw`) to.
+
+
 def apply_top_k(logits: torch.Tensor, top_k: int) -> None:
     """In place on [vocab]: keep the top_k largest logits (ties at the k-th value kept)."""
     if top_k < 1 or top_k >= logits.shape[0]:
@@ -72,20 +76,6 @@ def apply_top_p(logits: torch.Tensor, top_p: float) -> None:
     logits.masked_fill_(drop, float("-inf"))
 
 
-def gumbel_argmax(
-    logits: torch.Tensor, temperature: float, generator: torch.Generator
-) -> torch.Tensor:
-    """argmax(logits / T + Gumbel noise): an exact draw from softmax(logits / T), [] int64.
-
-    Uses float64 so -log(-log(u)) keeps its tail; u = 0 maps to -inf and is never chosen.
-    """
-    uniform = torch.rand(
-        logits.shape, generator=generator, dtype=torch.float64, device=logits.device
-    )
-    gumbel = -torch.log(-torch.log(uniform))
-    return torch.argmax(logits.to(torch.float64) / temperature + gumbel)
-
-
 def sample_token(
     logits: torch.Tensor,
     params: SamplingParams,
@@ -101,10 +91,5 @@ def sample_token(
 
 
 def _draw(row: torch.Tensor, params: SamplingParams, position: int) -> int:
-    if params.is_greedy:
-        return int(torch.argmax(row).item())
-    scaled = row / params.temperature
-    apply_top_k(scaled, params.top_k)
-    apply_top_p(scaled, params.top_p)
-    seeds = torch.tensor([step_seed(params.seed, position)], dtype=torch.int64, device=row.device)
-    return int(torch.argmax(scaled + gumbel_noise(seeds, row.shape[0])[0]).item())
+    seed = step_seed(params.seed, position)
+    return filtered_draw(row, params.temperature, params.top_k, params.top_p, seed)

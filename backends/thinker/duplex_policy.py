@@ -13,7 +13,7 @@ Per sampled token, in order:
 4. boundary draw from the raw softmax -> `<|chunk_eos|>` if drawn;
 5. mask tts_pad / bad ids / chunk_eos, repetition penalty over the distinct tokens of the last
    512 generated, temperature, top-k, top-p, draw (noise keyed on the request seed and the
-   stream position: backends/thinker/policy_draws.py);
+   stream position: backends/runner/host_draws.py);
 6. 28-character cut of the unit's text -> `<|chunk_eos|>`;
 7. `<|listen|>` while a turn is open (and not forced) -> `<|tts_bos|>`;
 8. latches updated from the final token (`after_sample`).
@@ -35,9 +35,9 @@ from typing import TYPE_CHECKING, Protocol
 
 import torch
 
+from backends.runner.host_draws import boundary_hit, filtered_draw
 from backends.runner.sampler import apply_repetition_penalty, step_seed
 from backends.runner.types import SampleContext
-from backends.thinker.policy_draws import boundary_hit, filtered_draw
 
 if TYPE_CHECKING:
     from backends.checkpoint.tokenizer import SpecialTokens

@@ -1,17 +1,17 @@
-"""Exact draws of the duplex policy on one host logits row, at linear cost.
+"""Exact draws on one host logits row at linear cost: the runner's host sampler and a stage's
+sampling policy (the Thinker's duplex policy) draw here.
 
-The policy samples every Thinker token on the host (its rules read the session's state), so
-its per-token cost multiplies with the sessions of a step. On a 151,936-entry row (one CPU
-core) a full-vocabulary sort for top-p took ~12 ms and float64 Gumbel noise over the row ~1 ms
-per draw. Here each full-row pass is linear (masked fill, top-k, logsumexp) and the rest works
-on the top-k survivors only:
+Per token on a 151,936-entry row (one CPU core), a full-vocabulary sort for top-p took ~12 ms
+and float64 Gumbel noise over the row ~1 ms. Here each full-row pass is linear (top-k,
+logsumexp) and the rest works on the top-k survivors only:
 
-- `boundary_hit` (rule 4): "a categorical draw from softmax(row) is `token`" is a Bernoulli
-  draw with p = softmax(row)[token]: one uniform, same distribution as a whole-row draw;
-- `filtered_draw` (rule 5): temperature, top-k (ties at the k-th value kept), top-p, then the
-  Gumbel-max draw over the survivors with the runner's counter-based noise keyed on (step
-  seed, token id) (`device_sampler.uniform_at`): the very draw a whole-row argmax of
-  (filtered logits + noise) makes, since filtered-out tokens sit at -inf.
+- `boundary_hit`: "a categorical draw from softmax(row) is `token`" is a Bernoulli draw with
+  p = softmax(row)[token]: one uniform, the same distribution as a whole-row draw (the duplex
+  policy's rule 4);
+- `filtered_draw`: temperature, top-k (ties at the k-th value kept), top-p, then the
+  Gumbel-max draw over the survivors with the counter-based noise keyed on (step seed, token
+  id) (`device_sampler.uniform_at`): the very token a whole-row argmax of (filtered logits +
+  noise) picks, as the device sampler does, since filtered-out tokens sit at -inf.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import torch
 
 from backends.runner.device_sampler import uniform_at
 
-_BOUNDARY_KEY = -1  # the uniform of the rule-4 draw; token noise uses ids >= 0
+_BOUNDARY_KEY = -1  # the uniform of `boundary_hit`; token noise uses ids >= 0
 
 
 def _uniforms(step_seed: int, token_ids: torch.Tensor) -> torch.Tensor:
@@ -43,7 +43,7 @@ def filtered_draw(
     """row: [vocab] float32 logits, masked and penalised -> one token (argmax when greedy)."""
     if temperature == 0.0:
         return int(torch.argmax(row))
-    values, ids = _top_k_with_ties(row, top_k)
+    values, ids = _candidates(row, top_k, sort=top_p < 1.0)
     keep = values > float("-inf")
     values, ids = values[keep], ids[keep]
     scaled = values / temperature
@@ -58,11 +58,14 @@ def filtered_draw(
     return int(ids[torch.argmax(scaled + noise)])
 
 
-def _top_k_with_ties(row: torch.Tensor, top_k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The k largest logits and their ids, descending, plus any tied with the k-th."""
+def _candidates(row: torch.Tensor, top_k: int, sort: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """The k largest logits and their ids, descending, plus any tied with the k-th; without
+    top-k the whole row (sorted only if top-p needs the order)."""
     vocab = row.shape[0]
     if top_k < 1 or top_k >= vocab:
-        return torch.sort(row, descending=True)
+        if sort:
+            return torch.sort(row, descending=True)
+        return row, torch.arange(vocab, device=row.device)
     values, ids = torch.topk(row, top_k + 1)
     kth = values[-2]
     if values[-1] < kth or kth == float("-inf"):  # no finite tie with the k-th beyond it

@@ -1,4 +1,4 @@
-"""The policy's linear-cost draws equal whole-row draws with the runner's noise.
+"""The linear-cost host draws equal whole-row draws with the runner's noise.
 
 Reference: `device_sampler.sample_on_device` (temperature, top-k/top-p masks over the whole
 row, argmax of logits + counter-based Gumbel noise of every token). `filtered_draw` must pick
@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from backends.runner.device_sampler import sample_on_device
-from backends.thinker.policy_draws import boundary_hit, filtered_draw
+from backends.runner.host_draws import boundary_hit, filtered_draw
 
 VOCAB = 5000
 
