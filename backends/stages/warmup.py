@@ -21,12 +21,12 @@ import numpy as np
 
 from backends.stages.contracts import TalkerRequest, ThinkerRequest
 from backends.stages.sink import ListSink
+from backends.thinker.prompt_layout import UNIT_SAMPLES
 
 logger = logging.getLogger(__name__)
 
 APPENDS_PER_REQUEST = 3
 MAX_STEPS = 5000  # far above what a group needs: a stuck engine fails the load
-UNIT_SAMPLES = 16000
 WARMUP_PROMPT = "Warm-up: say a few words about the weather."
 
 RequestMaker = Callable[[str, int], Any]  # (request id, append index) -> a stage request
@@ -43,14 +43,14 @@ def warmup_group_sizes(max_sessions: int) -> list[int]:
 def warm_up(engine: Any, name: str, make_request: RequestMaker, max_sessions: int) -> float:
     """Run the groups on `engine` (stepped on this thread); returns the seconds taken. Raises
     if a warm-up request fails or anything is left held."""
-    started = time.perf_counter()
-    for size in warmup_group_sizes(max_sessions):
+    started, sizes = time.perf_counter(), warmup_group_sizes(max_sessions)
+    for size in sizes:
         _run_group(engine, f"__warmup{size}", size, make_request)
     counts = engine.resource_counts()
     if counts["requests"] or counts["runner_requests"] or counts["kv_free_blocks"] != counts["kv_blocks"]:
         raise RuntimeError(f"{name} warm-up left state behind: {counts}")
     elapsed = time.perf_counter() - started
-    logger.info("%s warm-up (groups %s) took %.1f s", name, warmup_group_sizes(max_sessions), elapsed)
+    logger.info("%s warm-up (groups %s) took %.1f s", name, sizes, elapsed)
     return elapsed
 
 
