@@ -11,13 +11,11 @@ the counts, and whatever latencies it did produce to the means.
 """
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-import numpy as np
-
+from perf.distribution import Distribution
 from perf.turn import TurnRecord
 
 # Per-turn values, each averaged per group and then summarised across groups.
@@ -25,23 +23,6 @@ METRICS = (
     "ttft_ms", "ttfp_ms", "server_ttft_ms", "server_ttfp_ms", "client_ttft_ms", "client_ttfp_ms",
     "rtf", "audio_ms", "max_gap_ms", "underruns", "underrun_ms",
 )
-
-
-@dataclass(frozen=True, slots=True)
-class Distribution:
-    count: int
-    mean: float | None
-    median: float | None
-    p99: float | None
-    max: float | None
-
-    @staticmethod
-    def of(values: Iterable[float]) -> "Distribution":
-        data = np.asarray([v for v in values if v is not None and math.isfinite(v)], dtype=np.float64)
-        if data.size == 0:
-            return Distribution(0, None, None, None, None)
-        return Distribution(int(data.size), float(data.mean()), float(np.median(data)),
-                            float(np.percentile(data, 99)), float(data.max()))
 
 
 @dataclass(frozen=True, slots=True)

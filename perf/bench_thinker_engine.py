@@ -30,23 +30,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from backends.stages.contracts import ThinkerRequest  # noqa: E402
 from backends.stages.factory import build_thinker_engine  # noqa: E402
 from backends.stages.sink import ListSink  # noqa: E402
+from backends.thinker.prompt_layout import UNIT_SAMPLES  # noqa: E402
+from perf.distribution import Distribution  # noqa: E402
 
-UNIT_SAMPLES = 16000
 PROMPT = "Tell me about the weather on the coast this weekend, please."
-
-
-@dataclass(frozen=True)
-class Distribution:  # perf.bench_stats has one, but it imports the Triton client
-    mean: float | None
-    median: float | None
-    p99: float | None
-
-    @staticmethod
-    def of(values) -> "Distribution":
-        data = np.asarray(list(values), dtype=np.float64)
-        if data.size == 0:
-            return Distribution(None, None, None)
-        return Distribution(float(data.mean()), float(np.median(data)), float(np.percentile(data, 99)))
 
 
 @dataclass
