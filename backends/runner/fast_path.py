@@ -108,10 +108,9 @@ class FastPath:
         """Queue the step; host state (token ledger) advances now, sampled tokens on wait."""
         with torch.no_grad():
             plan = self._plan(inputs, slots)
-            mixed = self.mixed.bucket_for([i.num_rows for i in inputs]) if self.mixed else None
             if all(inp.num_rows == 1 for inp in inputs) and self.graphs.bucket_for(len(inputs)):
                 forwarded = self._forward_decode(inputs, slots, plan)
-            elif mixed is not None:
+            elif (mixed := self._mixed_bucket(inputs)) is not None:
                 forwarded = self._forward_mixed(inputs, slots, plan, mixed)
             else:
                 forwarded = self._forward_eager(inputs, slots)
@@ -144,6 +143,9 @@ class FastPath:
             positions=[[int(p)] for p in positions],
             tokens=tokens,
         )
+
+    def _mixed_bucket(self, inputs: list[StepInput]) -> Bucket | None:
+        return None if self.mixed is None else self.mixed.bucket_for([i.num_rows for i in inputs])
 
     def _forward_mixed(
         self, inputs: list[StepInput], slots: list[int], plan: _SamplePlan, bucket: Bucket
