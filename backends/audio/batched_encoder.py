@@ -87,13 +87,22 @@ def encode_units_batched(encoders: Sequence[StreamingAudioEncoder], units: Seque
 
 
 def _encode_batch(batch: list[_Chunk], min_batch: int) -> list[Encoded]:
-    if len(batch) >= min_batch:
+    """Groups of at most the graphed pass's rows (all of them when eager), each committed or
+    failed on its own."""
+    graphs = batch[0].encoder.graphs
+    size = graphs.max_rows if graphs is not None else len(batch)
+    return [encoded for start in range(0, len(batch), size)
+            for encoded in _encode_group(batch[start:start + size], min_batch)]
+
+
+def _encode_group(group: list[_Chunk], min_batch: int) -> list[Encoded]:
+    if len(group) >= min_batch:
         try:
-            return list(_forward_batch(batch).unbind(0))
+            return list(_forward_batch(group).unbind(0))
         except Exception:  # noqa: BLE001 - nothing committed: the serial path answers each
             logger.exception("batched audio encode of %d sessions failed; encoding them one "
-                             "by one", len(batch))
-    return [_encode_alone(chunk) for chunk in batch]
+                             "by one", len(group))
+    return [_encode_alone(chunk) for chunk in group]
 
 
 def _encode_alone(chunk: _Chunk) -> Encoded:
@@ -111,12 +120,19 @@ def _forward_batch(batch: list[_Chunk]) -> torch.Tensor:
     apm = model.apm
     hidden = torch.cat([_conv(apm, list(group)) for _, group in groupby(batch, _Chunk.conv_key)])
     caches = [chunk.encoder.claim_cache(chunk.conv_frames) for chunk in batch]
+    graphs = batch[0].encoder.graphs
+    if graphs is not None:  # commits the caches once its pass has run
+        return _checked(batch, graphs.encode(hidden, caches))
     store = BatchedKV(caches, hidden.shape[1])
     hidden = hidden + apm.embed_positions.weight[store.positions]
-    embeds = model.embed(apm.transform(hidden, store.mask, store))
+    embeds = _checked(batch, model.embed(apm.transform(hidden, store.mask, store)))
+    store.commit()
+    return embeds
+
+
+def _checked(batch: list[_Chunk], embeds: torch.Tensor) -> torch.Tensor:
     for chunk, rows in zip(batch, embeds):
         chunk.encoder.check_rows(rows)
-    store.commit()
     return embeds
 
 

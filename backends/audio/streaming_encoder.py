@@ -26,10 +26,11 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from backends.audio.encoder_graphs import ChunkEncoderGraphs
 from backends.audio.encoder_model import AudioEncoderModel
 from backends.audio.mel import HOP_LENGTH, WhisperMel
 from backends.audio.streaming_mel import StreamingMel, StreamingMelConfig
-from backends.models.whisper_encoder import EncoderKVCache
+from backends.models.whisper_encoder import EncoderKVCache, crop_redundancy
 
 __all__ = ["AudioEncoderModel", "StreamingAudioConfig", "StreamingAudioEncoder"]
 
@@ -42,6 +43,11 @@ class StreamingAudioConfig:
     # MiniCPM-o's audio_chunk_length (1 s) in encoder frames; None = full attention
     reference_chunk_frames: int | None = 50
 
+    @property
+    def frames_per_unit(self) -> int:
+        """Encoder frames of one unit's chunk after the redundancy crop (50 by default)."""
+        return self.mel.chunk_frames // _CONV_STRIDE
+
     def __post_init__(self) -> None:
         if self.reference_chunk_frames is not None and self.reference_chunk_frames <= 0:
             raise ValueError(
@@ -53,12 +59,13 @@ class StreamingAudioConfig:
 class StreamingAudioEncoder:
     """One session's audio state (mel window, encoder KV cache) over a shared model."""
 
-    def __init__(self, model: AudioEncoderModel,
-                 config: StreamingAudioConfig | None = None) -> None:
+    def __init__(self, model: AudioEncoderModel, config: StreamingAudioConfig | None = None,
+                 graphs: ChunkEncoderGraphs | None = None) -> None:
+        """graphs: the shared graphed chunk pass (CUDA), used when its chunk length is ours."""
         self.config = config or StreamingAudioConfig()
         self._model = model
         mel_config = self.config.mel
-        frames_per_unit = mel_config.chunk_frames // _CONV_STRIDE
+        frames_per_unit = self.config.frames_per_unit
         pool_step = model.audio_avg_pooler.step
         if mel_config.chunk_frames % _CONV_STRIDE or frames_per_unit % pool_step:
             raise ValueError(
@@ -66,6 +73,9 @@ class StreamingAudioEncoder:
                 f"(pool step {pool_step})"
             )
         self.embeddings_per_unit = frames_per_unit // pool_step
+        usable = (graphs is not None and graphs.model is model
+                  and graphs.num_frames == frames_per_unit)
+        self.graphs = graphs if usable else None
         self._whisper_mel = WhisperMel()
         self._mel = StreamingMel(mel_config, self._whisper_mel)
         self._cache: EncoderKVCache | None = None
@@ -114,11 +124,21 @@ class StreamingAudioEncoder:
     @torch.inference_mode()
     def encode_chunk(self, mel: torch.Tensor, prefix_extra_frames: int) -> torch.Tensor:
         """The second half of `encode_unit`: a chunk from `take_unit` -> [10, llm_hidden]."""
+        if self.graphs is not None:
+            return self._encode_graphed(mel, prefix_extra_frames)
         frames, self._cache = self._model.apm.forward_chunk(
             mel, self._cache, prefix_extra_frames=prefix_extra_frames,
             suffix_extra_frames=self.config.mel.redundancy_frames,
         )
         return self.check_rows(self._model.embed(frames))
+
+    def _encode_graphed(self, mel: torch.Tensor, prefix_extra_frames: int) -> torch.Tensor:
+        # `forward_chunk`'s work with the layers replayed from the shared graph
+        assert self.graphs is not None
+        conv = self._model.apm.conv_frames(mel[None])
+        hidden = crop_redundancy(conv, prefix_extra_frames, self.config.mel.redundancy_frames)
+        cache = self.claim_cache(conv.shape[1])
+        return self.check_rows(self.graphs.encode(hidden, [cache])[0])
 
     def claim_cache(self, conv_frames: int) -> EncoderKVCache:
         """The KV cache the next chunk (`conv_frames` before the crop) writes to, after the

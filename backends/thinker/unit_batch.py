@@ -13,8 +13,9 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 
 from backends.audio.batched_encoder import Encoded, encode_units_batched
+from backends.audio.encoder_graphs import ChunkEncoderGraphs
 from backends.audio.encoder_model import AudioEncoderModel
-from backends.audio.streaming_encoder import StreamingAudioEncoder
+from backends.audio.streaming_encoder import StreamingAudioConfig, StreamingAudioEncoder
 from backends.thinker.session_state import ThinkerSession, UnitEncoder
 
 __all__ = ["Encoded", "encode_pending_units", "streaming_encoder_factory"]
@@ -44,4 +45,7 @@ def streaming_encoder_factory(
     """A new session's encoder: its own streaming state over the shared audio tower."""
     if audio_encoder_model is None:
         raise ValueError("ThinkerEngine needs an audio_encoder_model or an encoder_factory")
-    return lambda: StreamingAudioEncoder(audio_encoder_model)
+    graphs = None
+    if audio_encoder_model.apm.conv1.weight.device.type == "cuda":
+        graphs = ChunkEncoderGraphs(audio_encoder_model, StreamingAudioConfig().frames_per_unit)
+    return lambda: StreamingAudioEncoder(audio_encoder_model, graphs=graphs)

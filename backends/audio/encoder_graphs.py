@@ -1,0 +1,150 @@
+"""The streaming chunk's pass through the audio tower as CUDA graphs, one per batch bucket.
+
+An eager chunk pass (24 Whisper layers, projector, pool) is ~400 small kernels whose launches
+the host issues one by one: ~16 ms per unit on an H200 host, for ~1 ms of GPU work, and it sits
+on every reply's critical path (unit complete -> Thinker append). Here the pass after the conv
+stack replays from a graph over static buffers:
+
+- `hidden` [rows, n, d_model]: the cropped conv frames of each row's chunk (the conv stack
+  stays eager: its input length differs between a stream's first unit and the others);
+- `starts` [rows]: each row's cache length, i.e. the position of its first frame;
+- a working KV cache [rows, layers, heads, max_source_positions, head_dim]: the sessions' held
+  frames are copied in before the replay, the chunk's keys/values are written at each row's
+  own positions inside the graph, attention sees every position with keys past a row's end
+  masked out (as `BatchedKV` does eagerly), and the chunk's frames are copied back to the
+  sessions' caches after the replay (only then do the cache lengths advance).
+
+Rows beyond the sessions of a call (bucket padding) run on zeros at position 0 and are never
+copied back. Without CUDA (tests) the same static-buffer pass runs eagerly.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from backends.audio.encoder_model import AudioEncoderModel
+from backends.models.whisper_encoder import EncoderKVCache
+
+DEFAULT_MAX_ROWS = 4  # working cache: 147 MB per row at the real sizes in bf16
+_WARMUP_RUNS = 2
+
+
+class _WorkingKV:
+    """`ChunkKV` over the static working cache: rows [0, size) of it."""
+
+    def __init__(self, keys: torch.Tensor, values: torch.Tensor, starts: torch.Tensor,
+                 num_frames: int) -> None:
+        size, device = starts.shape[0], starts.device
+        self.keys, self.values = keys[:size], values[:size]
+        self.positions = starts[:, None] + torch.arange(num_frames, device=device)  # [rows, n]
+        self._rows = torch.arange(size, device=device)[:, None].expand_as(self.positions)
+        table = torch.arange(keys.shape[3], device=device)
+        # [rows, 1, 1, max_source_positions] bool: a row attends to its frames [0, start + n)
+        self.mask = (table[None, :] < (starts + num_frames)[:, None])[:, None, None, :]
+
+    def append(self, layer: int, keys: torch.Tensor,
+               values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        # keys/values [rows, heads, n, head_dim] -> every position of the layer's working cache
+        layer_keys, layer_values = self.keys[:, layer], self.values[:, layer]
+        layer_keys[self._rows, :, self.positions] = keys.transpose(1, 2)
+        layer_values[self._rows, :, self.positions] = values.transpose(1, 2)
+        return layer_keys, layer_values
+
+
+class ChunkEncoderGraphs:
+    """Graphed chunk passes over one `AudioEncoderModel` for up to `max_rows` sessions a call."""
+
+    def __init__(self, model: AudioEncoderModel, num_frames: int,
+                 max_rows: int = DEFAULT_MAX_ROWS) -> None:
+        if max_rows < 1:
+            raise ValueError(f"max_rows must be >= 1, got {max_rows}")
+        self.model, self.num_frames, self.max_rows = model, num_frames, max_rows
+        self.sizes = tuple(sorted({min(2**i, max_rows) for i in range(max_rows.bit_length() + 1)}))
+        self._buffers: dict[str, torch.Tensor] | None = None  # allocated on first use
+        self._graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        self._pool = None
+
+    @property
+    def is_graphed(self) -> bool:
+        return self.model.apm.conv1.weight.device.type == "cuda"
+
+    @torch.inference_mode()
+    def encode(self, hidden: torch.Tensor, caches: list[EncoderKVCache]) -> torch.Tensor:
+        """hidden: [b, n, d_model] cropped conv frames of b sessions' chunks (b <= max_rows),
+        caches: their claimed caches (`cache_for` applied) -> [b, n // pool, llm_hidden]; each
+        cache holds the chunk and has advanced by n when this returns."""
+        size = self._bucket(len(caches))
+        buffers = self._stage(hidden, caches, size)
+        out = self._run(size, buffers)[: len(caches)].clone()
+        for row, cache in enumerate(caches):
+            span = slice(cache.length, cache.length + self.num_frames)
+            cache.keys[:, :, span] = buffers["keys"][row, :, :, span]
+            cache.values[:, :, span] = buffers["values"][row, :, :, span]
+            cache.length += self.num_frames
+        return out
+
+    def _bucket(self, rows: int) -> int:
+        if not 1 <= rows <= self.max_rows:
+            raise ValueError(f"a graphed chunk pass takes 1 to {self.max_rows} rows, got {rows}")
+        return next(size for size in self.sizes if size >= rows)
+
+    def _stage(self, hidden: torch.Tensor, caches: list[EncoderKVCache],
+               size: int) -> dict[str, torch.Tensor]:
+        buffers = self._buffers or self._allocate()
+        rows = len(caches)
+        buffers["hidden"][:rows].copy_(hidden)
+        buffers["hidden"][rows:size].zero_()
+        starts = torch.tensor([cache.length for cache in caches] + [0] * (size - rows))
+        buffers["starts"][:size].copy_(starts)
+        for row, cache in enumerate(caches):
+            held = slice(0, cache.length)
+            buffers["keys"][row, :, :, held] = cache.keys[:, :, held]
+            buffers["values"][row, :, :, held] = cache.values[:, :, held]
+        return buffers
+
+    def _allocate(self) -> dict[str, torch.Tensor]:
+        apm = self.model.apm
+        config, weight = apm.config, apm.conv1.weight
+        cache = (self.max_rows, config.encoder_layers, config.encoder_attention_heads,
+                 config.max_source_positions, config.head_dim)
+        self._buffers = {
+            "hidden": weight.new_zeros(self.max_rows, self.num_frames, config.d_model),
+            "starts": torch.zeros(self.max_rows, dtype=torch.int64, device=weight.device),
+            "keys": weight.new_zeros(cache),
+            "values": weight.new_zeros(cache),
+        }
+        return self._buffers
+
+    def _run(self, size: int, buffers: dict[str, torch.Tensor]) -> torch.Tensor:
+        if not self.is_graphed:
+            return self._forward(size, buffers)
+        if size not in self._graphs:
+            self._graphs[size] = self._capture(size, buffers)
+        graph, out = self._graphs[size]
+        graph.replay()
+        return out
+
+    def _forward(self, size: int, buffers: dict[str, torch.Tensor]) -> torch.Tensor:
+        """The graphed work: [size, n // pool, llm_hidden] from the static buffers."""
+        apm = self.model.apm
+        kv = _WorkingKV(buffers["keys"], buffers["values"], buffers["starts"][:size],
+                        self.num_frames)
+        hidden = buffers["hidden"][:size] + apm.embed_positions.weight[kv.positions]
+        return self.model.embed(apm.transform(hidden, kv.mask, kv))
+
+    def _capture(self, size: int,
+                 buffers: dict[str, torch.Tensor]) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
+        # Warm-up and capture write the chunk's keys into the working cache only, at the
+        # staged positions, which the replay that follows writes again: nothing is lost.
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(_WARMUP_RUNS):
+                self._forward(size, buffers)
+        torch.cuda.current_stream().wait_stream(side)
+        if self._pool is None:
+            self._pool = torch.cuda.graph_pool_handle()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self._pool):
+            out = self._forward(size, buffers)
+        return graph, out

@@ -1,0 +1,123 @@
+"""The graphed chunk pass (backends/audio/encoder_graphs.py) against the plain streaming encode.
+
+Twin sessions over one small tower: one twin encodes unit by unit without graphs, the other
+with the shared `ChunkEncoderGraphs` (on the CPU its static-buffer pass runs eagerly: the very
+work a CUDA graph records; on CUDA it is captured and replayed). Sessions start at different
+stream ages so batches mix first units, restarts (a position table of 200 restarts the cache
+every 3 units) and long caches; groups beyond `max_rows` split. Rows and caches must equal
+the plain twin's.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from backends.audio import batched_encoder
+from backends.audio.batched_encoder import encode_units_batched
+from backends.audio.encoder_graphs import ChunkEncoderGraphs
+from backends.audio.encoder_model import AudioEncoderModel
+from backends.audio.streaming_encoder import StreamingAudioConfig, StreamingAudioEncoder
+from backends.models.whisper_encoder import WhisperEncoderConfig
+
+UNIT = 16000
+SMALL_TABLE = WhisperEncoderConfig(d_model=64, encoder_layers=2, encoder_attention_heads=4,
+                                   encoder_ffn_dim=256, num_mel_bins=80, max_source_positions=200)
+RTOL, ATOL = 1e-5, 1e-5  # masked full-table attention sums in another order
+FRAMES = StreamingAudioConfig().frames_per_unit
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+
+
+def _model(device: str) -> AudioEncoderModel:
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(3)
+        return AudioEncoderModel.from_config(SMALL_TABLE, 48, device=device)
+
+
+def _units(count: int, seed: int) -> list[np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return [(0.1 * rng.standard_normal(UNIT)).astype(np.float32) for _ in range(count)]
+
+
+def _twins(model: AudioEncoderModel, graphs: ChunkEncoderGraphs, ages: list[int], steps: int):
+    twins = []
+    for index, age in enumerate(ages):
+        audio = _units(age + steps, seed=50 + index)
+        plain, graphed = StreamingAudioEncoder(model), StreamingAudioEncoder(model, graphs=graphs)
+        assert graphed.graphs is graphs and plain.graphs is None
+        for unit in audio[:age]:
+            plain.encode_unit(unit)
+            graphed.encode_unit(unit)
+        twins.append((plain, graphed, audio[age:]))
+    return twins
+
+
+def _assert_same(got: StreamingAudioEncoder, want: StreamingAudioEncoder) -> None:
+    assert got.cache_length == want.cache_length and got.num_units == want.num_units
+    length = want.cache_length
+    for name in ("keys", "values"):
+        torch.testing.assert_close(getattr(got._cache, name)[:, :, :length],
+                                   getattr(want._cache, name)[:, :, :length],
+                                   rtol=RTOL, atol=ATOL)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_graphed_unit_by_unit_equals_plain(device: str) -> None:
+    model = _model(device)
+    graphs = ChunkEncoderGraphs(model, FRAMES, max_rows=2)
+    for plain, graphed, audio in _twins(model, graphs, [0, 2], steps=5):
+        for unit in audio:
+            torch.testing.assert_close(graphed.encode_unit(unit), plain.encode_unit(unit),
+                                       rtol=RTOL, atol=ATOL)
+            _assert_same(graphed, plain)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_graphed_batches_split_into_groups_and_equal_plain(device: str, monkeypatch) -> None:
+    model = _model(device)
+    graphs = ChunkEncoderGraphs(model, FRAMES, max_rows=2)
+    sizes = []
+    real = batched_encoder._forward_batch
+    monkeypatch.setattr(batched_encoder, "_forward_batch",
+                        lambda group: (sizes.append(len(group)), real(group))[1])
+    twins = _twins(model, graphs, [0, 1, 3, 4, 8], steps=4)
+    for step in range(4):
+        want = [plain.encode_unit(audio[step]) for plain, _, audio in twins]
+        got = encode_units_batched([g for _, g, _ in twins], [a[step] for _, _, a in twins])
+        for g, w in zip(got, want):
+            assert isinstance(g, torch.Tensor)
+            torch.testing.assert_close(g, w, rtol=RTOL, atol=ATOL)
+        for plain, graphed, _ in twins:
+            _assert_same(graphed, plain)
+    assert sizes == [2, 2] * 4  # the fifth session of each step: a group of one, serial path
+
+
+def test_a_failing_group_falls_back_without_committing_twice(monkeypatch) -> None:
+    model = _model("cpu")
+    graphs = ChunkEncoderGraphs(model, FRAMES, max_rows=2)
+    twins = _twins(model, graphs, [1, 2, 5, 6], steps=1)
+    real, calls = ChunkEncoderGraphs._run, []
+
+    def second_group_fails(self, size, buffers):
+        calls.append(size)
+        if len(calls) == 2:
+            raise RuntimeError("injected replay failure")
+        return real(self, size, buffers)
+
+    monkeypatch.setattr(ChunkEncoderGraphs, "_run", second_group_fails)
+    want = [plain.encode_unit(audio[0]) for plain, _, audio in twins]
+    got = encode_units_batched([g for _, g, _ in twins], [a[0] for _, _, a in twins])
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, rtol=RTOL, atol=ATOL)
+    for plain, graphed, _ in twins:
+        _assert_same(graphed, plain)
+
+
+def test_graphs_of_another_chunk_length_are_not_used() -> None:
+    model = _model("cpu")
+    assert StreamingAudioEncoder(model, graphs=ChunkEncoderGraphs(model, FRAMES + 1)).graphs is None
+    other = _model("cpu")
+    assert StreamingAudioEncoder(model, graphs=ChunkEncoderGraphs(other, FRAMES)).graphs is None
+    with pytest.raises(ValueError, match="1 to 2 rows"):
+        ChunkEncoderGraphs(model, FRAMES, max_rows=2)._bucket(3)
