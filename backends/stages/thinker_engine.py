@@ -37,6 +37,7 @@ from backends.stages.sink import ResponseSink, StageError, StageFailure
 from backends.thinker.append_request import check_append, policy_config, window_mode
 from backends.thinker.context_window import WINDOW_MODES, ContextWindow, WindowConfig
 from backends.thinker.duplex_policy import DuplexPolicy
+from backends.thinker.policy_masks import PolicyIds
 from backends.thinker.prompt_layout import AppendRows, PromptLayout
 from backends.thinker.session_state import QueuedAppend, ThinkerSession, UnitEncoder
 from backends.thinker.unit_batch import Encoded, encode_pending_units, streaming_encoder_factory
@@ -87,6 +88,7 @@ class ThinkerEngine:
         # NOTE: TextTokenizer does not list its other added tokens yet; EOS is the one known.
         eos = tokenizer.eos_token_id
         self.extra_special_ids = () if eos is None else (eos,)
+        self.policy_ids = PolicyIds(special_tokens, self.bad_token_ids, self.extra_special_ids)
         self._sessions: dict[str, ThinkerSession] = {}  # owner: the engine thread
         # Test-only, set by backends/serving/fault_injection.py when fault_injection=on.
         self.fault_hook: Callable[[str], None] | None = None
@@ -203,7 +205,7 @@ class ThinkerEngine:
     def _start_session(self, first: ThinkerRequest) -> ThinkerSession:
         policy = DuplexPolicy(
             self.special, self.tokenizer, policy_config(first), self.bad_token_ids,
-            extra_special_ids=self.extra_special_ids, seed=first.seed,
+            extra_special_ids=self.extra_special_ids, seed=first.seed, ids=self.policy_ids,
         )
         ledger = HiddenLedger(self.model.hidden_size, self.config.ledger_rows)
         window = ContextWindow(window_mode(first, self.config.window_mode), self.config.window,

@@ -27,7 +27,6 @@ first non-speech unit after user speech (or at once with `initial_user_text`).
 
 from __future__ import annotations
 
-import dataclasses
 from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -38,6 +37,7 @@ import torch
 from backends.runner.host_draws import boundary_hit, filtered_draw
 from backends.runner.sampler import apply_repetition_penalty, step_seed
 from backends.runner.types import SampleContext
+from backends.thinker.policy_masks import PolicyIds, special_token_ids  # noqa: F401 (re-export)
 
 if TYPE_CHECKING:
     from backends.checkpoint.tokenizer import SpecialTokens
@@ -128,6 +128,7 @@ class DuplexPolicy:
         bad_token_ids: Iterable[int] = (),
         extra_special_ids: Iterable[int] = (),
         seed: int = 0,
+        ids: PolicyIds | None = None,  # the engine's, shared by its sessions; else built here
     ) -> None:
         self.special = special
         self.seed = seed  # the request's; reseeds the draws once positions are shifted
@@ -138,10 +139,8 @@ class DuplexPolicy:
         self.config = config
         self.latches = TurnLatches(history=deque(maxlen=config.penalty_window))
         self.terminators = frozenset((special.listen, special.chunk_eos, special.chunk_tts_eos))
-        self.special_ids = special_token_ids(special) | frozenset(extra_special_ids)
-        self.bad_ids = sorted(set(bad_token_ids) | {special.tts_pad})
-        self.chunk_eos_ids = (special.chunk_eos,)
-        self._mask_cache: dict[tuple[str, int, torch.device], torch.Tensor] = {}
+        self.ids = ids or PolicyIds(special, bad_token_ids, extra_special_ids)
+        self.special_ids = self.ids.special_ids
         self.reply_units_done = 0  # speak units finished in the current forced reply
         self._unit = _UnitState()
 
@@ -255,19 +254,7 @@ class DuplexPolicy:
 
     def _mask(self, logits: torch.Tensor, id_set: str) -> None:
         """-inf on the ids of `id_set` ("chunk_eos_ids", "special_ids" or "bad_ids")."""
-        logits.masked_fill_(self._mask_of(id_set, logits.shape[0], logits.device), float("-inf"))
-
-    def _mask_of(self, id_set: str, vocab: int, device: torch.device) -> torch.Tensor:
-        # The bad ids of a full-size vocab are ~150k: build their [vocab] bool mask once per
-        # (set, vocab, device), not once per sampled token (33 ms each on a CPU).
-        key = (id_set, vocab, device)
-        mask = self._mask_cache.get(key)
-        if mask is None:
-            ids = [token for token in getattr(self, id_set) if 0 <= token < vocab]
-            mask = torch.zeros(vocab, dtype=torch.bool, device=device)
-            mask[torch.tensor(ids, dtype=torch.int64, device=device)] = True
-            self._mask_cache[key] = mask
-        return mask
+        logits.masked_fill_(self.ids.mask(id_set, logits.shape[0], logits.device), float("-inf"))
 
     def _reaches_char_limit(self, candidate: int) -> bool:
         """Rule 6: the unit's text since the last turn_eos plus a non-special candidate."""
@@ -277,9 +264,3 @@ class DuplexPolicy:
         cut = max((i + 1 for i, t in enumerate(tokens) if t == self.special.turn_eos), default=0)
         text_ids = [t for t in tokens[cut:] if t not in self.special_ids] + [candidate]
         return len(self.tokenizer.decode(text_ids)) >= self.config.max_chars_per_unit
-
-
-def special_token_ids(special: SpecialTokens) -> frozenset[int]:
-    """Every id the SpecialTokens dataclass names."""
-    values = (getattr(special, f.name) for f in dataclasses.fields(special))
-    return frozenset(value for value in values if isinstance(value, int))

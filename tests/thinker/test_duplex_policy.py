@@ -18,6 +18,7 @@ from backends.checkpoint.tokenizer import SpecialTokens, TextTokenizer
 from backends.runner.sampler import make_generator
 from backends.runner.types import SampleContext
 from backends.thinker.duplex_policy import DuplexPolicy, PolicyConfig
+from backends.thinker.policy_masks import PolicyIds
 
 VOCAB = 1024  # tiny tokenizer ids 0..999 + 24 padding rows of the embedding table
 BAD_IDS = range(1000, VOCAB)
@@ -174,6 +175,21 @@ def test_tts_pad_bad_ids_and_chunk_eos_are_masked_after_the_draw(tokenizer, spec
         policy.begin_unit(False, [True])
         token = _sample(policy, _logits(favour), seed)
         assert token not in (special.tts_pad, 1005)
+
+
+def test_sessions_share_the_engines_id_masks(tokenizer, special) -> None:
+    ids = PolicyIds(special, BAD_IDS)
+    word = _text_ids(tokenizer, "hi")[0]
+    config = PolicyConfig(temperature=0.0)
+    policies = [DuplexPolicy(special, tokenizer, config, seed=s, ids=ids) for s in (1, 2)]
+    for seed, policy in enumerate(policies):
+        policy.begin_unit(False, [True])
+        assert _sample(policy, _logits({special.tts_pad: 60.0, 1005: 60.0, word: 1.0}), seed) == word
+    mask = ids.mask("bad_ids", VOCAB, torch.device("cpu"))
+    assert mask is ids.mask("bad_ids", VOCAB, torch.device("cpu"))  # built once, for both
+    assert mask[special.tts_pad] and mask[1005] and not mask[word]
+    with pytest.raises(ValueError, match="unknown id set"):
+        ids.mask("every_id", VOCAB, torch.device("cpu"))
 
 
 def test_repetition_penalty_applies_to_recent_distinct_tokens(tokenizer, special) -> None:

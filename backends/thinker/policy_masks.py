@@ -1,0 +1,48 @@
+"""The token-id sets of the duplex policy and their logits masks, shared by every session.
+
+The sets depend on the tokenizer and the special tokens only, so one `PolicyIds` per engine
+serves all sessions. Its [vocab] bool masks are built once per (set, vocab, device): with the
+full-size vocabulary and a small tokenizer (the `full-random` profile) the bad ids are ~150k,
+and building their mask per session put ~30 ms into every session's first text token.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
+import torch
+
+if TYPE_CHECKING:
+    from backends.checkpoint.tokenizer import SpecialTokens
+
+ID_SETS = ("chunk_eos_ids", "special_ids", "bad_ids")
+
+
+class PolicyIds:
+    def __init__(self, special: SpecialTokens, bad_token_ids: Iterable[int] = (),
+                 extra_special_ids: Iterable[int] = ()) -> None:
+        self.special_ids = special_token_ids(special) | frozenset(extra_special_ids)
+        self.bad_ids = tuple(sorted(set(bad_token_ids) | {special.tts_pad}))
+        self.chunk_eos_ids = (special.chunk_eos,)
+        self._masks: dict[tuple[str, int, torch.device], torch.Tensor] = {}
+
+    def mask(self, id_set: str, vocab: int, device: torch.device) -> torch.Tensor:
+        """[vocab] bool, True on the ids of `id_set` (one of ID_SETS) below `vocab`."""
+        if id_set not in ID_SETS:
+            raise ValueError(f"unknown id set {id_set!r}; expected one of {ID_SETS}")
+        key = (id_set, vocab, device)
+        mask = self._masks.get(key)
+        if mask is None:
+            ids = [token for token in getattr(self, id_set) if 0 <= token < vocab]
+            mask = torch.zeros(vocab, dtype=torch.bool, device=device)
+            mask[torch.tensor(ids, dtype=torch.int64, device=device)] = True
+            self._masks[key] = mask
+        return mask
+
+
+def special_token_ids(special: SpecialTokens) -> frozenset[int]:
+    """Every id the SpecialTokens dataclass names."""
+    values = (getattr(special, f.name) for f in dataclasses.fields(special))
+    return frozenset(value for value in values if isinstance(value, int))
