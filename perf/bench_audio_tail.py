@@ -17,6 +17,8 @@ HiFT, cross-fade; 24000 samples per stream) is timed to the audio on the host. T
   python perf/bench_audio_tail.py --out perf/results/audio_tail_h200.md --commit <sha>
   python perf/bench_audio_tail.py --stages talker --talker-policy host   # the old host hook
   python perf/bench_audio_tail.py --tiny --device cpu --batches 1,2   # smoke run on CPU
+  python perf/bench_audio_tail.py --stages code2wav --repeats 3 --code2wav-modes fusion
+      # bf16 + graphs with the DiT's fused kernels and the encoder graph each on and off
 """
 from __future__ import annotations
 
@@ -48,7 +50,10 @@ MAX_STEPS = 200  # a Talker run that needs more has failed (budget: 26 samples)
 TARGETS = {"talker": {1: 15.0, 16: 25.0}, "code2wav": {1: 10.0, 16: 40.0}}  # ms, issue 5
 
 
-CODE2WAV_MODES = ("off", "on", "on+tf32", "on+bf16")  # graphs; matmul precision; flow dtype
+# graphs on/off, then options: +tf32 (TF32 matmuls), +bf16 (flow dtype), +unfused (the DiT's
+# torch path instead of its fused Triton kernels), +eagerenc (no encoder graph)
+CODE2WAV_MODES = ("off", "on", "on+tf32", "on+bf16")
+FUSION_MODES = ("on+bf16+unfused+eagerenc", "on+bf16+unfused", "on+bf16+eagerenc", "on+bf16")
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,9 +167,14 @@ def code2wav_model(tiny: bool, device: torch.device) -> Token2Wav:
 def bench_code2wav(model: Token2Wav, batch: int, mode: str, repeats: int,
                    device: torch.device) -> Row:
     _reset_peak(device)
-    model.enable_cuda_graphs() if mode.startswith("on") else model.disable_cuda_graphs()
-    model.set_flow_dtype(torch.bfloat16 if mode.endswith("bf16") else torch.float32)
-    torch.backends.cuda.matmul.allow_tf32 = mode.endswith("tf32")
+    options = set(mode.split("+")[1:])
+    if mode.startswith("on"):
+        model.enable_cuda_graphs(encoder="eagerenc" not in options)
+    else:
+        model.disable_cuda_graphs()
+    model.set_fused_kernels(False if "unfused" in options else None)
+    model.set_flow_dtype(torch.bfloat16 if "bf16" in options else torch.float32)
+    torch.backends.cuda.matmul.allow_tf32 = "tf32" in options
     audio = torch.from_numpy(synthesize_reference_voice(0)).float()
     voice = model.voice_from_audio(audio, REFERENCE_VOICE_SAMPLE_RATE)
     streams = [model.new_stream(voice) for _ in range(batch)]
@@ -186,8 +196,8 @@ def bench_code2wav(model: Token2Wav, batch: int, mode: str, repeats: int,
 
 def _encoder_ms(model: Token2Wav, streams: list, rng: np.random.Generator, repeats: int,
                 device: torch.device) -> float:
-    """The Conformer encoder alone (eager in every mode) over the streams' current caches."""
-    def encode() -> None:
+    """The Conformer encoder alone over the streams' current caches."""
+    def encode() -> None:  # through `encoder.runner`: graphed unless the mode says +eagerenc
         codes = torch.from_numpy(rng.integers(0, 6561, (len(streams), WINDOW_CODES))).to(device)
         with torch.inference_mode():
             model.flow.encoder.forward_chunk(
@@ -250,7 +260,8 @@ def main() -> int:
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--tiny", action="store_true", help="tiny dimensions (CPU smoke run)")
     parser.add_argument("--stages", default="talker,code2wav")
-    parser.add_argument("--code2wav-modes", default=",".join(CODE2WAV_MODES))
+    parser.add_argument("--code2wav-modes", default=",".join(CODE2WAV_MODES),
+                        help="comma list; 'fusion' = " + ",".join(FUSION_MODES))
     parser.add_argument("--talker-policy", default="device", choices=("device", "host"),
                         help="Talker chunk policy: device tables (default) or the host hook")
     parser.add_argument("--commit", default="unknown")
@@ -262,6 +273,8 @@ def main() -> int:
                                   ("talker-policy", args.talker_policy)))
     device = torch.device(args.device)
     batches = [int(b) for b in args.batches.split(",")]
+    if args.code2wav_modes == "fusion":
+        args.code2wav_modes = ",".join(FUSION_MODES)
     rows: list[Row] = []
     run_all(args, device, batches, lambda row: _record(rows, row, args, device))
     print(render(rows, args, device))

@@ -12,30 +12,26 @@ window this is the reference's whole-utterance `forward`.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from backends.models.token2wav.batching import key_mask, left_pad, take_frames
 from backends.models.token2wav.config import EncoderConfig
 from backends.models.token2wav.conformer import ConformerEncoderLayer
+from backends.models.token2wav.encoder_packing import (
+    CONV2_CONTEXT,
+    EncoderCache,
+    EncoderInputs,
+    EncoderOutputs,
+    pack_encoder_inputs,
+    unpack_encoder_outputs,
+)
 from backends.models.token2wav.rel_position import RelPositionalEncoding
 
 _EMBED_NORM_EPS = 1e-5
 _LOOKAHEAD_SLOPE = 0.01  # F.leaky_relu's default, as in the reference pre-lookahead layer
-_CONV2_CONTEXT = 2  # conv2 kernel 3 -> 2 frames of left context
-
-
-@dataclass(slots=True)
-class EncoderCache:
-    """One stream's encoder state between windows (time axes oldest first)."""
-
-    lookahead: torch.Tensor  # [d, 2] float32: the last two conv1 outputs (conv2's context)
-    upsample: torch.Tensor  # [d, 2 stride] float32: the last up-sampled frames
-    token_kv: torch.Tensor  # [num_blocks, H, T1, 2 dk] float32 token-rate keys | values
-    mel_kv: torch.Tensor  # [num_up_blocks, H, L, 2 dk] float32 mel-rate keys | values
 
 
 class LinearNoSubsampling(nn.Module):
@@ -55,7 +51,7 @@ class PreLookaheadLayer(nn.Module):
         super().__init__()
         self.lookahead = lookahead
         self.conv1 = nn.Conv1d(size, size, kernel_size=lookahead + 1)
-        self.conv2 = nn.Conv1d(size, size, kernel_size=_CONV2_CONTEXT + 1)
+        self.conv2 = nn.Conv1d(size, size, kernel_size=CONV2_CONTEXT + 1)
 
     def forward(self, x: torch.Tensor, cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """x: [B, M + lookahead, d], cache: [B, d, 2] ->
@@ -92,6 +88,8 @@ class UpsampleConformerEncoderV2(nn.Module):
         self.up_embed = LinearNoSubsampling(size, size)
         self.up_encoders = nn.ModuleList(self._layer() for _ in range(config.num_up_blocks))
         self.after_norm = nn.LayerNorm(size, eps=_EMBED_NORM_EPS)
+        # what runs `run`: itself, or its CUDA-graph replays (`graphs.EncoderGraphs`)
+        self.runner: Callable[[EncoderInputs], EncoderOutputs] = self.run
 
     def _layer(self) -> ConformerEncoderLayer:
         c = self.config
@@ -103,7 +101,7 @@ class UpsampleConformerEncoderV2(nn.Module):
         kv = (c.attention_heads, 0, 2 * head_dim)
         like = {"device": device, "dtype": self.after_norm.weight.dtype}
         return EncoderCache(
-            lookahead=torch.zeros(c.output_size, _CONV2_CONTEXT, **like),
+            lookahead=torch.zeros(c.output_size, CONV2_CONTEXT, **like),
             upsample=torch.zeros(c.output_size, 2 * c.up_stride, **like),
             token_kv=torch.zeros(c.num_blocks, *kv, **like),
             mel_kv=torch.zeros(c.num_up_blocks, *kv, **like),
@@ -118,55 +116,31 @@ class UpsampleConformerEncoderV2(nn.Module):
     ) -> tuple[torch.Tensor, list[int], list[EncoderCache]]:
         """-> (features [B, T_max, d] at mel rate, valid mel frames per row, new caches; the
         attention caches are grown, not pruned)."""
-        lookahead, stride = self.config.pre_lookahead_len, self.config.up_stride
-        num_frames = [n - lookahead * (not last) for n, last in zip(num_codes, last_chunk)]
-        if min(num_frames) < 1:
-            raise ValueError(f"every non-final window needs more than {lookahead} codes, "
-                             f"got {num_codes}")
-        x = self._embed_padded(xs, num_codes, max(num_frames) + lookahead)
-        x, conv2_in = self.pre_lookahead_layer(x, torch.stack([c.lookahead for c in caches]))
-        x, token_kv = self._run_layers(self.encoders, x, [c.token_kv for c in caches], num_frames)
-        x, up_in = self.up_layer(x, torch.stack([c.upsample for c in caches]))
-        mel_frames = [stride * n for n in num_frames]
-        x, mel_kv = self._run_layers(
-            self.up_encoders, self.up_embed(x), [c.mel_kv for c in caches], mel_frames
-        )
-        new_caches = [
-            EncoderCache(
-                lookahead=take_frames(conv2_in[b], n, _CONV2_CONTEXT),
-                upsample=take_frames(up_in[b], m, 2 * stride),
-                token_kv=token_kv[b],
-                mel_kv=mel_kv[b],
-            )
-            for b, (n, m) in enumerate(zip(num_frames, mel_frames))
-        ]
-        return self.after_norm(x), mel_frames, new_caches
+        inputs, num_frames = pack_encoder_inputs(self.config, xs, num_codes, last_chunk, caches)
+        return unpack_encoder_outputs(self.runner(inputs), num_frames, self.config.up_stride,
+                                      caches)
 
-    def _embed_padded(self, xs: torch.Tensor, num_codes: list[int], length: int) -> torch.Tensor:
-        """Embed, zero every frame past a row's codes (this is also a final window's zero
-        look-ahead, added after `embed` as in the reference), pad or cut to `length` frames."""
-        x = self.embed(xs)
-        count = torch.tensor(num_codes, device=x.device)
-        x = x * (torch.arange(x.shape[1], device=x.device)[None, :] < count[:, None])[..., None]
-        return F.pad(x, (0, 0, 0, max(0, length - x.shape[1])))[:, :length]
+    def run(self, inputs: EncoderInputs) -> EncoderOutputs:
+        """The tensor part of `forward_chunk` (fixed shapes: CUDA-graph capturable)."""
+        x = self.embed(inputs.xs) * inputs.code_valid[..., None]  # a final window's zero look-ahead
+        x, conv2_in = self.pre_lookahead_layer(x, inputs.lookahead)
+        x, token_kv = self._run_layers(self.encoders, x, inputs.token_kv, inputs.token_valid)
+        x, up_in = self.up_layer(x, inputs.upsample)
+        x, mel_kv = self._run_layers(self.up_encoders, self.up_embed(x), inputs.mel_kv,
+                                     inputs.mel_valid)
+        return EncoderOutputs(self.after_norm(x), conv2_in, up_in, token_kv, mel_kv)
 
     def _run_layers(
         self,
         layers: nn.ModuleList,
         x: torch.Tensor,  # [B, T_max, d]
-        caches: list[torch.Tensor],  # per row [num_layers, H, C_b, 2 dk]
-        num_new: list[int],
-    ) -> tuple[torch.Tensor, list[torch.Tensor]]:
-        """-> (x, per row [num_layers, H, C_b + num_new_b, 2 dk] grown caches)."""
-        cache_lens = [c.shape[2] for c in caches]
-        packed = left_pad(caches, dim=2)  # [B, num_layers, H, C_max, 2 dk]
-        num_keys = packed.shape[3] + x.shape[1]
-        key_valid = key_mask(cache_lens, packed.shape[3], num_new, x.shape[1], x.device)
-        pos_rows = self.position.relative_rows(num_keys, x.shape[1])
+        packed: torch.Tensor,  # [B, num_layers, H, C_max, 2 dk] left-padded caches
+        key_valid: torch.Tensor,  # [B, C_max + T_max] bool
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """-> (x, this window's keys | values [B, num_layers, H, T_max, 2 dk])."""
+        pos_rows = self.position.relative_rows(packed.shape[3] + x.shape[1], x.shape[1])
         new = []
         for index, layer in enumerate(layers):
             x, new_kv = layer(x, packed[:, index], key_valid, pos_rows)
             new.append(new_kv)
-        stacked = torch.stack(new, dim=1)  # [B, num_layers, H, T_max, 2 dk]
-        grown = [torch.cat([caches[b], stacked[b, :, :, :n]], dim=2) for b, n in enumerate(num_new)]
-        return x, grown
+        return x, torch.stack(new, dim=1)

@@ -1,6 +1,6 @@
-"""CUDA graphs for the fixed-shape parts of a window: the CFM's ten-step solve (about 11k of
-the ~12k kernels of a window, token2wav_facts.md 4) and the HiFT up to its ISTFT (whose
-window check syncs with the host, so it stays eager).
+"""CUDA graphs for the fixed-shape parts of a window: the conformer encoder, the CFM's ten-step
+solve (about 11k of the ~12k kernels of a window, token2wav_facts.md 4) and the HiFT up to its
+ISTFT (whose window check syncs with the host, so it stays eager).
 
 `GraphRunner` captures a function once per input shape and replays it: inputs are copied into
 the graph's static tensors, outputs are the graph's own tensors (valid until that graph is
@@ -26,6 +26,12 @@ import torch
 import torch.nn.functional as F
 
 from backends.models.token2wav.cfm import CausalConditionalCFM, SolverInputs, SolverOutputs
+from backends.models.token2wav.encoder import UpsampleConformerEncoderV2
+from backends.models.token2wav.encoder_packing import (
+    EncoderInputs,
+    EncoderOutputs,
+    pad_encoder_inputs,
+)
 from backends.models.token2wav.hift import HiFTGenerator
 
 FRAME_BUCKETS = (8, 16, 24, 32, 40, 50, 56)  # 50: steady windows; 56: a 28-code final window
@@ -107,6 +113,28 @@ class SolverGraphs:
         return SolverOutputs(mel[:, :, :frames], new_kv[:, :, :, :, :frames], cnn)
 
 
+class EncoderGraphs:
+    """Replaces `UpsampleConformerEncoderV2.run` with bucketed graph replays: code frames to
+    half a `FRAME_BUCKETS` entry, caches to multiples of `CACHE_STEP` (mel rate) and half of
+    it (token rate)."""
+
+    def __init__(self, encoder: UpsampleConformerEncoderV2,
+                 max_graphs: int = DEFAULT_MAX_GRAPHS) -> None:
+        self.stride = encoder.config.up_stride
+        self.runner = GraphRunner(lambda *flat: _fields(encoder.run(EncoderInputs(*flat))),
+                                  max_graphs)
+
+    def __call__(self, inputs: EncoderInputs) -> EncoderOutputs:
+        frames = inputs.token_valid.shape[1] - inputs.token_kv.shape[3]
+        padded = pad_encoder_inputs(
+            inputs, frame_bucket(self.stride * frames) // self.stride,
+            _round_up(inputs.token_kv.shape[3], CACHE_STEP // self.stride),
+            cache_bucket(inputs.mel_kv.shape[3]),
+        )
+        features, *rest = self.runner(*_fields(padded))
+        return EncoderOutputs(features[:, : self.stride * frames], *rest)
+
+
 class HiFTGraphs:
     """`HiFTGenerator.forward` with the part before the ISTFT replayed from graphs."""
 
@@ -123,7 +151,11 @@ class HiFTGraphs:
         return self.hift.to_audio(spectrum), source  # the caller copies what it keeps
 
 
-def _fields(contract: SolverInputs | SolverOutputs) -> tuple[torch.Tensor, ...]:
+def _round_up(length: int, step: int) -> int:
+    return -(-length // step) * step
+
+
+def _fields(contract: Any) -> tuple[torch.Tensor, ...]:
     """The tensors of a solver contract in field order (no copies, unlike `astuple`)."""
     return tuple(getattr(contract, f.name) for f in dataclasses.fields(contract))
 
@@ -133,7 +165,7 @@ def frame_bucket(frames: int) -> int:
 
 
 def cache_bucket(cached: int) -> int:
-    return -(-cached // CACHE_STEP) * CACHE_STEP
+    return _round_up(cached, CACHE_STEP)
 
 
 def pad_solver_inputs(inputs: SolverInputs, frames: int, cached: int) -> SolverInputs:

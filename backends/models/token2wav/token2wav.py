@@ -23,7 +23,12 @@ from backends.audio.codec_windows import SILENCE_CODE
 from backends.models.token2wav.cache_pruning import prune_flow_cache
 from backends.models.token2wav.config import Token2WavConfig
 from backends.models.token2wav.flow import CausalMaskedDiffWithXvec, FlowCache
-from backends.models.token2wav.graphs import DEFAULT_MAX_GRAPHS, HiFTGraphs, SolverGraphs
+from backends.models.token2wav.graphs import (
+    DEFAULT_MAX_GRAPHS,
+    EncoderGraphs,
+    HiFTGraphs,
+    SolverGraphs,
+)
 from backends.models.token2wav.hift import HiFTGenerator
 from backends.models.token2wav.stream import Token2WavStream, emit, flush
 from backends.models.token2wav.voice import VoicePrompt, build_voice_prompt
@@ -54,15 +59,25 @@ class Token2Wav(nn.Module):
         self.hift = HiFTGenerator(config.hift)
         self._hift_graphs: HiFTGraphs | None = None
 
-    def enable_cuda_graphs(self, max_graphs: int = DEFAULT_MAX_GRAPHS) -> None:
-        """Replay the CFM solve and the HiFT (up to its ISTFT) from CUDA graphs, captured per
-        shape bucket on first use; a no-op on CPU (the same code runs eagerly)."""
-        self.flow.decoder.solver = SolverGraphs(self.flow.decoder, max_graphs)
+    def enable_cuda_graphs(self, max_graphs: int = DEFAULT_MAX_GRAPHS, encoder: bool = True) -> None:
+        """Replay the conformer encoder (unless `encoder` is False), the CFM solve and the HiFT
+        (up to its ISTFT) from CUDA graphs, captured per shape bucket on first use; a no-op on
+        CPU (the same code runs eagerly)."""
+        flow = self.flow
+        flow.encoder.runner = EncoderGraphs(flow.encoder, max_graphs) if encoder else flow.encoder.run
+        flow.decoder.solver = SolverGraphs(flow.decoder, max_graphs)
         self._hift_graphs = HiFTGraphs(self.hift, max_graphs)
 
     def disable_cuda_graphs(self) -> None:
+        self.flow.encoder.runner = self.flow.encoder.run
         self.flow.decoder.solver = self.flow.decoder.solve
         self._hift_graphs = None
+
+    def set_fused_kernels(self, enabled: bool | None = None) -> None:
+        """The DiT's fused Triton kernels (`dit_fused`): None (the default) uses them on CUDA
+        only, False never (the torch reference path), True on any device (CPU: only under
+        Triton's interpreter, for tests)."""
+        self.flow.decoder.estimator.fused = enabled
 
     def set_flow_dtype(self, dtype: torch.dtype) -> None:
         """Run the flow (weights, caches, noise) in `dtype`, e.g. bfloat16 on GPU, like the
@@ -93,12 +108,13 @@ class Token2Wav(nn.Module):
         while serving (a session's reference) must not capture a graph of its own."""
         lookahead = torch.full((self.config.flow.encoder.pre_lookahead_len,), SILENCE_CODE)
         codes = torch.cat([prompt.codes.cpu(), lookahead]).to(self.device)
-        decoder = self.flow.decoder
+        decoder, encoder = self.flow.decoder, self.flow.encoder
         solver, decoder.solver = decoder.solver, decoder.solve
+        runner, encoder.runner = encoder.runner, encoder.run
         try:
             cache = self.flow.setup_cache(codes, prompt.mel.to(self.device), prompt.speaker.to(self.device))
         finally:
-            decoder.solver = solver
+            decoder.solver, encoder.runner = solver, runner
         return Voice(prompt, cache)
 
     def new_stream(self, voice: Voice, seed: int = 0) -> Token2WavStream:

@@ -14,6 +14,7 @@ import torch
 
 from backends.models.token2wav import StreamWindow, Token2Wav, Token2WavConfig, Voice, VoicePrompt
 from backends.models.token2wav.assets import random_token2wav
+from backends.models.token2wav.encoder_packing import pack_encoder_inputs, pad_encoder_inputs
 from backends.models.token2wav.graphs import (
     GraphRunner,
     cache_bucket,
@@ -54,6 +55,23 @@ def test_padded_solve_equals_unpadded(token2wav: Token2Wav) -> None:
     torch.testing.assert_close(padded.cnn, plain.cnn, atol=PAD_ATOL, rtol=0)
 
 
+def test_padded_encoder_equals_unpadded(token2wav: Token2Wav, voice: Voice) -> None:
+    """Two rows (one final, shorter) over the voice's caches, widened to a larger bucket."""
+    encoder, embed = token2wav.flow.encoder, token2wav.flow.input_embedding
+    codes = torch.randint(0, 6561, (2, 28), generator=torch.Generator().manual_seed(3))
+    caches = [voice.cache.encoder, voice.cache.encoder]
+    with torch.inference_mode():
+        inputs, _ = pack_encoder_inputs(encoder.config, embed(codes), [28, 9], [False, True], caches)
+        plain = encoder.run(inputs)
+        padded = encoder.run(pad_encoder_inputs(inputs, 28, inputs.token_kv.shape[3] + 25,
+                                                inputs.mel_kv.shape[3] + 50))
+    frames = inputs.token_valid.shape[1] - inputs.token_kv.shape[3]
+    torch.testing.assert_close(padded.features[:, : 2 * frames], plain.features, atol=PAD_ATOL, rtol=0)
+    torch.testing.assert_close(padded.up_in[:, :, : plain.up_in.shape[2]], plain.up_in,
+                               atol=PAD_ATOL, rtol=0)
+    torch.testing.assert_close(padded.mel_kv[:, :, :, : 2 * frames], plain.mel_kv, atol=PAD_ATOL, rtol=0)
+
+
 def _decode_twice(model: Token2Wav, voice: Voice) -> list[np.ndarray]:
     """Two streams over a few windows, batched: first, steady, unit-end and final windows."""
     rng = np.random.default_rng(0)
@@ -92,3 +110,115 @@ def test_graphed_decoding_equals_eager_on_cuda() -> None:
         for a, b in zip(eager, _decode_twice(model, voice)):
             np.testing.assert_allclose(a, b, atol=GPU_ATOL, rtol=0)
     assert model.flow.decoder.solver.runner.num_graphs() > 0
+
+
+def _eager_unfused(model: Token2Wav, voice: Voice) -> list[np.ndarray]:
+    model.disable_cuda_graphs()
+    model.set_fused_kernels(False)
+    audio = _decode_twice(model, voice)
+    model.set_fused_kernels(None)
+    return audio
+
+
+def _gpu_model_and_voice(dtype: torch.dtype) -> tuple[Token2Wav, Voice]:
+    model = random_token2wav(Token2WavConfig.tiny(), seed=0).cuda()
+    model.set_flow_dtype(dtype)
+    generator = torch.Generator().manual_seed(1)
+    prompt = VoicePrompt(torch.randint(0, 6561, (50,), generator=generator),
+                         torch.randn(100, 80, generator=generator) - 4, torch.randn(192, generator=generator))
+    return model, model.prepare_voice(prompt)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_fused_graphed_decoding_equals_eager_unfused_on_cuda(dtype: torch.dtype) -> None:
+    """The served path (fused DiT, encoder + solve + HiFT graphs) against the torch path.
+    float32: cuDNN's TF32 convs are off so both sides are float32 (GPU_ATOL); bfloat16: the
+    fused kernels round once per output instead of once per op, so both bfloat16 paths are
+    held to the float32 torch audio: the fused path's error (largest and mean) at most 1.5x
+    the torch bfloat16 path's, plus 1e-3 (a fixed 2e-2 bound failed on 2 of 83520 samples:
+    bfloat16 noise, equally far from float32 on both paths)."""
+    tf32 = torch.backends.cudnn.allow_tf32
+    torch.backends.cudnn.allow_tf32 = False
+    try:
+        model, voice = _gpu_model_and_voice(dtype)
+        eager = _eager_unfused(model, voice)
+        float32 = dtype == torch.float32
+        reference = eager if float32 else _eager_unfused(*_gpu_model_and_voice(torch.float32))
+        model.enable_cuda_graphs()
+        for _ in range(2):  # capture, then replay
+            for a, b, ref in zip(eager, _decode_twice(model, voice), reference):
+                if float32:
+                    np.testing.assert_allclose(a, b, atol=GPU_ATOL, rtol=0)
+                else:
+                    _assert_no_worse_than(b, a, ref)
+        assert model.flow.encoder.runner.runner.num_graphs() > 0
+        assert model.flow.decoder.estimator.uses_fused_kernels(torch.zeros(1, 1, 8, device="cuda"))
+    finally:
+        torch.backends.cudnn.allow_tf32 = tf32
+
+
+def _assert_no_worse_than(fused: np.ndarray, torch_path: np.ndarray, reference: np.ndarray) -> None:
+    for measure in (np.max, np.mean):
+        got, bound = measure(np.abs(fused - reference)), measure(np.abs(torch_path - reference))
+        assert got <= 1.5 * bound + 1e-3, (measure.__name__, got, bound)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_fused_full_size_dit_on_cuda() -> None:
+    """Full widths (512 hidden, 8 x 64 heads, 16 blocks), a steady window (50 frames, 400
+    cached, 4 streams with CFG): float32 fused equals torch to 1e-3 (TF32 off everywhere);
+    in bfloat16 the fused error against float32 is no worse than 1.5x the torch path's."""
+    from backends.models.token2wav.config import DiTConfig
+    from backends.models.token2wav.dit import DiT
+
+    torch.backends.cudnn.allow_tf32, tf32 = False, torch.backends.cudnn.allow_tf32
+    try:
+        dit = DiT(DiTConfig()).cuda().eval()
+        gen = torch.Generator(device="cuda").manual_seed(0)
+        with torch.no_grad():
+            for param in dit.parameters():
+                param.copy_(torch.randn(param.shape, generator=gen, device="cuda") * 0.05)
+        c, rows = dit.config, 8
+        valid = torch.ones(rows, 450, dtype=torch.bool, device="cuda")
+        valid[1, 30:50] = False
+        inputs = (torch.randn(rows, 320, 50, device="cuda", generator=gen),
+                  torch.rand(rows, device="cuda", generator=gen),
+                  torch.randn(c.depth, rows, 2 * c.hidden_size, 2, device="cuda", generator=gen),
+                  torch.randn(c.depth, rows, c.num_heads, 400, 2 * c.head_dim, device="cuda",
+                              generator=gen), valid, torch.full((rows,), 50, device="cuda"))
+        results = {}
+        for dtype in (torch.float32, torch.bfloat16):
+            dit.to(dtype)
+            cast = [t.to(dtype) if t.is_floating_point() and t.dim() > 1 else t for t in inputs]
+            with torch.inference_mode():
+                for fused in (False, True):
+                    dit.fused = fused
+                    results[dtype, fused] = [t.float() for t in dit.forward_chunk(*cast)]
+            dit.float()
+        reference = results[torch.float32, False]
+        for a, b in zip(results[torch.float32, True], reference):
+            torch.testing.assert_close(a, b, atol=1e-3, rtol=1e-3)
+        for fused_out, torch_out, ref in zip(results[torch.bfloat16, True],
+                                             results[torch.bfloat16, False], reference):
+            fused_err, torch_err = (fused_out - ref).abs().max(), (torch_out - ref).abs().max()
+            assert fused_err <= 1.5 * torch_err + 1e-3, (fused_err, torch_err)
+    finally:
+        torch.backends.cudnn.allow_tf32 = tf32
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_gelu_epilogue_is_the_tanh_form_on_cuda() -> None:
+    """`dit_fused` relies on CUDA's `_addmm_activation(use_gelu=True)` being tanh-GELU."""
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    x, w, b = (torch.randn(*shape, device="cuda", generator=gen) for shape in ((64, 96), (128, 96), (128,)))
+    torch.backends.cuda.matmul.allow_tf32, tf32 = False, torch.backends.cuda.matmul.allow_tf32
+    try:
+        got = torch._addmm_activation(b, x, w.t(), use_gelu=True)
+        expected = torch.nn.functional.gelu(torch.nn.functional.linear(x, w, b), approximate="tanh")
+        torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = tf32

@@ -1,0 +1,122 @@
+"""`DiT.forward_modulated` with fused kernels: the CUDA path (token2wav_facts.md 1.5).
+
+The torch path (`dit.DiTBlock`) is the reference; this one computes the same function with
+about a dozen kernels per block instead of ~55, since a window's CFM solve is bound by kernel
+count, not FLOPs (perf/results/audio_tail_h200.md):
+
+- the six GEMMs: q|k|v as one (weights concatenated once, see `packed_qkv`; the checkpoint
+  keeps to_q/to_k/to_v), the output projection, both causal convs as GEMMs over their taps
+  (`dit_norm_kernels`), fc1 (with the tanh-GELU epilogue on CUDA) and fc2;
+- three `dit_norm_kernels` kernels: every gated residual is fused with the norm + modulation
+  of the branch after it (the MLP gate of block b with block b + 1's attention norm);
+- one `dit_attention_kernel` kernel for q/k norms, the cache entries and masked attention.
+
+Caches come out in preallocated [depth, ...] tensors, so no per-block stacking either.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+import torch.nn.functional as F
+
+from backends.models.token2wav.dit_attention_kernel import masked_attention
+from backends.models.token2wav.dit_norm_kernels import norm_mish_taps, residual_norm, residual_norm_taps
+
+if TYPE_CHECKING:
+    from backends.models.token2wav.dit import DiT, DiTBlock
+
+# modulation rows (DiT.modulations): shift, scale, gate of attention, MLP, conv
+_MSA, _MLP, _CONV = 0, 3, 6
+Branch = tuple[torch.Tensor, torch.Tensor]  # (branch output [rows, C], its gate [N, C])
+
+
+def packed_qkv(attn: torch.nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
+    """[to_q; to_k; to_v] weight [3 inner, hidden] and bias, built once per weight version and
+    kept on the module (rebuilt when the weights are replaced, cast or loaded into)."""
+    parts = [attn.to_q.weight, attn.to_k.weight, attn.to_v.weight,
+             attn.to_q.bias, attn.to_k.bias, attn.to_v.bias]
+    key = tuple((p.data_ptr(), p.dtype, p.device, _version(p)) for p in parts)
+    cached = attn.__dict__.get("_packed_qkv")
+    if cached is None or cached[0] != key:
+        with torch.no_grad():
+            cached = (key, torch.cat(parts[:3]), torch.cat(parts[3:]))
+        attn.__dict__["_packed_qkv"] = cached
+    return cached[1], cached[2]
+
+
+def _version(tensor: torch.Tensor) -> int:
+    try:
+        return tensor._version
+    except RuntimeError:  # an inference tensor keeps no version counter
+        return -1
+
+
+def _fc1_gelu(mlp: torch.nn.Module, h: torch.Tensor) -> torch.Tensor:
+    """fc1 + tanh-GELU; on CUDA one GEMM with the cuBLASLt GELU epilogue (tanh form; the CPU
+    kernel of `_addmm_activation` uses the erf form, so CPU stays with two ops)."""
+    fc1 = mlp.fc1
+    if h.is_cuda:
+        return torch._addmm_activation(fc1.bias, h, fc1.weight.t(), use_gelu=True)
+    return F.gelu(F.linear(h, fc1.weight, fc1.bias), approximate="tanh")
+
+
+def _conv_gemm(taps: torch.Tensor, conv: torch.nn.Conv1d) -> torch.Tensor:
+    """taps [rows, C_in, 3] -> [rows, C_out]: the kernel-3 conv over its padded input."""
+    weight = conv.weight.reshape(conv.weight.shape[0], -1)  # [C_out, C_in * 3], a view
+    return F.linear(taps.view(taps.shape[0], -1), weight, conv.bias)
+
+
+def fused_block(
+    block: DiTBlock,
+    x: torch.Tensor,  # [rows, C] residual stream before `pending` is added
+    pending: Branch | None,  # the previous block's MLP output and gate
+    mod: torch.Tensor,  # [N, 9, C] this block's modulation (N = 1 or R)
+    caches: tuple[torch.Tensor, torch.Tensor],  # cnn [R, 2C, 2], att [R, H, L, 2 dk]
+    outputs: tuple[torch.Tensor, torch.Tensor],  # next cnn [R, 2C, 2], new kv [R, H, T, 2 dk]
+    key_valid: torch.Tensor,  # [R, T + L] bool
+    num_new: torch.Tensor,  # [R] int64
+) -> tuple[torch.Tensor, Branch]:
+    """-> (residual stream without this block's MLP branch, that branch)."""
+    n_frames = outputs[1].shape[2]
+    x, h = residual_norm(x, pending, mod[:, _MSA], mod[:, _MSA + 1], n_frames, block.norm1.eps)
+    attn = block.attn
+    qkv = F.linear(h, *packed_qkv(attn))
+    attended = attn.proj(masked_attention(qkv, attn.q_norm, attn.k_norm, caches[1], key_valid,
+                                          outputs[1]))
+    conv_state = (caches[0], outputs[0], num_new)
+    x, taps = residual_norm_taps(x, (attended, mod[:, _MSA + 2]), mod[:, _CONV],
+                                 mod[:, _CONV + 1], block.norm3.eps, conv_state)
+    layers = block.conv.block
+    taps = norm_mish_taps(_conv_gemm(taps, layers[1]), layers[3], conv_state)
+    x, h = residual_norm(x, (_conv_gemm(taps, layers[6]), mod[:, _CONV + 2]), mod[:, _MLP],
+                         mod[:, _MLP + 1], n_frames, block.norm2.eps)
+    return x, (block.mlp.fc2(_fc1_gelu(block.mlp, h)), mod[:, _MLP + 2])
+
+
+def fused_forward(
+    dit: DiT,
+    inputs: torch.Tensor,  # [R, 320, T]
+    blocks: torch.Tensor,  # [depth, N, 9, hidden]
+    final: torch.Tensor,  # [N, 2, hidden]
+    cnn_cache: torch.Tensor,  # [depth, R, 2 hidden, 2]
+    att_cache: torch.Tensor,  # [depth, R, H, L, 2 head_dim]
+    key_valid: torch.Tensor,  # [R, T + L] bool
+    num_new: torch.Tensor,  # [R] int64
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Same contract as `DiT.forward_modulated`."""
+    rows_b, _, n_frames = inputs.shape
+    c = dit.config
+    x = dit.in_proj(inputs.transpose(1, 2)).reshape(rows_b * n_frames, c.hidden_size)
+    new_cnn = x.new_empty(c.depth, rows_b, 2 * c.hidden_size, 2)
+    new_kv = x.new_empty(c.depth, rows_b, c.num_heads, n_frames, 2 * c.head_dim)
+    pending = None
+    for index, block in enumerate(dit.blocks):
+        x, pending = fused_block(block, x, pending, blocks[index],
+                                 (cnn_cache[index], att_cache[index]),
+                                 (new_cnn[index], new_kv[index]), key_valid, num_new)
+    layer = dit.final_layer
+    _, h = residual_norm(x, pending, final[:, 0], final[:, 1], n_frames, layer.norm_final.eps)
+    velocity = layer.linear(h).view(rows_b, n_frames, -1).transpose(1, 2)
+    return velocity, new_cnn, new_kv

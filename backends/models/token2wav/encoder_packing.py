@@ -1,0 +1,124 @@
+"""The encoder's per-stream state and its packing around the fixed-shape `run`.
+
+`UpsampleConformerEncoderV2.forward_chunk` = `pack_encoder_inputs` (host lists -> padded
+tensors and key masks) -> `run` (tensors only: CUDA-graph capturable, like the CFM's `solve`)
+-> `unpack_encoder_outputs` (per-row cache cuts and growth). `pad_encoder_inputs` widens a
+packed window to a graph's shape bucket: more window frames after every row's last one and
+more cache slots before every row's first one (the Conformer's caches are left-padded, so
+relative distances stay aligned), all masked, so no real frame changes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from backends.models.token2wav.batching import key_mask, left_pad, take_frames
+from backends.models.token2wav.config import EncoderConfig
+
+CONV2_CONTEXT = 2  # the pre-lookahead conv2 has kernel 3: 2 frames of left context
+
+
+@dataclass(slots=True)
+class EncoderCache:
+    """One stream's encoder state between windows (time axes oldest first)."""
+
+    lookahead: torch.Tensor  # [d, 2] float32: the last two conv1 outputs (conv2's context)
+    upsample: torch.Tensor  # [d, 2 stride] float32: the last up-sampled frames
+    token_kv: torch.Tensor  # [num_blocks, H, T1, 2 dk] float32 token-rate keys | values
+    mel_kv: torch.Tensor  # [num_up_blocks, H, L, 2 dk] float32 mel-rate keys | values
+
+
+@dataclass(frozen=True, slots=True)
+class EncoderInputs:
+    """One window of B streams: T code frames (T + lookahead embeddings), padded caches."""
+
+    xs: torch.Tensor  # [B, T + lookahead, d] code embeddings
+    code_valid: torch.Tensor  # [B, T + lookahead] bool: False past a row's codes
+    lookahead: torch.Tensor  # [B, d, 2]
+    upsample: torch.Tensor  # [B, d, 2 stride]
+    token_kv: torch.Tensor  # [B, num_blocks, H, C1, 2 dk] left-padded
+    token_valid: torch.Tensor  # [B, C1 + T] bool over [cache | window]
+    mel_kv: torch.Tensor  # [B, num_up_blocks, H, C2, 2 dk] left-padded
+    mel_valid: torch.Tensor  # [B, C2 + stride T] bool
+
+
+@dataclass(frozen=True, slots=True)
+class EncoderOutputs:
+    features: torch.Tensor  # [B, stride T, d] mel-rate features
+    conv2_in: torch.Tensor  # [B, d, 2 + T] conv2's input with its context
+    up_in: torch.Tensor  # [B, d, 2 stride + stride T] the up-sampling conv's input
+    token_kv: torch.Tensor  # [B, num_blocks, H, T, 2 dk] this window's keys | values
+    mel_kv: torch.Tensor  # [B, num_up_blocks, H, stride T, 2 dk]
+
+
+def pack_encoder_inputs(
+    config: EncoderConfig,
+    xs: torch.Tensor,  # [B, N_max, d] code embeddings
+    num_codes: list[int],
+    last_chunk: list[bool],
+    caches: list[EncoderCache],
+) -> tuple[EncoderInputs, list[int]]:
+    """-> (the window's tensors, code frames per row: N - lookahead, or N for a final row)."""
+    lookahead, stride = config.pre_lookahead_len, config.up_stride
+    num_frames = [n - lookahead * (not last) for n, last in zip(num_codes, last_chunk)]
+    if min(num_frames) < 1:
+        raise ValueError(f"every non-final window needs more than {lookahead} codes, "
+                         f"got {num_codes}")
+    length = max(num_frames) + lookahead
+    xs = F.pad(xs, (0, 0, 0, max(0, length - xs.shape[1])))[:, :length]
+    count = torch.tensor(num_codes, device=xs.device)
+    token = left_pad([c.token_kv for c in caches], dim=2)
+    mel = left_pad([c.mel_kv for c in caches], dim=2)
+    frames = max(num_frames)
+    return EncoderInputs(
+        xs=xs, code_valid=torch.arange(length, device=xs.device)[None, :] < count[:, None],
+        lookahead=torch.stack([c.lookahead for c in caches]),
+        upsample=torch.stack([c.upsample for c in caches]),
+        token_kv=token, mel_kv=mel,
+        token_valid=key_mask([c.token_kv.shape[2] for c in caches], token.shape[3],
+                             num_frames, frames, xs.device),
+        mel_valid=key_mask([c.mel_kv.shape[2] for c in caches], mel.shape[3],
+                           [stride * n for n in num_frames], stride * frames, xs.device),
+    ), num_frames
+
+
+def unpack_encoder_outputs(
+    outputs: EncoderOutputs, num_frames: list[int], stride: int, caches: list[EncoderCache]
+) -> tuple[torch.Tensor, list[int], list[EncoderCache]]:
+    """-> (features, mel frames per row, grown caches: old frames then this window's)."""
+    mel_frames = [stride * n for n in num_frames]
+    grown = [
+        EncoderCache(
+            lookahead=take_frames(outputs.conv2_in[b], n, CONV2_CONTEXT),
+            upsample=take_frames(outputs.up_in[b], m, 2 * stride),
+            token_kv=torch.cat([cache.token_kv, outputs.token_kv[b, :, :, :n]], dim=2),
+            mel_kv=torch.cat([cache.mel_kv, outputs.mel_kv[b, :, :, :m]], dim=2),
+        )
+        for b, (n, m, cache) in enumerate(zip(num_frames, mel_frames, caches))
+    ]
+    return outputs.features, mel_frames, grown
+
+
+def pad_encoder_inputs(inputs: EncoderInputs, frames: int, token_cached: int,
+                       mel_cached: int) -> EncoderInputs:
+    """Widen to `frames` code frames and the given cache lengths (all new slots masked)."""
+    extra = frames - (inputs.token_valid.shape[1] - inputs.token_kv.shape[3])
+    extra_token = token_cached - inputs.token_kv.shape[3]
+    extra_mel = mel_cached - inputs.mel_kv.shape[3]
+    stride = (inputs.mel_valid.shape[1] - inputs.mel_kv.shape[3]) // (
+        inputs.token_valid.shape[1] - inputs.token_kv.shape[3])
+    if extra == extra_token == extra_mel == 0:
+        return inputs
+    return EncoderInputs(
+        xs=F.pad(inputs.xs, (0, 0, 0, extra)),
+        code_valid=F.pad(inputs.code_valid, (0, extra)),
+        lookahead=inputs.lookahead,
+        upsample=inputs.upsample,
+        token_kv=F.pad(inputs.token_kv, (0, 0, extra_token, 0)),
+        token_valid=F.pad(inputs.token_valid, (extra_token, extra)),
+        mel_kv=F.pad(inputs.mel_kv, (0, 0, extra_mel, 0)),
+        mel_valid=F.pad(inputs.mel_valid, (extra_mel, stride * extra)),
+    )
