@@ -12,15 +12,24 @@ Reported per configuration:
 - floor ms: (weight bytes + KV bytes read) / the device-to-device copy bandwidth measured in
   this run (bytes read + written over time), and graph ms / floor.
 
+Talker decode chains (`ModelRunner.decode_chain`, what `TalkerEngine.step` runs once every
+chunk is decoding), on a runner set up as the Talker engine's (device chunk policy, seeded
+sampling, chain graphs), per batch: the wall ms of one single step; per chain length K, the
+wall ms of one chain / K and its device ms (graph replay, restaged each time) / K; the wall ms
+of 25 decode draws single-stepped and chained as the engine chains them (8 + 8 + 8 + 1 for K 8).
+
 Also writes per-kernel device-time profiles (`profile_*.txt`) of three configurations to DIR.
 
 Usage: python perf/bench_runner.py --out DIR [--commit SHA] [--quick] [--gemv triton]
-(`--gemv triton` runs the decoders' matmuls through the Triton skinny GEMM, not cuBLAS.)
+       [--chain-lengths 8[,4,...]] [--talker-only]
+(`--gemv triton` runs the decoders' matmuls through the Triton skinny GEMM, not cuBLAS;
+`--talker-only` skips the Thinker, the long part.)
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import gc
 import statistics
 import sys
@@ -29,6 +38,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -36,8 +46,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from backends.models.llama import LlamaBackbone, LlamaBackboneConfig, LlamaWithHead  # noqa: E402
 from backends.models.qwen3 import Qwen3Config, Qwen3ForCausalLM  # noqa: E402
+from backends.models.talker_policy import (  # noqa: E402
+    CHUNK_BUDGETS,
+    CODEC_EOS,
+    ChunkKind,
+    TalkerSamplingConfig,
+)
 from backends.runner.model_runner import ModelRunner  # noqa: E402
 from backends.runner.types import RunnerConfig, SamplingParams, StepInput  # noqa: E402
+from backends.talker.policy_table import TalkerPolicyTable  # noqa: E402
 
 THINKER = Qwen3Config(
     hidden_size=4096, num_hidden_layers=36, num_attention_heads=32, num_key_value_heads=8,
@@ -55,6 +72,8 @@ TALKER_BATCHES = (1, 2, 4, 8, 16)
 TALKER_CONTEXT = 256
 APPEND_SESSIONS, APPEND_ROWS, APPEND_CONTEXT = 16, 13, 1024
 GEMV_BACKEND = ["cublas"]  # RunnerConfig.gemv_backend, set from --gemv
+CHAIN_LENGTHS = [(8,)]  # RunnerConfig.decode_chain_lengths of the Talker, set from --chain-lengths
+FRAMES = 25  # decode draws of one steady Talker chunk
 
 
 @dataclass(frozen=True, slots=True)
@@ -250,7 +269,9 @@ def bench_mixed(runner: ModelRunner, appending: int = 4) -> str:
     )
 
 
-def bench_talker(bandwidth: float, iters: int, profile_dir: Path) -> list[Row]:
+def bench_talker(
+    bandwidth: float, iters: int, profile_dir: Path, tables: list[str]
+) -> list[Row]:
     def factory() -> nn.Module:
         head = nn.Linear(TALKER.hidden_size, TALKER_CODEC_VOCAB, bias=False)
         table = nn.Embedding(TALKER_CODEC_VOCAB, TALKER.hidden_size)
@@ -266,7 +287,124 @@ def bench_talker(bandwidth: float, iters: int, profile_dir: Path) -> list[Row]:
         print(rows[-1].line(), flush=True)
         if batch == 1:
             profile_kernels(runner, batch, profile_dir / "profile_talker_b1.txt")
+    del runner
+    gc.collect()
+    chained = chain_runner(model, max(TALKER_BATCHES), TALKER_CONTEXT + 64)
+    chain_rows = []
+    for batch in TALKER_BATCHES:
+        chain_rows.append(chain_row(chained, batch, TALKER_CONTEXT, iters))
+        print(chain_line(chain_rows[-1]), flush=True)
+    tables.extend(chain_markdown(chain_rows, TALKER_CONTEXT))
     return rows
+
+
+@dataclass(frozen=True, slots=True)
+class ChainRow:
+    batch: int
+    step_ms: float
+    chain_ms: dict[int, tuple[float, float]]  # length -> (wall ms / step, device ms / step)
+    frames_single_ms: float
+    frames_chained_ms: float
+
+
+def chain_runner(model: nn.Module, max_reqs: int, max_len: int) -> ModelRunner:
+    sampling = TalkerSamplingConfig()
+    table = TalkerPolicyTable(max_reqs, "cuda", sampling, CODEC_EOS)
+    config = RunnerConfig(
+        num_blocks=max_reqs * -(-max_len // BLOCK_SIZE), max_num_reqs=max_reqs,
+        max_model_len=max_len, block_size=BLOCK_SIZE, device="cuda", dtype=torch.bfloat16,
+        attention_backend="triton", cuda_graph_sizes=(1, 2, 4, 8, 16),
+        gemv_backend=GEMV_BACKEND[0], decode_chain_lengths=CHAIN_LENGTHS[0],
+    )  # fmt: skip
+    runner = ModelRunner(model, config, table)  # type: ignore[arg-type]
+    params = sampling.to_sampling_params()
+    for i in range(max_reqs):
+        runner.add_request(f"r{i}", dataclasses.replace(params, seed=i), max_len=max_len)
+        slot = runner.states.slot_of(f"r{i}")
+        table.open(slot)
+        table.begin_chunk(slot, CHUNK_BUDGETS[ChunkKind.TURN_END])
+    runner.kv.data.normal_()
+    return runner
+
+
+def _wall_ms(run: Callable[[], object], reset: Callable[[], None], iters: int) -> float:
+    walls = []
+    for _ in range(iters):
+        reset()
+        start = time.perf_counter()
+        run()
+        walls.append((time.perf_counter() - start) * 1e3)
+    return statistics.median(walls)
+
+
+def _plan(lengths: tuple[int, ...], draws: int) -> list[int]:
+    """The engine's chain lengths for `draws` decode draws of one chunk."""
+    plan = []
+    while draws > 0:
+        plan.append(max((n for n in lengths if n <= draws), default=1))
+        draws -= plan[-1]
+    return plan
+
+
+def chain_row(runner: ModelRunner, batch: int, context: int, iters: int) -> ChainRow:
+    rids = [f"r{i}" for i in range(batch)]
+    feed = [StepInput(rid, [1 + i]) for i, rid in enumerate(rids)]
+
+    def reset() -> None:
+        for rid in rids:
+            runner.states.num_computed_tokens_np[runner.states.slot_of(rid)] = context - 1
+
+    def draws(plan: list[int]) -> None:
+        for length in plan:
+            runner.decode_chain(feed, length) if length > 1 else runner.step(feed)
+
+    chains, lengths = runner.chains, runner.chain_lengths
+    assert chains is not None
+    slots = [runner.states.slot_of(rid) for rid in rids]
+    block_rows = runner.block_table.table_np[slots]
+    positions = np.full(batch, context - 1, dtype=np.int64)
+
+    def replay(length: int) -> None:  # restaged each time: a chain advances its buffers
+        size = chains.graphs.stage([1 + i for i in range(batch)], positions, block_rows, (), slots)
+        chains.run(size, length)
+
+    timed = {}
+    for length in lengths:
+        reset()
+        runner.decode_chain(feed, length)  # warms the graph
+        graph_ms = device_ms(lambda: replay(length), iters) / length
+        wall = _wall_ms(lambda: runner.decode_chain(feed, length), reset, iters) / length
+        timed[length] = (wall, graph_ms)
+    return ChainRow(
+        batch=batch,
+        step_ms=_wall_ms(lambda: runner.step(feed), reset, iters),
+        chain_ms=timed,
+        frames_single_ms=_wall_ms(lambda: draws([1] * FRAMES), reset, iters),
+        frames_chained_ms=_wall_ms(lambda: draws(_plan(lengths, FRAMES)), reset, iters),
+    )
+
+
+def chain_line(row: ChainRow) -> str:
+    chained = "  ".join(
+        f"chain {n}: {wall:6.3f} ms/step (graph {graph:6.3f})"
+        for n, (wall, graph) in row.chain_ms.items()
+    )
+    return (f"talker batch {row.batch:2d}: step {row.step_ms:6.3f} ms  {chained}  25 frames "
+            f"{row.frames_single_ms:6.2f} ms single, {row.frames_chained_ms:6.2f} ms chained")
+
+
+def chain_markdown(rows: list[ChainRow], context: int) -> list[str]:
+    lengths = list(rows[0].chain_ms) if rows else []
+    head = "| batch | step ms | " + " | ".join(
+        f"chain {n} ms/step | chain {n} graph ms/step" for n in lengths
+    ) + " | 25 frames single ms | 25 frames chained ms |"
+    lines = ["", f"## Talker decode chains (device policy, seeded sampling, ctx {context})", "",
+             head, "| " + " | ".join(["---"] * (4 + 2 * len(lengths))) + " |"]  # fmt: skip
+    for r in rows:
+        cells = [f"{wall:.3f} | {graph:.3f}" for wall, graph in r.chain_ms.values()]
+        lines.append(f"| {r.batch} | {r.step_ms:.3f} | " + " | ".join(cells)
+                     + f" | {r.frames_single_ms:.2f} | {r.frames_chained_ms:.2f} |")  # fmt: skip
+    return lines
 
 
 def profile_kernels(runner: ModelRunner, batch: int, path: Path) -> None:
@@ -290,7 +428,10 @@ def profile_kernels(runner: ModelRunner, batch: int, path: Path) -> None:
             continue
 
 
-def markdown(rows: list[Row], notes: list[str], command: str, commit: str, bandwidth: float) -> str:
+def markdown(
+    rows: list[Row], notes: list[str], command: str, commit: str, bandwidth: float,
+    tables: list[str],
+) -> str:
     lines = [
         "# Runner on one H200 (fast path: paged KV bs 16, Triton attention, CUDA graphs)",
         "",
@@ -306,7 +447,7 @@ def markdown(rows: list[Row], notes: list[str], command: str, commit: str, bandw
             f"| {r.model} | {r.batch} | {r.context} | {r.graph_ms:.3f} | {r.step_ms:.3f} "
             f"| {r.floor_ms:.3f} | {r.ratio:.2f} |"
         )
-    return "\n".join(lines + [""] + [f"- {note}" for note in notes]) + "\n"
+    return "\n".join(lines + [""] + [f"- {note}" for note in notes] + tables) + "\n"
 
 
 def main() -> None:
@@ -316,18 +457,23 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="fewer timed iterations")
     parser.add_argument("--gemv", choices=("cublas", "triton"), default="cublas",
                         help="the decoders' matmul backend (RunnerConfig.gemv_backend)")
+    parser.add_argument("--chain-lengths", default="8",
+                        help="Talker decode-chain lengths to measure, comma-separated (>= 2)")
+    parser.add_argument("--talker-only", action="store_true", help="skip the Thinker")
     args = parser.parse_args()
     GEMV_BACKEND[0] = args.gemv
+    CHAIN_LENGTHS[0] = tuple(int(n) for n in args.chain_lengths.split(","))
     iters = 5 if args.quick else 20
     torch.manual_seed(0)
     bandwidth = copy_bandwidth()
     print(f"copy bandwidth {bandwidth / 1e12:.3f} TB/s (read + write)", flush=True)
     notes: list[str] = []
     args.out.mkdir(parents=True, exist_ok=True)
-    rows = bench_thinker(bandwidth, iters, notes, args.out)
-    rows += bench_talker(bandwidth, iters, args.out)
+    rows = [] if args.talker_only else bench_thinker(bandwidth, iters, notes, args.out)
+    tables: list[str] = []
+    rows += bench_talker(bandwidth, iters, args.out, tables)
     command = "python " + " ".join(sys.argv)
-    text = markdown(rows, notes, command, args.commit, bandwidth)
+    text = markdown(rows, notes, command, args.commit, bandwidth, tables)
     (args.out / "runner_h200.md").write_text(text)
     print(text)
 

@@ -91,8 +91,9 @@ class FastPath:
             scratch_slot=self.sampling.scratch_slot,
         )
         self.mixed = MixedGraphs.for_config(model, config, kv, pad_block, sizes)
+        self.graph_pool: tuple[int, int] | None = None  # one pool for every capture
         if config.use_cuda_graphs and kv.data.device.type == "cuda":
-            pool = torch.cuda.graph_pool_handle()  # one pool for every capture
+            self.graph_pool = pool = torch.cuda.graph_pool_handle()
             with torch.no_grad():
                 self.graphs.capture(pool=pool)
                 if self.mixed is not None:

@@ -8,7 +8,9 @@ Host work per step happens in `_prepare` (slot lookups, batch layout, embeddings
 forward (`_sample`, the single place where sampled token values reach the host); the model's
 forward itself never reads device values. With the "triton" backend a step goes through
 `FastPath` instead (graphed decode, device sampling, async outputs); `launch_step` returns the
-step before its outputs are read, and every other runner call settles it first.
+step before its outputs are read, and every other runner call settles it first. There, plain
+decodes may also run as a decode chain (`decode_chain`: K steps on the device, one host wait;
+see `backends.runner.decode_chain`).
 
 A stage may install a `DeviceLogitsProcessor` (its sampling policy as per-slot device tables)
 instead of giving each request a host hook: it then runs on every row sampled without a hook
@@ -25,6 +27,7 @@ from backends.runner.async_output import PendingStep
 from backends.runner.attention import check_backend
 from backends.runner.block_pool import BlockPool
 from backends.runner.block_table import BlockTable
+from backends.runner.decode_chain import DecodeChains, PendingChain, check_chain
 from backends.runner.fast_path import FastPath
 from backends.runner.input_batch import InputBatch, build_input_batch
 from backends.runner.kv_cache import KVCache
@@ -33,6 +36,7 @@ from backends.runner.request_states import RequestStates
 from backends.runner.sampler import make_generator, sample_token
 from backends.runner.types import (
     AdmissionError,
+    ChainResult,
     DeviceLogitsProcessor,
     RunnerConfig,
     SampleContext,
@@ -83,7 +87,21 @@ class ModelRunner:
                 model, config, self.kv, self.states, self.block_table, config.num_blocks,
                 logits_processor,
             )  # fmt: skip
-        self._pending = PendingStep.done([])
+        self.chains = self._make_chains()
+        self._pending: PendingStep | PendingChain = PendingStep.done([])
+
+    def _make_chains(self) -> DecodeChains | None:
+        """Decode chains run on the fast path (device sampling); graphs for the configured
+        lengths are captured into the fast path's pool."""
+        fast = self.fast_path
+        if fast is None:
+            return None
+        lengths = self.config.decode_chain_lengths or ()
+        chains = DecodeChains(fast.graphs, fast.sampling.sample, lengths)
+        if fast.graph_pool is not None and chains.lengths:
+            with torch.no_grad():
+                chains.capture(fast.graph_pool)
+        return chains
 
     def add_request(
         self,
@@ -170,8 +188,8 @@ class ModelRunner:
             return PendingStep.done([])
         slots = self._validate(inputs)
         if self.fast_path is not None:
-            self._pending = self.fast_path.launch(inputs, slots, self._sample_one)
-            return self._pending
+            pending = self._pending = self.fast_path.launch(inputs, slots, self._sample_one)
+            return pending
         with torch.no_grad():
             batch = self._prepare(inputs, slots)
             embeds = self._gather_embeds(inputs, batch)
@@ -181,6 +199,42 @@ class ModelRunner:
             tokens = self._sample(inputs, slots, batch, hidden)
         results = [self._result(i, inp, batch, hidden, tokens) for i, inp in enumerate(inputs)]
         return PendingStep.done(results)
+
+    @property
+    def chain_lengths(self) -> tuple[int, ...]:
+        """The decode-chain lengths this runner is configured (and graphed) for; empty where
+        it cannot chain (reference path) or chains are off."""
+        return () if self.chains is None else self.chains.lengths
+
+    def decode_chain(self, inputs: list[StepInput], length: int) -> list[ChainResult]:
+        return self.launch_chain(inputs, length).wait()
+
+    def launch_chain(self, inputs: list[StepInput], length: int) -> PendingChain:
+        """`length` decode steps of `inputs` on the device, each step's drawn tokens the next
+        step's inputs; results (all `length` tokens per request) on `wait()`, the one host
+        wait. Plain decodes only (see `decode_chain.check_chain`); ValueError, no state
+        changed, otherwise. Every step is committed: `discard_tail` takes unwanted ones back."""
+        self._pending.wait()
+        if self.chains is None:
+            raise ValueError("decode chains need the fast path (attention_backend 'triton')")
+        if not inputs:
+            return PendingChain(list)
+        slots = self._validate(inputs)
+        check_chain(inputs, slots, length, self.states, self.chains.graphs.capacity)
+        chain = self.chains.launch(inputs, slots, length, self.states, self.block_table)
+        self._pending = chain
+        return chain
+
+    def discard_tail(self, request_id: str, count: int) -> None:
+        """Forget the last `count` steps of the request's last decode chain (those after its
+        stop): KV length, ledger and drawn history as if it had stopped stepping there."""
+        self._pending.wait()
+        self.states.discard_tail(self.states.slot_of(request_id), count)
+
+    def num_free_rows(self, request_id: str) -> int:
+        """KV rows the request may still add within its reservation."""
+        slot = self.states.slot_of(request_id)
+        return int(self.states.max_len_np[slot] - self.states.num_computed_tokens_np[slot])
 
     def _validate(self, inputs: list[StepInput]) -> list[int]:
         request_ids = [inp.request_id for inp in inputs]

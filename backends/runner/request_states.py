@@ -23,6 +23,8 @@ class RequestStates:
         self.num_computed_tokens_np = np.zeros(max_num_reqs, dtype=np.int64)  # [max_num_reqs]
         self.max_len_np = np.zeros(max_num_reqs, dtype=np.int64)  # [max_num_reqs] reserved tokens
         self.num_dropped_np = np.zeros(max_num_reqs, dtype=np.int64)  # [max_num_reqs] reanchored
+        # [max_num_reqs] steps of the slot's last decode chain that `discard_tail` may take back
+        self.chain_tail_np = np.zeros(max_num_reqs, dtype=np.int64)
         # [max_num_reqs, max_model_len] int64 ledger id of every row now in KV, in KV order
         self.token_ids_np = np.zeros((max_num_reqs, max_model_len), dtype=np.int64)
         self.sampling: list[SamplingParams] = [SamplingParams()] * max_num_reqs
@@ -87,6 +89,28 @@ class RequestStates:
         start = int(self.num_computed_tokens_np[slot])
         self.token_ids_np[slot, start : start + len(token_ids)] = token_ids
         self.num_computed_tokens_np[slot] = start + len(token_ids)
+        self.chain_tail_np[slot] = 0
+
+    def commit_chain(self, slot: int, start: int, tokens: list[int]) -> None:
+        """A decode chain of K = len(tokens) steps from KV index `start` (its rows already
+        counted by `append_tokens`) finished: its drawn tokens 0..K-2 were the inputs of rows
+        start+1.., and all K join the drawn history."""
+        self.token_ids_np[slot, start + 1 : start + len(tokens)] = tokens[:-1]
+        self.generated[slot].extend(tokens)
+        self.chain_tail_np[slot] = len(tokens)
+
+    def discard_tail(self, slot: int, count: int) -> None:
+        """Take back the last `count` steps of the slot's last decode chain: their KV rows
+        (left in place for later steps to overwrite) and their draws."""
+        if not 0 <= count <= self.chain_tail_np[slot]:
+            raise ValueError(
+                f"cannot discard {count} steps: the last decode chain of slot {slot} left "
+                f"{int(self.chain_tail_np[slot])} to discard"
+            )
+        if count:
+            self.num_computed_tokens_np[slot] -= count
+            del self.generated[slot][-count:]
+            self.chain_tail_np[slot] -= count
 
     def drop_tokens(self, slot: int, start: int, count: int) -> None:
         """Remove `count` rows at KV index `start`; later rows move down by `count`."""
@@ -95,12 +119,14 @@ class RequestStates:
         row[start : end - count] = row[start + count : end].copy()
         self.num_computed_tokens_np[slot] = end - count
         self.num_dropped_np[slot] += count
+        self.chain_tail_np[slot] = 0
 
     def _reset_slot(self, slot: int) -> None:
         self.slot_to_req_id[slot] = None
         self.num_computed_tokens_np[slot] = 0
         self.max_len_np[slot] = 0
         self.num_dropped_np[slot] = 0
+        self.chain_tail_np[slot] = 0
         self.token_ids_np[slot] = 0
         self.sampling[slot] = SamplingParams()
         self.hooks[slot] = None

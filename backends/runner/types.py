@@ -125,6 +125,15 @@ class StepResult:
 
 
 @dataclass(frozen=True, slots=True)
+class ChainResult:
+    """One request's rows of a decode chain (`ModelRunner.decode_chain`)."""
+
+    request_id: str
+    positions: list[int]  # position of each forwarded row: K consecutive ones
+    tokens: list[int]  # K drawn tokens; tokens[k] was drawn after the row at positions[k]
+
+
+@dataclass(frozen=True, slots=True)
 class RunnerConfig:
     num_blocks: int  # KV pages in the pool
     max_num_reqs: int  # slots in the persistent state tables
@@ -144,6 +153,10 @@ class RunnerConfig:
     mixed_graph_max_query_len: int = 32
     # the fast path's matmuls (<= 16 rows): "cublas" (F.linear) or "triton" (skinny_linear)
     gemv_backend: str = "cublas"
+    # fast path: decode-chain lengths (K decode steps per host round trip) captured as one
+    # CUDA graph per (decode bucket, length); a stage chains only these. None: the stage's
+    # default (the Talker's: backends.talker.chain_plan), the runner's none; () = off
+    decode_chain_lengths: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         for name in ("num_blocks", "max_num_reqs", "max_model_len", "block_size"):
@@ -160,6 +173,9 @@ class RunnerConfig:
         if self.gemv_backend not in ("cublas", "triton"):
             raise ValueError(f"RunnerConfig.gemv_backend must be 'cublas' or 'triton', "
                              f"got {self.gemv_backend!r}")
+        if any(not isinstance(n, int) or n < 2 for n in self.decode_chain_lengths or ()):
+            raise ValueError(f"RunnerConfig.decode_chain_lengths must be ints >= 2, "
+                             f"got {self.decode_chain_lengths!r}")
         tokens, query = self.mixed_graph_tokens, self.mixed_graph_max_query_len
         if any(not isinstance(t, int) or t < 1 for t in tokens) or query < 2:
             raise ValueError(

@@ -2,7 +2,8 @@
 
 Single-threaded: the serving layer calls `submit`, `stop`, `has_work` and `step` from its one
 engine thread. Each `step` is ONE runner forward over every request with an active chunk:
-the prefill of a newly started condition for some, a one-frame decode for the others.
+the prefill of a newly started condition for some, a one-frame decode for the others; or, once
+every chunk is decoding, a decode chain of K frames each (`backends.talker.chain_plan`).
 
 Per request id (one session epoch) the engine keeps one runner request whose KV grows with
 every condition (facts 2.6): a turn start replaces the prompt, and a condition that would not
@@ -13,6 +14,7 @@ to preempt (facts edge case 10); a reservation that fails is `resource_exhausted
 The chunk policy runs on the device where the runner samples on the device (its fast path):
 one `TalkerPolicyTable` is the runner's logits processor and each request holds a row of it
 (`backends.talker.device_policy`); elsewhere each request gets the host hook `PolicyGuard`.
+A chain's codes are handled one by one as K steps' would be; draws after a chunk's end dropped.
 
 Errors are request-scoped: a bad condition or an exception while handling one request closes
 that request's sinks with a StageError and frees its state; other requests go on. `stop`
@@ -25,6 +27,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 from collections.abc import Callable
+from functools import partial
 
 import numpy as np
 import torch
@@ -32,15 +35,15 @@ import torch
 from backends.models.talker import TalkerModel
 from backends.models.talker_policy import TalkerChunkPolicy, TalkerSamplingConfig
 from backends.runner.model_runner import ModelRunner
-from backends.runner.types import AdmissionError, RunnerConfig, StepInput, StepResult
+from backends.runner.types import AdmissionError, ChainResult, RunnerConfig, StepInput, StepResult
 from backends.stages.contracts import ACTION_RUN, ACTION_STOP, TalkerCodes, TalkerRequest
 from backends.stages.sink import ResponseSink, StageError, StageFailure
+from backends.talker.chain_plan import chain_config, chain_length
 from backends.talker.condition import Condition, build_condition
-from backends.talker.device_policy import DevicePolicy, use_device_policy
+from backends.talker.device_policy import make_policy_table, new_chunk_policy
 from backends.talker.ended_requests import EndedRequests
-from backends.talker.policy_guard import PolicyGuard
-from backends.talker.policy_table import TalkerPolicyTable
-from backends.talker.request_state import ActiveChunk, ChunkPolicy, TalkerStream, check_next_seq
+from backends.talker.failures import close_quietly, internal_error
+from backends.talker.request_state import ActiveChunk, TalkerStream, check_next_seq
 from backends.talker.rollover import ChunkRecord, PromptKind, plan_prompt
 
 _LOG = logging.getLogger(__name__)
@@ -54,17 +57,17 @@ class TalkerEngine:
         sampling: TalkerSamplingConfig | None = None,
         policy_factory: Callable[[], TalkerChunkPolicy] | None = None,
         device_policy: bool | None = None,  # None: on the device where the runner can
+        chain_lengths: tuple[int, ...] | None = None,  # None: chain_plan's choice; () off
     ) -> None:
         self._model = model
         self._device = torch.device(runner_config.device)
         self._sampling = sampling or TalkerSamplingConfig()
         self._eos_id = model.config.eos_id
-        self._policy_factory = policy_factory or self._default_policy
-        self._policy_table: TalkerPolicyTable | None = None
-        if use_device_policy(device_policy, runner_config, self._sampling, bool(policy_factory)):
-            self._policy_table = TalkerPolicyTable(
-                runner_config.max_num_reqs, self._device, self._sampling, self._eos_id
-            )
+        self._policy_factory = policy_factory or partial(TalkerChunkPolicy, self._sampling,
+                                                         eos_id=self._eos_id)  # fmt: skip
+        self._policy_table = make_policy_table(device_policy, runner_config, self._sampling,
+                                               self._eos_id, bool(policy_factory))  # fmt: skip
+        runner_config = chain_config(runner_config, chain_lengths, self._policy_table is not None)
         self._runner = ModelRunner(model, runner_config, self._policy_table)
         # Talker context = min(runner max_model_len, tts max_position_embeddings) (facts 2.6).
         self.context = min(runner_config.max_model_len, model.config.max_position_embeddings)
@@ -99,7 +102,7 @@ class TalkerEngine:
         if request.request_id not in self._streams:
             late = self._ended.refusal(request.request_id, request.condition_seq)
         if late is not None:
-            _close_quietly(sink, late)
+            close_quietly(sink, late)
             return
         try:
             self._accept(request, sink)
@@ -107,7 +110,7 @@ class TalkerEngine:
             self._reject(request.request_id, sink, failure.error)
         except Exception as exc:  # request-scoped: the engine thread must survive
             _LOG.exception("talker request %s: submit failed", request.request_id)
-            self._reject(request.request_id, sink, _internal(request.request_id, exc))
+            self._reject(request.request_id, sink, internal_error(request.request_id, exc))
 
     def stop(self, request_id: str) -> None:
         """End a request: free its KV and state, close its open sinks as cancelled.
@@ -122,19 +125,22 @@ class TalkerEngine:
         error = StageError("cancelled", f"talker request {request_id} was stopped")
         self._ended.add(request_id, error)
         for sink in stream.open_sinks():
-            _close_quietly(sink, error)
+            close_quietly(sink, error)
 
     def step(self) -> None:
-        """Start queued conditions, run one forward over all active chunks, stream frames."""
+        """Start queued conditions, run one forward (or one decode chain) over all active
+        chunks, stream frames."""
         inputs = self._collect_inputs()
         if not inputs:
             return
+        length = self._chain_length(inputs)
         try:
-            results = self._runner.step(inputs)
+            results = (self._runner.decode_chain(inputs, length) if length > 1
+                       else self._runner.step(inputs))  # fmt: skip
         except Exception as exc:  # the forward is shared: every request in it is suspect
             _LOG.exception("talker runner step failed")
             for step_input in inputs:
-                self._fail(step_input.request_id, _internal(step_input.request_id, exc))
+                self._fail(step_input.request_id, internal_error(step_input.request_id, exc))
             return
         for result in results:
             self._guarded(result.request_id, self._on_result, result)
@@ -148,7 +154,8 @@ class TalkerEngine:
         check_next_seq(stream, request)
         condition = build_condition(self._model, request, sink, self._device)
         if stream is None:
-            stream = TalkerStream(request.request_id, self._new_policy())
+            policy = new_chunk_policy(self._policy_table, self._policy_factory, self._eos_id)
+            stream = TalkerStream(request.request_id, policy)
             self._admit(stream, request.seed)
             self._streams[request.request_id] = stream
         stream.last_seq = request.condition_seq
@@ -165,7 +172,7 @@ class TalkerEngine:
 
     def _reject(self, request_id: str, sink: ResponseSink, error: StageError) -> None:
         """A condition failed on arrival: it ends the whole request (its seq is now lost)."""
-        _close_quietly(sink, error)
+        close_quietly(sink, error)
         self._fail(request_id, error)
 
     # -- step --------------------------------------------------------------------------------
@@ -177,6 +184,11 @@ class TalkerEngine:
             if stream.request_id in self._streams and stream.active is not None:
                 inputs.append(stream.active.next_input)
         return inputs
+
+    def _chain_length(self, inputs: list[StepInput]) -> int:
+        chunks = [self._streams[step_input.request_id].active for step_input in inputs]
+        rooms = [self._runner.num_free_rows(step_input.request_id) for step_input in inputs]
+        return chain_length(self._runner.chain_lengths, inputs, chunks, rooms)
 
     def _activate(self, stream: TalkerStream) -> None:
         """Start the next queued condition unless a chunk is already running."""
@@ -210,8 +222,7 @@ class TalkerEngine:
         if condition.request.turn_start:
             # It still opens a new turn: later conditions must not extend the old prompt.
             self._readmit(stream, condition.request.seed)
-        frames = np.zeros((0,), dtype=np.int32)  # [0] int32
-        request = condition.request
+        request, frames = condition.request, np.zeros((0,), dtype=np.int32)  # [0] int32
         condition.sink.send(TalkerCodes(request.request_id, request.condition_seq, frames, True))
         condition.sink.close()
 
@@ -222,24 +233,36 @@ class TalkerEngine:
         stream.last_chunk = None
         self._admit(stream, seed)
 
-    def _on_result(self, result: StepResult) -> None:
+    def _on_result(self, result: StepResult | ChainResult) -> None:
+        """A step's code, or a chain's codes one by one until the chunk ends (the rest of
+        the chain is dropped from the runner, as if the request had stopped stepping)."""
+        tokens = result.tokens if isinstance(result, ChainResult) else [result.token]
+        stream, used = self._streams[result.request_id], 0
+        while used < len(tokens) and self._streams.get(stream.request_id) is stream:
+            used += 1  # a sink may stop the request while it is sent a group: no more then
+            if not self._on_token(stream, tokens[used - 1]):
+                break
+        if used < len(tokens) and self._streams.get(stream.request_id) is stream:
+            self._runner.discard_tail(stream.request_id, len(tokens) - used)
+
+    def _on_token(self, stream: TalkerStream, token: int | None) -> bool:
+        """Handle one drawn code; returns whether the chunk goes on."""
         if self.fault_hook is not None:
-            self.fault_hook(result.request_id)
-        stream = self._streams[result.request_id]
+            self.fault_hook(stream.request_id)
         chunk = stream.active
-        token = result.token
         if stream.hook.error is not None:
             raise RuntimeError(f"chunk policy failed: {stream.hook.error!r}") from stream.hook.error
         if token is None or chunk is None:
             raise RuntimeError(f"runner returned token {token} for an idle talker request")
         if token == self._eos_id or len(chunk.codes) >= chunk.max_codes:
             self._finish_chunk(stream, chunk)
-            return
+            return False
         chunk.codes.append(token)
         if chunk.group_ready():
             chunk.condition.sink.send(chunk.take_group(finished=False))
         # The next input is the sampled code itself, embedded by the runner with emb_code.
         chunk.next_input = StepInput(stream.request_id, [token])
+        return True
 
     def _finish_chunk(self, stream: TalkerStream, chunk: ActiveChunk) -> None:
         sink = chunk.condition.sink
@@ -264,7 +287,7 @@ class TalkerEngine:
             self._fail(request_id, failure.error)
         except Exception as exc:  # request-scoped: the engine thread must survive
             _LOG.exception("talker request %s failed", request_id)
-            self._fail(request_id, _internal(request_id, exc))
+            self._fail(request_id, internal_error(request_id, exc))
 
     def _fail(self, request_id: str, error: StageError) -> None:
         self._ended.add(request_id, error)
@@ -273,24 +296,5 @@ class TalkerEngine:
             return
         self._runner.free_request(request_id)
         for sink in stream.open_sinks():
-            _close_quietly(sink, error)
+            close_quietly(sink, error)
 
-    def _default_policy(self) -> TalkerChunkPolicy:
-        return TalkerChunkPolicy(self._sampling, eos_id=self._eos_id)
-
-    def _new_policy(self) -> ChunkPolicy:
-        if self._policy_table is not None:
-            return DevicePolicy(self._policy_table)
-        return PolicyGuard(self._policy_factory(), self._eos_id)
-
-
-def _internal(request_id: str, exc: Exception) -> StageError:
-    return StageError("internal", f"talker request {request_id}: {type(exc).__name__}: {exc}")
-
-
-def _close_quietly(sink: ResponseSink, error: StageError) -> None:
-    """Close a sink on a failure path; a sink that is already closed or broken is logged."""
-    try:
-        sink.close(error)
-    except Exception:  # a broken sink must not stop the other sinks from closing
-        _LOG.exception("closing a talker sink failed")

@@ -12,11 +12,20 @@ device (its fast path), the host hook on the CPU reference path and for custom p
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
-from backends.models.talker_policy import CHUNK_BUDGETS, ChunkKind, TalkerSamplingConfig
+from backends.models.talker_policy import (
+    CHUNK_BUDGETS,
+    ChunkKind,
+    TalkerChunkPolicy,
+    TalkerSamplingConfig,
+)
 from backends.runner.types import RunnerConfig, SamplingHook
+from backends.talker.policy_guard import PolicyGuard
 from backends.talker.policy_table import TalkerPolicyTable
+from backends.talker.request_state import ChunkPolicy
 
 
 class DevicePolicy:
@@ -61,3 +70,24 @@ def use_device_policy(
     if requested and has_custom_policy:
         raise ValueError("a custom Talker policy_factory runs as a host hook, not on the device")
     return requested
+
+
+def make_policy_table(
+    requested: bool | None,
+    runner_config: RunnerConfig,
+    sampling: TalkerSamplingConfig,
+    eos_id: int,
+    has_custom_policy: bool,
+) -> TalkerPolicyTable | None:
+    """The engine's device table (its runner's logits processor), or None for host hooks."""
+    if not use_device_policy(requested, runner_config, sampling, has_custom_policy):
+        return None
+    device = torch.device(runner_config.device)
+    return TalkerPolicyTable(runner_config.max_num_reqs, device, sampling, eos_id)
+
+
+def new_chunk_policy(
+    table: TalkerPolicyTable | None, factory: Callable[[], TalkerChunkPolicy], eos_id: int
+) -> ChunkPolicy:
+    """A new request's chunk policy: its row of the device table, else a host hook."""
+    return DevicePolicy(table) if table is not None else PolicyGuard(factory(), eos_id)

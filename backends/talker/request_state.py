@@ -61,6 +61,11 @@ class ActiveChunk:
         """Frames the budget allows: the last sample of the reserve is always EOS."""
         return self.condition.reserve - 1
 
+    @property
+    def draws_left(self) -> int:
+        """Draws until the chunk must end, its forced EOS included."""
+        return self.max_codes - len(self.codes) + 1
+
     def group_ready(self) -> bool:
         return len(self.codes) - self.num_sent >= FRAMES_PER_GROUP
 
