@@ -27,9 +27,12 @@ check() {
 
 nvidia-smi --query-gpu=name,memory.used,clocks.sm,clocks.mem --format=csv || true
 check gpu_tests "$python" -m pytest -q -p no:cacheprovider tests/runner_gpu \
-    tests/talker/test_device_policy_gpu.py tests/audio/test_encoder_graphs.py
+    tests/talker/test_device_policy_gpu.py tests/talker/test_decode_chains_gpu.py \
+    tests/audio/test_encoder_graphs.py
 check gpu_tests_token2wav "$python" -m pytest -q -p no:cacheprovider -m gpu tests/models/token2wav
 check bench_runner "$python" perf/bench_runner.py --out "$out" --commit "${COMMIT:-unknown}"
+check bench_talker_chains "$python" perf/bench_runner.py --quick --talker-only --chain-lengths 4,8,16 \
+    --out "$out/talker_chains" --commit "${COMMIT:-unknown}"
 # Served Thinker in-process: unit latency with C paced sessions, host profile at C=8.
 check bench_thinker_engine "$python" perf/bench_thinker_engine.py --concurrency 1,8,32 --seconds 8 \
     --profile 8
