@@ -174,6 +174,10 @@ def bench_code2wav(model: Token2Wav, batch: int, mode: str, repeats: int,
         model.disable_cuda_graphs()
     model.set_fused_kernels(False if "unfused" in options else None)
     model.set_flow_dtype(torch.bfloat16 if "bf16" in options else torch.float32)
+    if "pool" in options:  # after the dtype: the pool is allocated in the flow's dtype
+        model.enable_cache_pool(batch)
+    else:
+        model.disable_cache_pool()
     torch.backends.cuda.matmul.allow_tf32 = "tf32" in options
     audio = torch.from_numpy(synthesize_reference_voice(0)).float()
     voice = model.voice_from_audio(audio, REFERENCE_VOICE_SAMPLE_RATE)

@@ -1,6 +1,6 @@
 """Where a batched Code2Wav window spends GPU time: torch.profiler over steady windows.
 
-    PYTHONPATH=$PWD python3 perf/profile_code2wav.py --batch 16 [--graphs]
+    PYTHONPATH=$PWD python3 perf/profile_code2wav.py --batch 16 [--graphs] [--pool]
 
 Eager (default) lists every kernel with its GPU time, so the sum shows whether the window is
 bound by GPU work or by launches; `--graphs` profiles the served mode (graph replays).
@@ -25,6 +25,7 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--graphs", action="store_true")
     parser.add_argument("--rows", type=int, default=35)
+    parser.add_argument("--pool", action="store_true")
     args = parser.parse_args()
     model = random_token2wav(Token2WavConfig(), seed=0).to("cuda")
     if args.graphs:
@@ -32,6 +33,8 @@ def main() -> None:
     else:
         model.disable_cuda_graphs()
     model.set_flow_dtype(torch.bfloat16)
+    if args.pool:  # the streams' DiT caches in one pooled tensor (no per-window cache copies)
+        model.enable_cache_pool(args.batch)
     audio = torch.from_numpy(synthesize_reference_voice(0)).float()
     voice = model.voice_from_audio(audio, REFERENCE_VOICE_SAMPLE_RATE)
     streams = [model.new_stream(voice) for _ in range(args.batch)]

@@ -15,6 +15,7 @@ used by the stream until its state is dropped); prompt caches are shared, never 
 from __future__ import annotations
 
 from collections import OrderedDict, deque
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -26,6 +27,7 @@ from backends.audio.codec_windows import CodecWindow
 from backends.models.token2wav import StreamWindow, Token2Wav, Token2WavStream, Voice
 from backends.stages.contracts import ACTION_STOP, Code2WavRequest
 from backends.stages.voice_cache import DEFAULT_CAPACITY, VoiceCache, reference_error
+from backends.stages.window_schedule import Candidate, PlayoutClock, pick
 
 _LOG = logging.getLogger(__name__)
 # Windows per forward: the packed estimator caches grow with it (16-32 streams in one forward
@@ -91,10 +93,15 @@ class Code2WavEngine:
     voice_cache_size: int = DEFAULT_CAPACITY  # reference voices kept prepared (LRU)
     session_voices: bool = True  # False: a valid REF_AUDIO is checked, the default voice speaks
     max_batch: int = DEFAULT_MAX_BATCH
-    # request_id -> accepted, not yet decoded windows (oldest first); insertion order = age
-    _pending: OrderedDict[str, deque[Code2WavRequest]] = field(
+    # > 0: the streams' DiT caches live in a pool of this many slots (Token2Wav.enable_cache_pool,
+    # no per-window cache copies); a request beyond it gets an internal error, the rest go on
+    cache_pool_streams: int = 0
+    clock: Callable[[], float] = time.monotonic  # seconds; the playout model's (tests: fake)
+    # request_id -> (arrival, accepted window) not yet decoded, oldest first
+    _pending: OrderedDict[str, deque[tuple[float, Code2WavRequest]]] = field(
         init=False, default_factory=OrderedDict
     )
+    _playout: dict[str, PlayoutClock] = field(init=False, default_factory=dict)
     _sequences: dict[str, _Sequence] = field(init=False, default_factory=dict)
     _states: dict[str, _State] = field(init=False, default_factory=dict)
     _errors: list[Code2WavResult] = field(init=False, default_factory=list)
@@ -104,6 +111,8 @@ class Code2WavEngine:
 
     def __post_init__(self) -> None:
         self.voices = VoiceCache(self.token2wav, self.voice_cache_size)
+        if self.cache_pool_streams > 0:
+            self.token2wav.enable_cache_pool(self.cache_pool_streams)
 
     def submit(self, request: Code2WavRequest) -> None:
         if request.action == ACTION_STOP:
@@ -116,15 +125,15 @@ class Code2WavEngine:
             self._errors.append(_error_result(request, error))
             return
         self._accept(request)
-        self._pending.setdefault(request.request_id, deque()).append(request)
+        self._pending.setdefault(request.request_id, deque()).append((self.clock(), request))
 
     def step(self) -> list[Code2WavResult]:
-        """Decode the oldest pending window of up to `max_batch` requests (longest waiting
-        first) in one forward; also return the errors of windows rejected since the last step."""
+        """Decode the oldest pending window of up to `max_batch` requests (least playback
+        slack first: backends/stages/window_schedule.py) in one forward; also return the errors
+        of windows rejected since the last step."""
         results, self._errors = self._errors, []
         batch, windows = [], []
-        waiting = list(self._pending)[: self.max_batch]
-        for request in [self._pop_oldest(request_id) for request_id in waiting]:
+        for request in [self._pop_oldest(request_id) for request_id in self._schedule()]:
             window = self._prepare(request, results)
             if window is not None:
                 batch.append(request)
@@ -136,9 +145,13 @@ class Code2WavEngine:
         except Exception as exc:  # the forward is shared: every stream in it is suspect
             _LOG.exception("code2wav forward failed")
             return results + self._fail_batch(batch, exc)
+        now = self.clock()
         for request, audio in zip(batch, decoded):
             if request.last_chunk:
                 self._drop_state(request.request_id)
+            else:
+                seconds = audio.shape[-1] / self.token2wav.sample_rate
+                self._playout.setdefault(request.request_id, PlayoutClock()).sent(now, seconds)
             results.append(Code2WavResult(
                 request.request_id, request.chunk_seq, audio,
                 cache_epoch=request.cache_epoch, last_chunk=request.last_chunk,
@@ -170,7 +183,10 @@ class Code2WavEngine:
         self._drop_state(request_id)
 
     def _drop_state(self, request_id: str) -> None:
+        self._playout.pop(request_id, None)
         state = self._states.pop(request_id, None)
+        if state is not None:
+            self.token2wav.release_stream(state.stream)  # its cache pool slot, if any
         if state is not None and state.voice_key is not None:
             self.voices.release(state.voice_key)
 
@@ -231,12 +247,18 @@ class Code2WavEngine:
         seq.next_seq = request.chunk_seq + 1
         seq.is_closed = request.last_chunk
 
+    def _schedule(self) -> list[str]:
+        """The requests whose oldest window goes into this forward."""
+        no_audio = PlayoutClock()
+        candidates = [Candidate(request_id, queue[0][0],
+                                self._playout.get(request_id, no_audio).audio_end)
+                      for request_id, queue in self._pending.items()]
+        return pick(candidates, self.clock(), self.max_batch)
+
     def _pop_oldest(self, request_id: str) -> Code2WavRequest:
         queue = self._pending[request_id]
-        request = queue.popleft()
-        if queue:  # its next window waits behind the other requests (round robin)
-            self._pending.move_to_end(request_id)
-        else:
+        _, request = queue.popleft()
+        if not queue:
             del self._pending[request_id]
         return request
 

@@ -136,4 +136,9 @@ def build_code2wav_engine(params: dict[str, str], device_id: str = "0") -> Code2
     cache_size = int(params.get("voice_cache_size", str(DEFAULT_CAPACITY)))
     session_voices = params.get("session_voices", "on") == "on"
     max_batch = int(params.get("max_batch", str(DEFAULT_MAX_BATCH)))
-    return Code2WavService(Code2WavEngine(token2wav, voice, cache_size, session_voices, max_batch))
+    # Estimator caches in one pooled tensor, a slot per live stream, read in place by the DiT
+    # (no per-window packing copies). Streams are per session epoch and an epoch's stream lives
+    # until its STOP lands while the next epoch's may have started (barge-in): two per session.
+    pool_streams = 2 * setup.max_sessions
+    return Code2WavService(Code2WavEngine(
+        token2wav, voice, cache_size, session_voices, max_batch, cache_pool_streams=pool_streams))

@@ -226,7 +226,7 @@ def test_a_failed_forward_answers_and_releases_every_window(token2wav: Token2Wav
 
 def test_max_batch_caps_a_forward_and_serves_requests_round_robin(token2wav: Token2Wav, voice: Voice) -> None:
     """Memory of a forward grows with its windows: at most `max_batch` per step, and a request
-    with more windows waits behind the others instead of starving them."""
+    with more windows (audio already sent) waits behind first windows instead of starving them."""
     engine = Code2WavEngine(token2wav, voice, max_batch=2)
     for chunk_seq in range(3):
         engine.submit(_request(chunk_seq, request_id="a", last=chunk_seq == 2))
@@ -251,3 +251,23 @@ def test_session_voices_off_speaks_the_default_voice(token2wav: Token2Wav, voice
         audio[name] = np.concatenate([r.audio for step in _drain(engine) for r in step])
         assert engine.resource_counts()["voice_cache"] == 0  # nothing prepared
     np.testing.assert_array_equal(audio["ref"], audio["default"])
+
+
+def test_a_first_window_overtakes_a_stream_with_audio_queued(token2wav: Token2Wav, voice: Voice) -> None:
+    """Least playback slack first (backends/stages/window_schedule.py), on a fake clock: a
+    stream whose client still has seconds of audio waits while a new reply's first window
+    (nothing to play yet) is decoded, and a stream whose client ran dry goes first of all."""
+    now = [100.0]
+    engine = Code2WavEngine(token2wav, voice, max_batch=1, clock=lambda: now[0])
+    engine.submit(_request(0, codes=list(range(3 + 100)), request_id="long"))
+    (first,) = engine.step()
+    assert first.request_id == "long" and first.audio.size / token2wav.sample_rate > 3.0
+    engine.submit(_request(1, request_id="long"))
+    now[0] += 0.1
+    engine.submit(_request(0, request_id="new"))
+    assert [r.request_id for r in engine.step()] == ["new"]  # long has > 3 s queued
+    engine.submit(_request(1, request_id="new"))  # new's first second runs dry at ~101.1
+    now[0] = 102.0
+    engine.submit(_request(0, request_id="later"))
+    order = [r.request_id for _ in range(3) for r in engine.step()]
+    assert order == ["new", "later", "long"]

@@ -8,7 +8,8 @@ generator) at the row's estimator cache length, so windows continue one stream. 
 keeps its own DiT caches (`EstimatorCache`, step axis first).
 
 `solve` is the pure tensor part (fixed shapes for fixed batch and bucket: CUDA-graph safe);
-`forward_chunk` packs per-stream caches around it.
+`forward_chunk` packs per-stream caches around it; `solve_pooled` reads them in place from an
+`estimator_pool.EstimatorPool` instead.
 """
 
 from __future__ import annotations
@@ -47,6 +48,22 @@ class SolverInputs:
     cnn: torch.Tensor  # [steps, depth, 2 R, 2 hidden, 2] float32
     key_valid: torch.Tensor  # [2 R, T + L] bool over [window | cache]
     num_new: torch.Tensor  # [2 R] int64 valid window frames per DiT row
+
+
+@dataclass(frozen=True, slots=True)
+class PooledSolverInputs:
+    """`SolverInputs` whose caches stay in an `EstimatorPool` (passed to `solve_pooled`
+    beside these): DiT row r reads pool row `rows[r]` at slots `order[r]`."""
+
+    noise: torch.Tensor  # [R, 80, T]
+    mu: torch.Tensor  # [R, 80, T]
+    spks: torch.Tensor  # [R, 80]
+    cond: torch.Tensor  # [R, 80, T]
+    cnn: torch.Tensor  # [steps, depth, 2 R, 2 hidden, 2]
+    key_valid: torch.Tensor  # [2 R, T + L] bool over [window | order's slots]
+    num_new: torch.Tensor  # [2 R] int64
+    rows: torch.Tensor  # [2 R] int64 pool row per DiT row
+    order: torch.Tensor  # [2 R, L] int64 pool slots of each row's cache, newest frames first
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,17 +110,21 @@ class CausalConditionalCFM(nn.Module):
         outputs = self.solver(inputs)
         return outputs.mel, self.unpack(outputs, mel_frames, caches)
 
+    def start_noise(self, lengths: list[int], mel_frames: list[int], frames: int) -> torch.Tensor:
+        """[R, 80, frames]: each row's slice of the noise stream at its cache length."""
+        return right_pad([self._noise(offset, count) for offset, count in
+                          zip(lengths, mel_frames)], dim=1, length=frames)
+
     def pack(self, mu: torch.Tensor, mel_frames: list[int], spks: torch.Tensor,
              cond: torch.Tensor, caches: list[EstimatorCache]) -> SolverInputs:
         """Start noise at each row's offset (its cache length) and the padded caches."""
         lengths = [c.att.shape[4] for c in caches]
-        noise = right_pad([self._noise(offset, frames) for offset, frames in
-                           zip(lengths, mel_frames)], dim=1, length=mu.shape[2])
+        noise = self.start_noise(lengths, mel_frames, mu.shape[2])
         att = right_pad([c.att for c in caches], dim=4)  # [R, steps, depth, 2, H, L, 2 dk]
         cnn = torch.stack([c.cnn for c in caches])  # [R, steps, depth, 2, 2 hidden, 2]
         return SolverInputs(
             noise=noise, mu=mu, spks=spks, cond=cond,
-            att=_rows_last(att), cnn=_rows_last(cnn),
+            att=rows_last(att), cnn=rows_last(cnn),
             key_valid=window_first_mask(mel_frames * 2, mu.shape[2], lengths * 2,
                                         att.shape[5], mu.device),
             num_new=torch.tensor(mel_frames * 2, device=mu.device),
@@ -117,6 +138,15 @@ class CausalConditionalCFM(nn.Module):
 
     def solve(self, inputs: SolverInputs) -> SolverOutputs:
         """The Euler loop with classifier-free guidance (fixed shapes: graph-capturable)."""
+        return self._euler(inputs, inputs.att, None)
+
+    def solve_pooled(self, inputs: PooledSolverInputs, pool: torch.Tensor) -> SolverOutputs:
+        """`solve` reading the caches in place from `pool` [steps, depth, pool rows, H,
+        slots, 2 head_dim] (a fixed tensor: graph-capturable too)."""
+        return self._euler(inputs, pool, (inputs.rows, inputs.order))
+
+    def _euler(self, inputs: SolverInputs | PooledSolverInputs, att: torch.Tensor,
+               cache_index: tuple[torch.Tensor, torch.Tensor] | None) -> SolverOutputs:
         rate = self.config.inference_cfg_rate
         times, steps = self.step_times(inputs.mu.device)
         blocks, final = self.estimator.modulations(times)  # once for all steps
@@ -130,7 +160,7 @@ class CausalConditionalCFM(nn.Module):
             estimator_in = torch.cat([x_in, mu_in, spks_in.expand_as(x_in), cond_in], dim=1)
             velocity, cnn, kv = self.estimator.forward_modulated(
                 estimator_in, blocks[:, step : step + 1], final[step : step + 1],
-                inputs.cnn[step], inputs.att[step], inputs.key_valid, inputs.num_new,
+                inputs.cnn[step], att[step], inputs.key_valid, inputs.num_new, cache_index,
             )
             v_cond, v_uncond = velocity.chunk(2)
             x = x + steps[step] * ((1.0 + rate) * v_cond - rate * v_uncond)
@@ -167,7 +197,7 @@ class CausalConditionalCFM(nn.Module):
 _CONTEXT = 2  # the DiT's causal convs keep two frames
 
 
-def _rows_last(packed: torch.Tensor) -> torch.Tensor:
+def rows_last(packed: torch.Tensor) -> torch.Tensor:
     """[R, steps, depth, 2, ...] -> [steps, depth, 2 R, ...] (conditional rows first)."""
     moved = packed.movedim(0, 3)  # [steps, depth, 2, R, ...]
     return moved.reshape(*moved.shape[:2], moved.shape[2] * moved.shape[3], *moved.shape[4:])

@@ -122,6 +122,15 @@ def _last_two(conv_in: torch.Tensor, num_new: torch.Tensor) -> torch.Tensor:
     return conv_in.gather(2, index.expand(-1, conv_in.shape[1], -1))
 
 
+def gather_cache(pool: torch.Tensor, rows: torch.Tensor, order: torch.Tensor) -> torch.Tensor:
+    """pool: [pool rows, H, slots, 2 dk], rows: [R], order: [R, L] -> the dense cache
+    [R, H, L, 2 dk] whose row r is pool row rows[r] at slots order[r] (the torch path's copy
+    of what the fused kernel reads in place)."""
+    picked = pool.index_select(0, rows)
+    index = order[:, None, :, None].expand(-1, pool.shape[1], -1, pool.shape[3])
+    return picked.gather(2, index)
+
+
 class MLP(nn.Module):
     def __init__(self, hidden: int, inner: int) -> None:
         super().__init__()
@@ -239,18 +248,23 @@ class DiT(nn.Module):
         att_cache: torch.Tensor,  # [depth, R, H, L, 2 head_dim]
         key_valid: torch.Tensor,  # [R, T + L] bool
         num_new: torch.Tensor,  # [R] int64
+        cache_index: tuple[torch.Tensor, torch.Tensor] | None = None,  # pooled: rows, order
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """`forward_chunk` with the time conditioning already computed."""
+        """`forward_chunk` with the time conditioning already computed. With `cache_index`,
+        att_cache is a pool [depth, pool rows, H, slots, 2 head_dim] read through
+        (rows [R], order [R, L]) as `gather_cache` describes."""
         if self.uses_fused_kernels(inputs):
             from backends.models.token2wav.dit_fused import fused_forward  # imports Triton
 
             return fused_forward(self, inputs, blocks, final, cnn_cache, att_cache, key_valid,
-                                 num_new)
+                                 num_new, cache_index)
         x = self.in_proj(inputs.transpose(1, 2))
         new_cnn, new_kv = [], []
         for index, block in enumerate(self.blocks):
-            x, cnn, kv = block(x, blocks[index], cnn_cache[index], att_cache[index], key_valid,
-                               num_new)
+            cache = att_cache[index]
+            if cache_index is not None:
+                cache = gather_cache(cache, *cache_index)
+            x, cnn, kv = block(x, blocks[index], cnn_cache[index], cache, key_valid, num_new)
             new_cnn.append(cnn)
             new_kv.append(kv)
         velocity = self.final_layer(x, final).transpose(1, 2)

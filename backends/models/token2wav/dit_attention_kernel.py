@@ -73,13 +73,14 @@ def _window_keys(qkv_ptr, row0, offs, n_frames, k_w, k_b, dims, eps, qkv_stride,
 def _attention_kernel(
     qkv_ptr,  # [R T, 3 H D] q | k | v projection rows, frame-major per row
     q_w, q_b, k_w, k_b,  # [D] q and k LayerNorm affine
-    cache_ptr,  # [R, H, L, 2 D] cached keys | values
+    cache_ptr,  # [R, H, L, 2 D] cached keys | values (INDEXED: [pool rows, H, slots, 2 D])
+    rows_ptr, order_ptr,  # INDEXED: [R] pool row of each row, [R, L] its cache's slot positions
     valid_ptr,  # [R, T + L] uint8: 1 where a key of [window | cache] is real
     out_ptr,  # [R T, H D]
     kv_ptr,  # [R, H, T, 2 D] this window's keys | values (written)
     n_frames, n_cached, eps, sm_scale,
-    s_cache_r, s_cache_h, s_cache_l, s_valid_r, s_kv_r, s_kv_h, s_kv_t,
-    HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
+    s_cache_r, s_cache_h, s_cache_l, s_valid_r, s_kv_r, s_kv_h, s_kv_t, s_order_r,
+    INDEXED: tl.constexpr, HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr, IEEE: tl.constexpr, DOT_F32: tl.constexpr,
 ):
     INNER: tl.constexpr = HEADS * HEAD_DIM
@@ -109,11 +110,18 @@ def _attention_kernel(
         use = in_window & (tl.load(valid_row + offs_n, mask=in_window, other=0) != 0)
         m_i, l_i, acc = _softmax_step(q, k_new, v_new, use, m_i, l_i, acc, sm_scale, IEEE,
                                       DOT_F32)
-    cache_head = cache_ptr + r * s_cache_r + h * s_cache_h
+    cache_row = r
+    if INDEXED:
+        cache_row = tl.load(rows_ptr + r).to(tl.int64)
+    cache_head = cache_ptr + cache_row * s_cache_r + h * s_cache_h
     for start_c in range(0, n_cached, BLOCK_N):
         offs_c = start_c + tl.arange(0, BLOCK_N)
         in_cache = offs_c < n_cached
-        src = cache_head + offs_c[:, None] * s_cache_l + dims[None, :]
+        if INDEXED:  # the cache's frames in order, wherever they sit in the pooled row
+            pos = tl.load(order_ptr + r * s_order_r + offs_c, mask=in_cache, other=0).to(tl.int64)
+        else:
+            pos = offs_c
+        src = cache_head + pos[:, None] * s_cache_l + dims[None, :]
         k_old = tl.load(src, mask=in_cache[:, None], other=0.0).to(q.dtype)
         v_old = tl.load(src + HEAD_DIM, mask=in_cache[:, None], other=0.0).to(q.dtype)
         cached_ok = in_cache & (tl.load(valid_row + n_frames + offs_c, mask=in_cache, other=0) != 0)
@@ -129,6 +137,18 @@ def _block_m(programs: int, n_frames: int) -> int:
     return 16 if programs < 512 or n_frames <= 16 else 32
 
 
+def _cache_index(cache: torch.Tensor, index: tuple[torch.Tensor, torch.Tensor] | None,
+                 rows_b: int) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """-> (pool rows, slot order, cached keys per row); without an index the rows and order
+    pointers are unused placeholders."""
+    if index is None:
+        return cache, cache, cache.shape[2]
+    rows, order = index
+    if rows.shape != (rows_b,) or order.shape[0] != rows_b or order.stride(1) != 1:
+        raise ValueError(f"cache index {tuple(rows.shape)}, {tuple(order.shape)} for {rows_b} rows")
+    return rows, order, order.shape[1]
+
+
 def masked_attention(
     qkv: torch.Tensor,  # [R T, 3 H D] q | k | v rows
     q_norm: torch.nn.LayerNorm,  # over D
@@ -136,8 +156,11 @@ def masked_attention(
     cache: torch.Tensor,  # [R, H, L, 2 D] (last axis contiguous)
     key_valid: torch.Tensor,  # [R, T + L] bool over [window | cache]
     new_kv: torch.Tensor,  # [R, H, T, 2 D] written: this window's keys | values
+    index: tuple[torch.Tensor, torch.Tensor] | None = None,  # pooled cache: rows [R], order [R, L]
 ) -> torch.Tensor:
-    """-> attention output [R T, H D] (SDPA's default scale 1 / sqrt(D))."""
+    """-> attention output [R T, H D] (SDPA's default scale 1 / sqrt(D)). With `index`,
+    `cache` is a pool [rows, H, slots, 2 D] and row r's cache is its pool row rows[r] read at
+    slots order[r] (in that order; key_valid's cache part then covers order's columns)."""
     rows_b, heads, n_frames, two_d = new_kv.shape
     head_dim = two_d // 2
     if qkv.shape != (rows_b * n_frames, 3 * heads * head_dim) or qkv.stride(1) != 1:
@@ -149,11 +172,13 @@ def masked_attention(
     if q_norm.eps != k_norm.eps:
         raise ValueError(f"q and k norms differ in eps: {q_norm.eps} vs {k_norm.eps}")
     grid = (triton.cdiv(n_frames, block_m), rows_b * heads)
+    rows, order, n_cached = _cache_index(cache, index, rows_b)
     _attention_kernel[grid](
-        qkv, q_norm.weight, q_norm.bias, k_norm.weight, k_norm.bias, cache,
-        key_valid.view(torch.uint8), out, new_kv, n_frames, cache.shape[2], q_norm.eps,
+        qkv, q_norm.weight, q_norm.bias, k_norm.weight, k_norm.bias, cache, rows, order,
+        key_valid.view(torch.uint8), out, new_kv, n_frames, n_cached, q_norm.eps,
         1.0 / math.sqrt(head_dim), *cache.stride()[:3], key_valid.stride(0),
-        *new_kv.stride()[:3], HEADS=heads, HEAD_DIM=head_dim, BLOCK_M=block_m,
+        *new_kv.stride()[:3], order.stride(0), INDEXED=index is not None, HEADS=heads,
+        HEAD_DIM=head_dim, BLOCK_M=block_m,
         BLOCK_N=_BLOCK_N, IEEE=qkv.dtype == torch.float32, DOT_F32=not qkv.is_cuda, num_warps=4,
     )  # fmt: skip
     return out

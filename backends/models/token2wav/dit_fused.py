@@ -77,6 +77,7 @@ def fused_block(
     outputs: tuple[torch.Tensor, torch.Tensor],  # next cnn [R, 2C, 2], new kv [R, H, T, 2 dk]
     key_valid: torch.Tensor,  # [R, T + L] bool
     num_new: torch.Tensor,  # [R] int64
+    cache_index: tuple[torch.Tensor, torch.Tensor] | None = None,  # pooled att: rows, order
 ) -> tuple[torch.Tensor, Branch]:
     """-> (residual stream without this block's MLP branch, that branch)."""
     n_frames = outputs[1].shape[2]
@@ -84,7 +85,7 @@ def fused_block(
     attn = block.attn
     qkv = F.linear(h, *packed_qkv(attn))
     attended = attn.proj(masked_attention(qkv, attn.q_norm, attn.k_norm, caches[1], key_valid,
-                                          outputs[1]))
+                                          outputs[1], cache_index))
     conv_state = (caches[0], outputs[0], num_new)
     x, taps = residual_norm_taps(x, (attended, mod[:, _MSA + 2]), mod[:, _CONV],
                                  mod[:, _CONV + 1], block.norm3.eps, conv_state)
@@ -104,6 +105,7 @@ def fused_forward(
     att_cache: torch.Tensor,  # [depth, R, H, L, 2 head_dim]
     key_valid: torch.Tensor,  # [R, T + L] bool
     num_new: torch.Tensor,  # [R] int64
+    cache_index: tuple[torch.Tensor, torch.Tensor] | None = None,  # pooled att: rows, order
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Same contract as `DiT.forward_modulated`."""
     rows_b, _, n_frames = inputs.shape
@@ -115,7 +117,8 @@ def fused_forward(
     for index, block in enumerate(dit.blocks):
         x, pending = fused_block(block, x, pending, blocks[index],
                                  (cnn_cache[index], att_cache[index]),
-                                 (new_cnn[index], new_kv[index]), key_valid, num_new)
+                                 (new_cnn[index], new_kv[index]), key_valid, num_new,
+                                 cache_index)
     layer = dit.final_layer
     _, h = residual_norm(x, pending, final[:, 0], final[:, 1], n_frames, layer.norm_final.eps)
     velocity = layer.linear(h).view(rows_b, n_frames, -1).transpose(1, 2)

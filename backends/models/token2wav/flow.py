@@ -31,6 +31,17 @@ class FlowCache:
     estimator: EstimatorCache
 
 
+@dataclass(frozen=True, slots=True)
+class Encoded:
+    """One window after the encoder: what the CFM takes, and the grown encoder caches."""
+
+    mu: torch.Tensor  # [R, 80, T_max]
+    mel_frames: list[int]  # valid mel frames per row
+    spks: torch.Tensor  # [R, 80] projected speakers
+    cond: torch.Tensor  # [R, 80, T_max]
+    caches: list[EncoderCache]
+
+
 class CausalMaskedDiffWithXvec(nn.Module):
     def __init__(self, config: FlowConfig) -> None:
         super().__init__()
@@ -59,18 +70,33 @@ class CausalMaskedDiffWithXvec(nn.Module):
         prompt_mel: torch.Tensor | None = None,  # [R, N_max * 2, 80] cond, None -> zeros
     ) -> tuple[torch.Tensor, list[int], list[FlowCache]]:
         """-> (mel [R, 80, T_max] float32, valid mel frames per row, grown (unpruned) caches)."""
+        encoded = self.encode(codes, num_codes, last_chunk, speakers,
+                              [c.encoder for c in caches], prompt_mel)
+        mel, estimator_caches = self.decoder.forward_chunk(
+            encoded.mu, encoded.mel_frames, encoded.spks, encoded.cond,
+            [c.estimator for c in caches],
+        )
+        grown = [FlowCache(e, d) for e, d in zip(encoded.caches, estimator_caches)]
+        return mel, encoded.mel_frames, grown
+
+    def encode(
+        self,
+        codes: torch.Tensor,  # [R, N_max] int64
+        num_codes: list[int],
+        last_chunk: list[bool],
+        speakers: torch.Tensor,  # [R, spk_embed_dim] float32
+        caches: list[EncoderCache],
+        prompt_mel: torch.Tensor | None = None,  # [R, N_max * 2, 80] cond, None -> zeros
+    ) -> Encoded:
+        """The part of `inference_chunk` before the CFM: the CFM's inputs, grown encoder caches."""
         features, mel_frames, encoder_caches = self.encoder.forward_chunk(
-            self.input_embedding(codes), num_codes, last_chunk, [c.encoder for c in caches]
+            self.input_embedding(codes), num_codes, last_chunk, caches
         )
         mu = self.encoder_proj(features).transpose(1, 2)  # [R, 80, T_max]
         cond = torch.zeros_like(mu)
         if prompt_mel is not None:
             cond[:, :, : prompt_mel.shape[1]] = prompt_mel[:, : cond.shape[2]].transpose(1, 2)
-        mel, estimator_caches = self.decoder.forward_chunk(
-            mu, mel_frames, self.project_speaker(speakers), cond, [c.estimator for c in caches]
-        )
-        grown = [FlowCache(e, d) for e, d in zip(encoder_caches, estimator_caches)]
-        return mel, mel_frames, grown
+        return Encoded(mu, mel_frames, self.project_speaker(speakers), cond, encoder_caches)
 
     def setup_cache(
         self,

@@ -25,7 +25,12 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from backends.models.token2wav.cfm import CausalConditionalCFM, SolverInputs, SolverOutputs
+from backends.models.token2wav.cfm import (
+    CausalConditionalCFM,
+    PooledSolverInputs,
+    SolverInputs,
+    SolverOutputs,
+)
 from backends.models.token2wav.encoder import UpsampleConformerEncoderV2
 from backends.models.token2wav.encoder_packing import (
     EncoderInputs,
@@ -113,6 +118,25 @@ class SolverGraphs:
         return SolverOutputs(mel[:, :, :frames], new_kv[:, :, :, :, :frames], cnn)
 
 
+class PooledSolverGraphs:
+    """Replaces `EstimatorPool.solver` with bucketed graph replays; the pool's tensor is
+    read in place by every graph (captured by address, never copied), so a graph stays valid
+    as long as the pool does."""
+
+    def __init__(self, cfm: CausalConditionalCFM, pool: torch.Tensor, zero_position: int,
+                 max_graphs: int = DEFAULT_MAX_GRAPHS) -> None:
+        self.zero_position = zero_position
+        self.runner = GraphRunner(
+            lambda *flat: _fields(cfm.solve_pooled(PooledSolverInputs(*flat), pool)), max_graphs)
+
+    def __call__(self, inputs: PooledSolverInputs) -> SolverOutputs:
+        frames, cached = inputs.mu.shape[2], inputs.order.shape[1]
+        padded = pad_pooled_inputs(inputs, frame_bucket(frames), cache_bucket(cached),
+                                   self.zero_position)
+        mel, new_kv, cnn = self.runner(*_fields(padded))
+        return SolverOutputs(mel[:, :, :frames], new_kv[:, :, :, :, :frames], cnn)
+
+
 class EncoderGraphs:
     """Replaces `UpsampleConformerEncoderV2.run` with bucketed graph replays: code frames to
     half a `FRAME_BUCKETS` entry, caches to multiples of `CACHE_STEP` (mel rate) and half of
@@ -185,4 +209,25 @@ def pad_solver_inputs(inputs: SolverInputs, frames: int, cached: int) -> SolverI
         key_valid=torch.cat([F.pad(window_valid, (0, extra_frames)),
                              F.pad(cache_valid, (0, extra_cached))], dim=1),
         num_new=inputs.num_new,
+    )
+
+
+def pad_pooled_inputs(inputs: PooledSolverInputs, frames: int, cached: int,
+                      zero_position: int) -> PooledSolverInputs:
+    """`pad_solver_inputs` for pooled caches: the added cache entries read the pool's zero
+    position and are masked, as the dense path's zero slots."""
+    extra_frames = frames - inputs.mu.shape[2]
+    extra_cached = cached - inputs.order.shape[1]
+    if extra_frames == 0 and extra_cached == 0:
+        return inputs
+    window_valid, cache_valid = inputs.key_valid.split(
+        [inputs.mu.shape[2], inputs.order.shape[1]], 1)
+    return dataclasses.replace(
+        inputs,
+        noise=F.pad(inputs.noise, (0, extra_frames)),
+        mu=F.pad(inputs.mu, (0, extra_frames)),
+        cond=F.pad(inputs.cond, (0, extra_frames)),
+        key_valid=torch.cat([F.pad(window_valid, (0, extra_frames)),
+                             F.pad(cache_valid, (0, extra_cached))], dim=1),
+        order=F.pad(inputs.order, (0, extra_cached), value=zero_position),
     )

@@ -14,10 +14,11 @@ from dataclasses import dataclass
 
 import torch
 
+from backends.models.token2wav.estimator_pool import PoolSlot
 from backends.models.token2wav.flow import FlowCache
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, weakref_slot=True)  # weakref: a dropped stream gives its pool slot back
 class Token2WavStream:
     """Created by `Token2Wav.new_stream`, owned and keyed by the caller (one per request)."""
 
@@ -30,6 +31,8 @@ class Token2WavStream:
     speech_tail: torch.Tensor  # [<= overlap_samples] float32 held back for the cross-fade
     num_windows: int = 0
     is_finished: bool = False  # a final window ran; the stream takes no more windows
+    # with the cache pool on: where its DiT attention cache lives (flow_cache's is then empty)
+    cache_slot: PoolSlot | None = None
 
 
 def crossfade(speech: torch.Tensor, tail: torch.Tensor) -> torch.Tensor:

@@ -6,11 +6,14 @@ turn). `decode` runs one flow forward over every window given (a ragged batch: e
 its own caches and lengths), prunes each stream's caches, and runs the HiFT once per distinct
 input length (in steady state every stream feeds 58 frames, so that is one call). Rows never
 influence each other and each stream draws its source noise from its own generator, so
-batching N streams gives what N separate calls give.
+batching N streams gives what N separate calls give. With `enable_cache_pool` the streams'
+DiT attention caches stay in one pooled tensor (`estimator_pool`) instead of being packed,
+grown and cut by copies every window; the audio is the same.
 """
 
 from __future__ import annotations
 
+import weakref
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,12 +24,15 @@ from torch import nn
 
 from backends.audio.codec_windows import SILENCE_CODE
 from backends.models.token2wav.cache_pruning import prune_flow_cache
+from backends.models.token2wav.cfm import EstimatorCache
 from backends.models.token2wav.config import Token2WavConfig
+from backends.models.token2wav.estimator_pool import EstimatorPool
 from backends.models.token2wav.flow import CausalMaskedDiffWithXvec, FlowCache
 from backends.models.token2wav.graphs import (
     DEFAULT_MAX_GRAPHS,
     EncoderGraphs,
     HiFTGraphs,
+    PooledSolverGraphs,
     SolverGraphs,
 )
 from backends.models.token2wav.hift import HiFTGenerator
@@ -58,6 +64,8 @@ class Token2Wav(nn.Module):
         self.flow = CausalMaskedDiffWithXvec(config.flow)
         self.hift = HiFTGenerator(config.hift)
         self._hift_graphs: HiFTGraphs | None = None
+        self._max_graphs = 0  # of the pooled solve, set by enable_cuda_graphs
+        self._pool: EstimatorPool | None = None  # see enable_cache_pool
 
     def enable_cuda_graphs(self, max_graphs: int = DEFAULT_MAX_GRAPHS, encoder: bool = True) -> None:
         """Replay the conformer encoder (unless `encoder` is False), the CFM solve and the HiFT
@@ -67,11 +75,52 @@ class Token2Wav(nn.Module):
         flow.encoder.runner = EncoderGraphs(flow.encoder, max_graphs) if encoder else flow.encoder.run
         flow.decoder.solver = SolverGraphs(flow.decoder, max_graphs)
         self._hift_graphs = HiFTGraphs(self.hift, max_graphs)
+        self._max_graphs = max_graphs
+        self._set_pool_solver()
 
     def disable_cuda_graphs(self) -> None:
         self.flow.encoder.runner = self.flow.encoder.run
         self.flow.decoder.solver = self.flow.decoder.solve
         self._hift_graphs = None
+        self._max_graphs = 0
+        self._set_pool_solver()
+
+    def enable_cache_pool(self, max_streams: int, capacity: int | None = None) -> None:
+        """Keep the DiT attention caches of up to `max_streams` live streams in one pooled
+        tensor (`estimator_pool`: no per-window packing, growing or cutting copies). Streams
+        made afterwards take a slot each (`new_stream` raises CachePoolFullError when none is
+        free) until they finish, are released (`release_stream`) or are dropped. capacity:
+        cache frames per stream, default the configured prompt + cache_keep_frames. Call it
+        after moving the model and setting its flow dtype; streams made before it stay
+        unusable (decode rejects them)."""
+        config = self.config
+        if capacity is None:
+            capacity = round(config.prompt_seconds * self.sample_rate / config.hift.hop_samples)
+            capacity += config.cache_keep_frames
+        self._pool = EstimatorPool(self.flow.decoder, max_streams, capacity,
+                                   config.cache_keep_frames)
+        self._set_pool_solver()
+
+    def disable_cache_pool(self) -> None:
+        """Back to per-stream caches (streams holding slots are rejected from now on)."""
+        self._pool = None
+
+    def _set_pool_solver(self) -> None:
+        pool, cfm = self._pool, self.flow.decoder
+        if pool is not None and self._max_graphs:
+            pool.solver = PooledSolverGraphs(cfm, pool.att, pool.zero_position, self._max_graphs)
+        elif pool is not None:
+            pool.solver = lambda inputs: cfm.solve_pooled(inputs, pool.att)
+
+    @property
+    def cache_pool(self) -> EstimatorPool | None:
+        return self._pool
+
+    def release_stream(self, stream: Token2WavStream) -> None:
+        """Give the stream's pooled cache slot back (idempotent; a no-op without the pool).
+        The stream takes no more windows."""
+        if stream.cache_slot is not None and self._pool is not None:
+            self._pool.release(stream.cache_slot)
 
     def set_fused_kernels(self, enabled: bool | None = None) -> None:
         """The DiT's fused Triton kernels (`dit_fused`): None (the default) uses them on CUDA
@@ -121,7 +170,7 @@ class Token2Wav(nn.Module):
         """A stream from `voice`'s caches; `seed` fixes its source-noise sequence."""
         device = self.device
         generator = torch.Generator(device=device).manual_seed(seed)
-        return Token2WavStream(
+        stream = Token2WavStream(
             speaker=voice.prompt.speaker.to(device),
             prompt_frames=voice.prompt.num_mel_frames,
             flow_cache=voice.cache,
@@ -130,6 +179,13 @@ class Token2Wav(nn.Module):
             source_cache=torch.zeros(0, device=device),
             speech_tail=torch.zeros(0, device=device),
         )
+        if self._pool is not None:
+            att = voice.cache.estimator.att
+            stream.cache_slot = self._pool.acquire(att, stream.prompt_frames)
+            stream.flow_cache = FlowCache(voice.cache.encoder, EstimatorCache(
+                att[:, :, :, :, :0], voice.cache.estimator.cnn))
+            weakref.finalize(stream, self._pool.release, stream.cache_slot)
+        return stream
 
     @torch.inference_mode()
     def decode(self, windows: list[StreamWindow]) -> list[np.ndarray]:
@@ -140,6 +196,9 @@ class Token2Wav(nn.Module):
         coded = [i for i, w in enumerate(windows) if len(w.codes)]
         decoded = self._decode_coded([windows[i] for i in coded]) if coded else []
         audio = dict(zip(coded, decoded))
+        for window in windows:
+            if window.last_chunk:
+                self.release_stream(window.stream)
         return [
             (audio[i] if i in audio else flush(w.stream)).float().cpu().numpy()
             for i, w in enumerate(windows)
@@ -153,6 +212,10 @@ class Token2Wav(nn.Module):
         for window in windows:
             if window.stream.is_finished:
                 raise ValueError("stream already finished by a final window")
+            if (window.stream.cache_slot is not None or self._pool is not None) and not (
+                    self._pool is not None and self._pool.owns(window.stream.cache_slot)):
+                raise ValueError("stream has no live slot in this model's cache pool "
+                                 "(released, or made before enable_cache_pool)")
             if not window.last_chunk and len(window.codes) <= lookahead:
                 raise ValueError(
                     f"chunk_below_lookahead_window: a non-final window needs more than "
@@ -198,14 +261,29 @@ class Token2Wav(nn.Module):
         codes = torch.zeros(len(windows), max(num_codes), dtype=torch.int64)
         for b, window in enumerate(windows):
             codes[b, : num_codes[b]] = torch.from_numpy(window.codes.astype(np.int64))
-        mel, mel_frames, caches = self.flow.inference_chunk(
-            codes.to(self.device),
-            num_codes,
-            [w.last_chunk for w in windows],
-            torch.stack([w.stream.speaker for w in windows]),
-            [w.stream.flow_cache for w in windows],
-        )
+        args = (codes.to(self.device), num_codes, [w.last_chunk for w in windows],
+                torch.stack([w.stream.speaker for w in windows]))
+        if self._pool is None:
+            mel, mel_frames, caches = self.flow.inference_chunk(
+                *args, [w.stream.flow_cache for w in windows])
+        else:
+            mel, mel_frames, caches = self._run_pooled_flow(windows, *args)
         keep = self.config.cache_keep_frames
         for window, cache in zip(windows, caches):
             window.stream.flow_cache = prune_flow_cache(cache, window.stream.prompt_frames, keep)
         return mel, mel_frames
+
+    def _run_pooled_flow(self, windows: list[StreamWindow], codes: torch.Tensor,
+                         num_codes: list[int], last_chunk: list[bool], speakers: torch.Tensor,
+                         ) -> tuple[torch.Tensor, list[int], list[FlowCache]]:
+        """`flow.inference_chunk` with the DiT caches in the pool (already cut there)."""
+        assert self._pool is not None
+        args = (codes, num_codes, last_chunk, speakers)
+        flow_caches = [w.stream.flow_cache for w in windows]
+        encoded = self.flow.encode(*args, [c.encoder for c in flow_caches])
+        mel, cnn = self._pool.forward_chunk(
+            self.flow.decoder, encoded.mu, encoded.mel_frames, encoded.spks, encoded.cond,
+            [w.stream.cache_slot for w in windows], [c.estimator.cnn for c in flow_caches])
+        caches = [FlowCache(encoder, EstimatorCache(old.estimator.att, new_cnn))
+                  for encoder, old, new_cnn in zip(encoded.caches, flow_caches, cnn)]
+        return mel, encoded.mel_frames, caches

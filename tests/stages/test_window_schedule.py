@@ -1,0 +1,48 @@
+"""Least-slack-first choice of Code2Wav windows (backends/stages/window_schedule.py)."""
+
+from __future__ import annotations
+
+from backends.stages.window_schedule import LEAD_S, Candidate, PlayoutClock, pick
+
+NEVER = float("-inf")
+
+
+def test_playout_clock_queues_audio_and_restarts_after_running_dry() -> None:
+    clock = PlayoutClock()
+    clock.sent(10.0, 1.0)
+    clock.sent(10.2, 1.0)  # queued behind the first second
+    assert clock.audio_end == 12.0
+    clock.sent(15.0, 0.5)  # the client ran dry at 12: plays at once
+    assert clock.audio_end == 15.5
+
+
+def test_a_first_window_goes_before_streams_with_audio_queued() -> None:
+    now = 100.0
+    queued = [Candidate(f"busy{i}", waiting_since=99.0, audio_end=101.5 + i) for i in range(3)]
+    first = Candidate("new", waiting_since=99.95, audio_end=NEVER)
+    assert pick(queued + [first], now, max_batch=2) == ["new", "busy0"]
+
+
+def test_streams_with_nothing_to_play_go_longest_waiting_first() -> None:
+    now = 50.0
+    dry = [Candidate("a", 49.9, NEVER), Candidate("b", 49.5, 48.3), Candidate("c", 49.7, NEVER)]
+    # b's audio was due before its window arrived: it has waited since 49.5, not since 47.8
+    assert pick(dry, now, max_batch=3) == ["b", "c", "a"]
+
+
+def test_queued_audio_grows_urgent_so_no_stream_starves() -> None:
+    busy = Candidate("busy", waiting_since=0.0, audio_end=2.0)  # 2 s of audio at the client
+    served_at = None
+    for tick in range(40):  # a new first window arrives every 0.1 s and waits its turn
+        now = 0.1 * tick
+        fresh = Candidate(f"new{tick}", waiting_since=now, audio_end=NEVER)
+        if pick([busy, fresh], now, max_batch=1) == ["busy"]:
+            served_at = now
+            break
+    assert served_at is not None and served_at <= 2.0 - LEAD_S  # due before the client runs dry
+
+
+def test_at_most_max_batch() -> None:
+    many = [Candidate(str(i), float(i), NEVER) for i in range(10)]
+    assert pick(many, 20.0, max_batch=8) == [str(i) for i in range(8)]
+    assert pick([], 0.0, max_batch=8) == []
