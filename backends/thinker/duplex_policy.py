@@ -254,7 +254,7 @@ class DuplexPolicy:
 
     def _mask(self, logits: torch.Tensor, id_set: str) -> None:
         """-inf on the ids of `id_set` ("chunk_eos_ids", "special_ids" or "bad_ids")."""
-        logits.masked_fill_(self.ids.mask(id_set, logits.shape[0], logits.device), float("-inf"))
+        self.ids.fill(logits, id_set)
 
     def _reaches_char_limit(self, candidate: int) -> bool:
         """Rule 6: the unit's text since the last turn_eos plus a non-special candidate."""

@@ -4,6 +4,8 @@ The sets depend on the tokenizer and the special tokens only, so one `PolicyIds`
 serves all sessions. Its [vocab] bool masks are built once per (set, vocab, device): with the
 full-size vocabulary and a small tokenizer (the `full-random` profile) the bad ids are ~150k,
 and building their mask per session put ~30 ms into every session's first text token.
+`fill` writes -inf on a set as a few slice fills where its ids form few runs (the bad ids are
+one range plus tts_pad): ~0.03 ms per token on a 152k row instead of ~0.14 for a masked fill.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ if TYPE_CHECKING:
     from backends.checkpoint.tokenizer import SpecialTokens
 
 ID_SETS = ("chunk_eos_ids", "special_ids", "bad_ids")
+MAX_RUNS = 64  # beyond this many runs of consecutive ids a set is filled through its mask
 
 
 class PolicyIds:
@@ -27,6 +30,16 @@ class PolicyIds:
         self.bad_ids = tuple(sorted(set(bad_token_ids) | {special.tts_pad}))
         self.chunk_eos_ids = (special.chunk_eos,)
         self._masks: dict[tuple[str, int, torch.device], torch.Tensor] = {}
+        self._runs = {name: _runs(getattr(self, name)) for name in ID_SETS}
+
+    def fill(self, logits: torch.Tensor, id_set: str) -> None:
+        """-inf in place on the ids of `id_set` below len(logits) ([vocab] float32)."""
+        runs = self._runs.get(id_set)
+        if runs is None or len(runs) > MAX_RUNS:
+            logits.masked_fill_(self.mask(id_set, logits.shape[0], logits.device), float("-inf"))
+            return
+        for start, stop in runs:
+            logits[start:stop] = float("-inf")  # slices past the end are empty
 
     def mask(self, id_set: str, vocab: int, device: torch.device) -> torch.Tensor:
         """[vocab] bool, True on the ids of `id_set` (one of ID_SETS) below `vocab`."""
@@ -40,6 +53,17 @@ class PolicyIds:
             mask[torch.tensor(ids, dtype=torch.int64, device=device)] = True
             self._masks[key] = mask
         return mask
+
+
+def _runs(ids: Iterable[int]) -> list[tuple[int, int]]:
+    """Sorted non-negative ids as [start, stop) runs of consecutive ids."""
+    runs: list[tuple[int, int]] = []
+    for token in sorted(set(t for t in ids if t >= 0)):
+        if runs and runs[-1][1] == token:
+            runs[-1] = (runs[-1][0], token + 1)
+        else:
+            runs.append((token, token + 1))
+    return runs
 
 
 def special_token_ids(special: SpecialTokens) -> frozenset[int]:

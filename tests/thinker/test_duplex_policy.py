@@ -192,6 +192,17 @@ def test_sessions_share_the_engines_id_masks(tokenizer, special) -> None:
         ids.mask("every_id", VOCAB, torch.device("cpu"))
 
 
+@pytest.mark.parametrize("bad", [BAD_IDS, range(0, VOCAB, 7), [], [3, 4, 5, 900, VOCAB + 5]])
+def test_fill_equals_the_masked_fill(special, bad) -> None:
+    """Runs of slice fills or the mask (sets of many runs): the same -inf positions."""
+    ids = PolicyIds(special, bad)
+    for id_set in ("chunk_eos_ids", "special_ids", "bad_ids"):
+        row = torch.randn(VOCAB)
+        want = row.masked_fill(ids.mask(id_set, VOCAB, torch.device("cpu")), float("-inf"))
+        ids.fill(row, id_set)
+        assert torch.equal(row, want), id_set
+
+
 def test_repetition_penalty_applies_to_recent_distinct_tokens(tokenizer, special) -> None:
     policy = _policy(tokenizer, special, temperature=0.0, max_chars_per_unit=10_000)
     first, second = _text_ids(tokenizer, " the and")[:2]
