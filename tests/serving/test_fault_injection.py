@@ -27,9 +27,13 @@ class _Vocoder:
     """Duck-typed Token2Wav: a stream per request, fixed audio per decoded window."""
 
     config = SimpleNamespace(flow=SimpleNamespace(encoder=SimpleNamespace(pre_lookahead_len=3), vocab_size=6561))
+    sample_rate = 24000
 
     def new_stream(self, *args: object, **kwargs: object) -> object:
         return object()
+
+    def release_stream(self, stream: object) -> None:
+        pass
 
     def decode(self, windows: list) -> list[np.ndarray]:
         return [np.ones(SAMPLES_PER_WINDOW, np.float32) for _ in windows]
