@@ -119,7 +119,11 @@ class StreamingAudioEncoder:
         if unit.shape[0] != self.unit_samples:
             raise ValueError(f"a unit is {self.unit_samples} samples, got {unit.shape[0]}")
         prefix = self._mel.prefix_extra_frames
-        return self._mel.push_unit(unit).to(self._model.apm.conv1.weight.device), prefix
+        chunk = self._mel.push_unit(unit)
+        device = self._model.apm.conv1.weight.device
+        if device.type == "cuda":  # pinned: queued without waiting for the GPU's work in flight
+            return chunk.pin_memory().to(device, non_blocking=True), prefix
+        return chunk.to(device), prefix
 
     @torch.inference_mode()
     def encode_chunk(self, mel: torch.Tensor, prefix_extra_frames: int) -> torch.Tensor:

@@ -20,7 +20,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
+import numpy as np
 import torch
+
+from backends.runner.host_staging import to_device
 
 if TYPE_CHECKING:
     from backends.checkpoint.tokenizer import SpecialTokens
@@ -92,7 +95,8 @@ class AppendRows:
         parts = []
         for segment in self.segments:
             if segment.embeds is None:
-                ids = torch.tensor(segment.token_ids, dtype=torch.int64, device=device)
+                # queued without a host wait (a blocking copy waits for the step in flight)
+                ids = to_device(np.asarray(segment.token_ids, dtype=np.int64), device)
                 parts.append(embed_tokens(ids).to(dtype))
             else:
                 parts.append(segment.embeds.to(device=device, dtype=dtype))
