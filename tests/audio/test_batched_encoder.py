@@ -24,8 +24,8 @@ from backends.audio.batched_encoder import encode_units_batched
 from backends.audio.encoder_model import AudioEncoderModel
 from backends.audio.streaming_encoder import StreamingAudioEncoder
 from backends.models.whisper_encoder import WhisperEncoderConfig
+from encoder_twins import assert_same_cache, make_twins, random_units
 
-UNIT = 16000
 SMALL_TABLE = WhisperEncoderConfig(d_model=64, encoder_layers=2, encoder_attention_heads=4,
                                    encoder_ffn_dim=256, num_mel_bins=80, max_source_positions=200)
 # Batched matmuls and the masked (padded) attention sum in another order than batch 1.
@@ -41,31 +41,14 @@ def small_table_model() -> AudioEncoderModel:
         return AudioEncoderModel.from_config(SMALL_TABLE, 48)
 
 
-def _units(count: int, seed: int) -> list[np.ndarray]:
-    rng = np.random.default_rng(seed)
-    return [(0.1 * rng.standard_normal(UNIT)).astype(np.float32) for _ in range(count)]
-
-
 def _twins(model: AudioEncoderModel, ages: list[int]):
     """Per session: (serial twin, batched twin, its audio), both twins already `age` units in."""
-    twins = []
-    for index, age in enumerate(ages):
-        audio = _units(age + STEPS, seed=100 + index)
-        serial, batched = StreamingAudioEncoder(model), StreamingAudioEncoder(model)
-        for unit in audio[:age]:
-            serial.encode_unit(unit)
-            batched.encode_unit(unit)
-        twins.append((serial, batched, audio[age:]))
-    return twins
+    return make_twins(lambda: (StreamingAudioEncoder(model), StreamingAudioEncoder(model)),
+                      ages, STEPS, seed=100)
 
 
 def _assert_same_cache(got: StreamingAudioEncoder, want: StreamingAudioEncoder) -> None:
-    assert got.cache_length == want.cache_length and got.num_units == want.num_units
-    length = want.cache_length
-    for name in ("keys", "values"):
-        torch.testing.assert_close(getattr(got._cache, name)[:, :, :length],
-                                   getattr(want._cache, name)[:, :, :length],
-                                   rtol=RTOL, atol=ATOL)
+    assert_same_cache(got, want, RTOL, ATOL)
 
 
 def _run_step(twins, step: int, min_batch: int = 2) -> None:
@@ -155,7 +138,7 @@ def test_a_failing_batched_forward_falls_back_to_serial(
 
 def test_sessions_must_be_distinct(small_table_model: AudioEncoderModel) -> None:
     encoder = StreamingAudioEncoder(small_table_model)
-    unit = _units(1, seed=0)[0]
+    unit = random_units(1, seed=0)[0]
     with pytest.raises(ValueError, match="distinct"):
         encode_units_batched([encoder, encoder], [unit, unit])
 

@@ -10,7 +10,6 @@ the plain twin's.
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 import torch
 
@@ -20,8 +19,8 @@ from backends.audio.encoder_graphs import ChunkEncoderGraphs
 from backends.audio.encoder_model import AudioEncoderModel
 from backends.audio.streaming_encoder import StreamingAudioConfig, StreamingAudioEncoder
 from backends.models.whisper_encoder import WhisperEncoderConfig
+from encoder_twins import assert_same_cache, make_twins
 
-UNIT = 16000
 SMALL_TABLE = WhisperEncoderConfig(d_model=64, encoder_layers=2, encoder_attention_heads=4,
                                    encoder_ffn_dim=256, num_mel_bins=80, max_source_positions=200)
 RTOL, ATOL = 1e-5, 1e-5  # masked full-table attention sums in another order
@@ -35,31 +34,17 @@ def _model(device: str) -> AudioEncoderModel:
         return AudioEncoderModel.from_config(SMALL_TABLE, 48, device=device)
 
 
-def _units(count: int, seed: int) -> list[np.ndarray]:
-    rng = np.random.default_rng(seed)
-    return [(0.1 * rng.standard_normal(UNIT)).astype(np.float32) for _ in range(count)]
-
-
 def _twins(model: AudioEncoderModel, graphs: ChunkEncoderGraphs, ages: list[int], steps: int):
-    twins = []
-    for index, age in enumerate(ages):
-        audio = _units(age + steps, seed=50 + index)
+    def make() -> tuple[StreamingAudioEncoder, StreamingAudioEncoder]:
         plain, graphed = StreamingAudioEncoder(model), StreamingAudioEncoder(model, graphs=graphs)
         assert graphed.graphs is graphs and plain.graphs is None
-        for unit in audio[:age]:
-            plain.encode_unit(unit)
-            graphed.encode_unit(unit)
-        twins.append((plain, graphed, audio[age:]))
-    return twins
+        return plain, graphed
+
+    return make_twins(make, ages, steps, seed=50)
 
 
 def _assert_same(got: StreamingAudioEncoder, want: StreamingAudioEncoder) -> None:
-    assert got.cache_length == want.cache_length and got.num_units == want.num_units
-    length = want.cache_length
-    for name in ("keys", "values"):
-        torch.testing.assert_close(getattr(got._cache, name)[:, :, :length],
-                                   getattr(want._cache, name)[:, :, :length],
-                                   rtol=RTOL, atol=ATOL)
+    assert_same_cache(got, want, RTOL, ATOL)
 
 
 @pytest.mark.parametrize("device", DEVICES)

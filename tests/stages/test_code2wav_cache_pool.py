@@ -9,10 +9,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import torch
 
-from backends.models.token2wav import Token2Wav, Token2WavConfig, Voice, VoicePrompt
-from backends.models.token2wav.assets import random_token2wav
+from backends.models.token2wav import Token2Wav, Token2WavConfig, Voice
+from backends.models.token2wav.assets import random_token2wav, random_voice_prompt
 from backends.stages.code2wav_engine import ERROR_INTERNAL, Code2WavEngine
 from backends.stages.contracts import ACTION_STOP, Code2WavRequest
 
@@ -22,11 +21,7 @@ def _model() -> Token2Wav:
 
 
 def _voice(model: Token2Wav) -> Voice:
-    generator = torch.Generator().manual_seed(0)
-    prompt = VoicePrompt(torch.randint(0, 6561, (50,), generator=generator),
-                         torch.randn(100, 80, generator=generator) - 4,
-                         torch.randn(192, generator=generator))
-    return model.prepare_voice(prompt)
+    return model.prepare_voice(random_voice_prompt(0))
 
 
 @pytest.fixture

@@ -12,11 +12,10 @@ import dataclasses
 
 import numpy as np
 import pytest
-import torch
 
 from backends.audio.codec_windows import CodecWindow, CodecWindowBridge
-from backends.models.token2wav import StreamWindow, Token2Wav, Token2WavConfig, Voice, VoicePrompt
-from backends.models.token2wav.assets import random_token2wav
+from backends.models.token2wav import StreamWindow, Token2Wav, Token2WavConfig, Voice
+from backends.models.token2wav.assets import random_token2wav, random_voice_prompt
 from backends.stages.code2wav_engine import (
     ERROR_AFTER_LAST,
     ERROR_BELOW_LOOKAHEAD,
@@ -46,11 +45,7 @@ def token2wav() -> Token2Wav:
 @pytest.fixture(scope="module")
 def voice(token2wav: Token2Wav) -> Voice:
     """A random 2 s voice prompt (50 codes, 100 mel frames), prepared once."""
-    generator = torch.Generator().manual_seed(0)
-    prompt = VoicePrompt(torch.randint(0, 6561, (50,), generator=generator),
-                         torch.randn(100, 80, generator=generator) - 4,
-                         torch.randn(192, generator=generator))
-    return token2wav.prepare_voice(prompt)
+    return token2wav.prepare_voice(random_voice_prompt(0))
 
 
 def _windows(seed: int, num_frames: int, unit_end: int | None = None) -> list[CodecWindow]:

@@ -29,6 +29,7 @@ from backends.models.token2wav.config import (
     Token2WavConfig,
 )
 from backends.models.token2wav.token2wav import Token2Wav
+from backends.models.token2wav.voice import VoicePrompt
 from backends.models.weight_norm import fold_weight_norm_keys, split_weight_norm
 
 ASSET_SUBDIR = Path("assets") / "token2wav"
@@ -87,6 +88,15 @@ def random_token2wav(config: Token2WavConfig, seed: int) -> Token2Wav:
         _init_dit(model.flow.decoder.estimator)
         _init_hift(model.hift)
     return model.eval()
+
+
+def random_voice_prompt(seed: int, num_codes: int = 50, mel_offset: float = -4.0) -> VoicePrompt:
+    """A seeded random voice prompt (tests, benchmarks): `num_codes` codec ids, twice as many
+    80-bin log-mel frames around `mel_offset`, a 192-d speaker embedding."""
+    generator = torch.Generator().manual_seed(seed)
+    return VoicePrompt(torch.randint(0, 6561, (num_codes,), generator=generator),
+                       torch.randn(2 * num_codes, 80, generator=generator) + mel_offset,
+                       torch.randn(192, generator=generator))
 
 
 @torch.no_grad()

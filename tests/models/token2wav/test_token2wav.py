@@ -26,7 +26,7 @@ import torch
 
 from backends.audio.codec_windows import SILENCE_CODE, CodecWindow, CodecWindowBridge
 from backends.models.token2wav import StreamWindow, Token2Wav, Token2WavConfig, Voice, VoicePrompt
-from backends.models.token2wav.assets import random_token2wav
+from backends.models.token2wav.assets import random_token2wav, random_voice_prompt
 from stepaudio2_reference import reference_noise
 
 SAMPLES_PER_CODE = 960  # 2 mel frames x 480 samples at 24 kHz
@@ -78,10 +78,7 @@ def _codes(seed: int, count: int) -> list[int]:
 def test_stream_equals_reference_token2wav_stream(pair, monkeypatch: pytest.MonkeyPatch) -> None:
     """40-code prompt (P = 80: both cache cuts fire from the third window), 5 steady windows
     and a final one."""
-    generator = torch.Generator().manual_seed(5)
-    prompt = VoicePrompt(torch.randint(0, 6561, (40,), generator=generator),
-                         torch.randn(80, 80, generator=generator) - 4,
-                         torch.randn(192, generator=generator))
+    prompt = random_voice_prompt(5, num_codes=40)
     windows = _windows(_codes(6, 130))
     stream = pair.ours.new_stream(pair.ours.prepare_voice(prompt))
     reference = _ReferenceStream(pair, prompt)
@@ -271,9 +268,7 @@ def test_bfloat16_flow_stays_close_to_float32() -> None:
     """The reference's `float16=True` counterpart: flow weights, caches and noise in bfloat16,
     the HiFT in float32. bfloat16 keeps 8 mantissa bits: measured 0.65% relative error on the
     mel of a first window; a dtype slip (a float32 cache concatenated, a wrong cast) raises."""
-    generator = torch.Generator().manual_seed(0)
-    prompt = VoicePrompt(torch.randint(0, 6561, (50,), generator=generator),
-                         torch.randn(100, 80, generator=generator) - 4, torch.randn(192, generator=generator))
+    prompt = random_voice_prompt(0)
     codes = np.random.default_rng(0).integers(0, 6561, 28).astype(np.int32)
     mels = []
     for dtype in (torch.float32, torch.bfloat16):

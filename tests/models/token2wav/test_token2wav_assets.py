@@ -21,11 +21,10 @@ from backends.models.token2wav import (
     StreamWindow,
     Token2Wav,
     Token2WavConfig,
-    VoicePrompt,
     load_token2wav,
     write_token2wav_assets,
 )
-from backends.models.token2wav.assets import random_token2wav, read_flow_yaml, weight_normed_state
+from backends.models.token2wav.assets import random_token2wav, random_voice_prompt, read_flow_yaml, weight_normed_state
 from stepaudio2_reference import build_full_size_reference, load_reference, missing_reason
 from backends.models.token2wav.config import CFMConfig, EncoderConfig, HiFTConfig
 
@@ -78,9 +77,7 @@ def test_layout(assets: Path) -> None:
 
 def test_loaded_model_decodes_like_the_written_one(assets: Path) -> None:
     loaded, original = load_token2wav(assets), random_token2wav(Token2WavConfig.tiny(), seed=3)
-    generator = torch.Generator().manual_seed(0)
-    prompt = VoicePrompt(torch.randint(0, 6561, (20,), generator=generator),
-                         torch.randn(40, 80, generator=generator), torch.randn(192, generator=generator))
+    prompt = random_voice_prompt(0, num_codes=20, mel_offset=0.0)
     codes = np.random.default_rng(0).integers(0, 6561, 28).astype(np.int32)
     audio = []
     for model in (loaded, original):

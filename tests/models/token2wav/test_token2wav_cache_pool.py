@@ -18,8 +18,8 @@ import numpy as np
 import pytest
 import torch
 
-from backends.models.token2wav import StreamWindow, Token2Wav, Token2WavConfig, Voice, VoicePrompt
-from backends.models.token2wav.assets import random_token2wav
+from backends.models.token2wav import StreamWindow, Token2Wav, Token2WavConfig, Voice
+from backends.models.token2wav.assets import random_token2wav, random_voice_prompt
 from backends.models.token2wav.cache_pruning import cut
 from backends.models.token2wav.dit import gather_cache
 from backends.models.token2wav.estimator_pool import CachePoolFullError, PoolSlot
@@ -36,11 +36,7 @@ def _model(pool_streams: int) -> Token2Wav:
 
 
 def _voice(model: Token2Wav) -> Voice:
-    generator = torch.Generator().manual_seed(0)
-    prompt = VoicePrompt(torch.randint(0, 6561, (50,), generator=generator),
-                         torch.randn(100, 80, generator=generator) - 4,
-                         torch.randn(192, generator=generator))
-    return model.prepare_voice(prompt)
+    return model.prepare_voice(random_voice_prompt(0))
 
 
 def _plan(num_streams: int, num_windows: int) -> list[list[tuple[int, np.ndarray, bool]]]:

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 import torch
 
-from backends.models.token2wav import StreamWindow, Token2Wav, Token2WavConfig, Voice, VoicePrompt
-from backends.models.token2wav.assets import random_token2wav
+from backends.models.token2wav import StreamWindow, Token2Wav, Token2WavConfig, Voice
+from backends.models.token2wav.assets import random_token2wav, random_voice_prompt
 from backends.models.token2wav.encoder_packing import pack_encoder_inputs, pad_encoder_inputs
 from backends.models.token2wav.graphs import (
     GraphRunner,
@@ -100,10 +100,7 @@ def test_enabling_graphs_on_cpu_changes_nothing(voice: Voice) -> None:
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_graphed_decoding_equals_eager_on_cuda() -> None:
     model = random_token2wav(Token2WavConfig.tiny(), seed=0).cuda()
-    generator = torch.Generator().manual_seed(1)
-    prompt = VoicePrompt(torch.randint(0, 6561, (50,), generator=generator),
-                         torch.randn(100, 80, generator=generator) - 4, torch.randn(192, generator=generator))
-    voice = model.prepare_voice(prompt)
+    voice = model.prepare_voice(random_voice_prompt(1))
     eager = _decode_twice(model, voice)
     model.enable_cuda_graphs()
     for _ in range(2):  # capture, then replay the same graphs
@@ -123,10 +120,7 @@ def _eager_unfused(model: Token2Wav, voice: Voice) -> list[np.ndarray]:
 def _gpu_model_and_voice(dtype: torch.dtype) -> tuple[Token2Wav, Voice]:
     model = random_token2wav(Token2WavConfig.tiny(), seed=0).cuda()
     model.set_flow_dtype(dtype)
-    generator = torch.Generator().manual_seed(1)
-    prompt = VoicePrompt(torch.randint(0, 6561, (50,), generator=generator),
-                         torch.randn(100, 80, generator=generator) - 4, torch.randn(192, generator=generator))
-    return model, model.prepare_voice(prompt)
+    return model, model.prepare_voice(random_voice_prompt(1))
 
 
 @pytest.mark.gpu
