@@ -98,3 +98,13 @@ def test_pooled_engine_audio_equals_dense_engine(engine: Code2WavEngine) -> None
         outputs.append(audio)
     assert all(np.array_equal(a, b) for a, b in zip(*outputs))
     assert _free(engine) == 2
+
+
+def test_the_served_engine_pools_two_streams_per_session() -> None:
+    """The stage factory turns the pool on (the `cpu` profile too): two slots per session, so
+    an epoch's stream that has not yet seen its STOP leaves room for the next epoch's."""
+    from backends.stages.factory import build_code2wav_engine
+
+    service = build_code2wav_engine({"checkpoint": "tiny", "max_sessions": "3"})
+    pool = service.engine.token2wav.cache_pool
+    assert pool is not None and pool.max_streams == 6
