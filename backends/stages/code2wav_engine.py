@@ -5,8 +5,9 @@ Windows are validated at `submit` against the request's (cache_epoch, chunk_seq)
 (facts 3.3): within an epoch chunk_seq must be previous + 1; a higher epoch must start at 0
 and replaces the request's vocoder state; a lower epoch is `stale_cache_epoch`. A rejected
 window never advances the sequence and is answered by an error result at the next `step`.
-`step` decodes the oldest pending window of every request in one batched forward; a request
-id appears at most once per forward, so its later windows wait for later steps. Every epoch's
+`step` decodes the oldest pending window of up to `max_batch` requests in one batched forward,
+least playback slack first (`window_schedule`); a request id appears at most once per forward,
+so its later windows wait for later steps. Every epoch's
 stream starts from the engine's prepared default voice, or, when its first window carries
 REF_AUDIO, from the voice of that reference (`voice_cache`: prepared once per distinct audio,
 used by the stream until its state is dropped); prompt caches are shared, never copied.
@@ -14,12 +15,11 @@ used by the stream until its state is dropped); prompt caches are shared, never 
 
 from __future__ import annotations
 
-from collections import OrderedDict, deque
+import logging
 import time
+from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-
-import logging
 
 import numpy as np
 
@@ -30,8 +30,9 @@ from backends.stages.voice_cache import DEFAULT_CAPACITY, VoiceCache, reference_
 from backends.stages.window_schedule import Candidate, PlayoutClock, pick
 
 _LOG = logging.getLogger(__name__)
-# Windows per forward: the packed estimator caches grow with it (16-32 streams in one forward
-# ran out of the 36% memory cap on an H200); 8 windows take ~70 ms there.
+# Windows per forward: activations (and, without the cache pool, the packed estimator caches)
+# grow with it (16-32 streams in one forward ran out of the 36% memory cap on an H200 before
+# the pool); 8 pooled windows take ~27 ms there.
 DEFAULT_MAX_BATCH = 8
 
 ERROR_STALE_EPOCH = "stale_cache_epoch"
