@@ -221,19 +221,26 @@ def bench_thinker(bandwidth: float, iters: int, out: list[str], profile_dir: Pat
     return rows
 
 
-def bench_appends(runner: ModelRunner) -> str:
-    """16 sessions each append one unit (13 rows) at 1k context in one mixed forward (graphed
-    when the runner's mixed graphs are on, the default)."""
-    rids = [f"r{i}" for i in range(APPEND_SESSIONS)]
-    feed = [StepInput(rid, list(range(10, 10 + APPEND_ROWS))) for rid in rids]
+def _median_step_ms(runner: ModelRunner, rids: list[str], feed: list[StepInput],
+                    repeats: int) -> float:
+    """Median wall ms of `runner.step(feed)` at APPEND_CONTEXT (each run from the same
+    context), the first two runs dropped as warm-up."""
     walls = []
-    for _ in range(8):
+    for _ in range(repeats):
         set_context(runner, rids, APPEND_CONTEXT)
         torch.cuda.synchronize()
         start = time.perf_counter()
         runner.step(feed)
         walls.append((time.perf_counter() - start) * 1e3)
-    ms = statistics.median(walls[2:])
+    return statistics.median(walls[2:])
+
+
+def bench_appends(runner: ModelRunner) -> str:
+    """16 sessions each append one unit (13 rows) at 1k context in one mixed forward (graphed
+    when the runner's mixed graphs are on, the default)."""
+    rids = [f"r{i}" for i in range(APPEND_SESSIONS)]
+    feed = [StepInput(rid, list(range(10, 10 + APPEND_ROWS))) for rid in rids]
+    ms = _median_step_ms(runner, rids, feed, repeats=8)
     tokens = APPEND_SESSIONS * APPEND_ROWS
     return (
         f"thinker append {APPEND_SESSIONS} x {APPEND_ROWS} rows at ctx {APPEND_CONTEXT}: "
@@ -252,14 +259,7 @@ def bench_mixed(runner: ModelRunner, appending: int = 4) -> str:
     mixed, times = fast_path.mixed, {}
     for name, graphs in (("eager", None), ("graphed", mixed)):
         fast_path.mixed = graphs
-        walls = []
-        for _ in range(10):
-            set_context(runner, rids, APPEND_CONTEXT)
-            torch.cuda.synchronize()
-            start = time.perf_counter()
-            runner.step(feed)
-            walls.append((time.perf_counter() - start) * 1e3)
-        times[name] = statistics.median(walls[2:])
+        times[name] = _median_step_ms(runner, rids, feed, repeats=10)
     fast_path.mixed = mixed
     return (
         f"thinker mixed step ({appending} x {APPEND_ROWS} appended rows + "

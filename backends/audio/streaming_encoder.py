@@ -31,6 +31,7 @@ from backends.audio.encoder_model import AudioEncoderModel
 from backends.audio.mel import HOP_LENGTH, WhisperMel
 from backends.audio.streaming_mel import StreamingMel, StreamingMelConfig
 from backends.models.whisper_encoder import EncoderKVCache, crop_redundancy
+from backends.runner.host_staging import to_device
 
 __all__ = ["AudioEncoderModel", "StreamingAudioConfig", "StreamingAudioEncoder"]
 
@@ -119,11 +120,9 @@ class StreamingAudioEncoder:
         if unit.shape[0] != self.unit_samples:
             raise ValueError(f"a unit is {self.unit_samples} samples, got {unit.shape[0]}")
         prefix = self._mel.prefix_extra_frames
-        chunk = self._mel.push_unit(unit)
-        device = self._model.apm.conv1.weight.device
-        if device.type == "cuda":  # pinned: queued without waiting for the GPU's work in flight
-            return chunk.pin_memory().to(device, non_blocking=True), prefix
-        return chunk.to(device), prefix
+        chunk = self._mel.push_unit(unit).numpy()
+        # queued without waiting for the GPU's work in flight (a blocking copy would)
+        return to_device(chunk, self._model.apm.conv1.weight.device), prefix
 
     @torch.inference_mode()
     def encode_chunk(self, mel: torch.Tensor, prefix_extra_frames: int) -> torch.Tensor:
