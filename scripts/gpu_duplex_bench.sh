@@ -13,6 +13,7 @@
 #   COMMIT=<sha> LEVEL_BUDGET_S=90 bash scripts/gpu_duplex_bench.sh bench 1,2,4,8 a
 #   COMMIT=<sha> LEVEL_BUDGET_S=150 bash scripts/gpu_duplex_bench.sh bench 16,32 b
 #   COMMIT=<sha> bash scripts/gpu_duplex_bench.sh pa          # optional: perf_analyzer, all models
+#   STACK_SAMPLES=1 ... bench ...   # also a Python stack profile of every stage ($OUT/stacks)
 # On two H200s (kind nvidia-h200-x2), issue 9's placements: (a) `bench` as above (one GPU),
 #   (b) COMMIT=<sha> bash scripts/gpu_duplex_bench.sh bench-split 4,8,16,32 split
 #   (c) COMMIT=<sha> bash scripts/gpu_duplex_bench.sh bench-replicas 4,8,16,32 replicas
@@ -109,7 +110,9 @@ bench() {  # bench LEVELS PART URLS METRICS_URLS
 
 # Placements on a machine of two H200s (issue 9); each part name gets the placement's letter.
 one_server_bench() {  # everything on one GPU (profile gpu) or split over two (profile gpu-split)
-  start_server main "$BASE"
+  # STACK_SAMPLES=1: every stub samples its threads' Python stacks (backends/serving/stack_sampler.py)
+  # into $OUT/stacks; `perf/stack_report.py $OUT/stacks` reads them.
+  start_server main "$BASE" ${STACK_SAMPLES:+DUPLEX_STACK_SAMPLES_DIR=$OUT/stacks}
   bench "$1" "$2" "127.0.0.1:$((BASE + 1))" "http://127.0.0.1:$((BASE + 2))/metrics"
 }
 

@@ -12,6 +12,7 @@ import logging
 from typing import Any, Callable
 
 from backends.serving.stack_dump import enable_stack_dump
+from backends.serving.stack_sampler import start_stack_sampler
 from backends.serving.engine_thread import EngineThread, SteppedEngine
 from backends.serving.fault_injection import install_fault_hook
 from backends.serving.health import ACTION_HEALTH
@@ -45,6 +46,7 @@ class StageAdapter:
     def __init__(self, pb_utils: Any, name: str, request_cls: type, engine: SteppedEngine,
                  params: dict[str, str] | None = None, instance: str = "") -> None:
         enable_stack_dump()
+        self._sampler = start_stack_sampler(name)
         self._pb = pb_utils
         self._name = name
         self._request_cls = request_cls
@@ -105,6 +107,8 @@ class StageAdapter:
         self.engine_thread.shutdown()
         self._responses.shutdown()
         self._metrics.shutdown()
+        if self._sampler is not None:
+            self._sampler.stop()
 
 
 EngineFactory = Callable[[dict[str, str]], SteppedEngine]

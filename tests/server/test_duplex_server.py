@@ -24,9 +24,12 @@ DEMO_WAV = Path(__file__).resolve().parents[2] / "client" / "data" / "hello_16k.
 FIRST_CHUNK = 20160  # 25 frames - the 3840-sample cross-fade hold (facts 1.4)
 STEADY_CHUNK = 24000  # 25 frames x 960 samples
 SAMPLES_PER_FRAME = 960
-# Batched and solo forwards differ in float rounding only (runner parity tests: ~1e-5);
-# after int16 conversion that is at most a couple of LSBs.
-AUDIO_LSB_TOLERANCE = 4
+# Batched and solo forwards differ in float rounding only: the Talker's codes are the same
+# (the texts and chunk sizes are compared exactly) and Code2Wav's batched windows match solo
+# ones to 5e-4 (BATCH_ATOL in tests/stages/test_code2wav_engine.py: the 10 Euler steps carry
+# the summation-order difference into the audio); as int16 that is 5e-4 * 32767 < 17 LSB
+# (-66 dBFS). Measured on CPU: up to 10 LSB. Crossed state would differ by thousands.
+AUDIO_LSB_TOLERANCE = 17
 
 
 def _speech() -> np.ndarray:

@@ -11,6 +11,7 @@ from backends.serving.metrics_duplex import DuplexMetrics
 from backends.serving.metrics_thread import MetricsThread
 from backends.serving.resource_gauges import ResourceGauges
 from backends.serving.stack_dump import enable_stack_dump
+from backends.serving.stack_sampler import start_stack_sampler
 from backends.serving.triton_responses import ResponseThread
 from backends.serving.triton_stage import model_parameters
 
@@ -18,6 +19,7 @@ from backends.serving.triton_stage import model_parameters
 class TritonPythonModel:
     def initialize(self, args):
         enable_stack_dump()
+        self._sampler = start_stack_sampler("duplex")  # off unless DUPLEX_STACK_SAMPLES_DIR is set
         self._name = args["model_name"]
         self._responses = ResponseThread(pb_utils, "duplex-responses")
         # One thread per process calls the metric API (triton_notes 0.9): the gauges run on it too.
@@ -49,3 +51,5 @@ class TritonPythonModel:
         self._stages.close()
         self._responses.shutdown()
         self._metrics.shutdown()
+        if self._sampler is not None:
+            self._sampler.stop()
