@@ -29,6 +29,7 @@ import torch
 from backends.audio.encoder_graphs import ChunkEncoderGraphs
 from backends.audio.encoder_model import AudioEncoderModel
 from backends.audio.mel import HOP_LENGTH, WhisperMel
+from backends.audio.reference_cache import ReferenceCache
 from backends.audio.streaming_mel import StreamingMel, StreamingMelConfig
 from backends.models.whisper_encoder import EncoderKVCache, crop_redundancy
 from backends.runner.host_staging import to_device
@@ -61,8 +62,11 @@ class StreamingAudioEncoder:
     """One session's audio state (mel window, encoder KV cache) over a shared model."""
 
     def __init__(self, model: AudioEncoderModel, config: StreamingAudioConfig | None = None,
-                 graphs: ChunkEncoderGraphs | None = None) -> None:
-        """graphs: the shared graphed chunk pass (CUDA), used when its chunk length is ours."""
+                 graphs: ChunkEncoderGraphs | None = None,
+                 references: ReferenceCache | None = None) -> None:
+        """graphs: the shared graphed chunk pass (CUDA), used when its chunk length is ours;
+        references: reference clips already encoded by any session of the engine."""
+        self.references = references if references is not None else ReferenceCache(capacity=0)
         self.config = config or StreamingAudioConfig()
         self._model = model
         mel_config = self.config.mel
@@ -173,6 +177,9 @@ class StreamingAudioEncoder:
         The clip is trimmed to a multiple of 1600 samples (one embedding each); the session's
         streaming state is untouched.
         """
+        return self.references.get_or_encode(samples, self._encode_reference)
+
+    def _encode_reference(self, samples: np.ndarray) -> torch.Tensor:
         clip = _as_samples(samples)
         per_embedding = HOP_LENGTH * _CONV_STRIDE * self._model.audio_avg_pooler.step
         clip = clip[: clip.shape[0] // per_embedding * per_embedding]

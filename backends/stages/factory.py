@@ -140,5 +140,11 @@ def build_code2wav_engine(params: dict[str, str], device_id: str = "0") -> Code2
     # (no per-window packing copies). Streams are per session epoch and an epoch's stream lives
     # until its STOP lands while the next epoch's may have started (barge-in): two per session.
     pool_streams = 2 * setup.max_sessions
-    return Code2WavService(Code2WavEngine(
+    service = Code2WavService(Code2WavEngine(
         token2wav, voice, cache_size, session_voices, max_batch, cache_pool_streams=pool_streams))
+    if setup.device.type == "cuda":  # every window shape's graphs captured now, not mid-reply
+        from backends.stages.warmup import CODE2WAV_WINDOWS, code2wav_request_maker, code2wav_warmup_sizes, warm_up
+
+        warm_up(service, "code2wav", code2wav_request_maker(), setup.max_sessions,
+                code2wav_warmup_sizes(max_batch, pool_streams), CODE2WAV_WINDOWS)
+    return service

@@ -8,6 +8,11 @@ warm-up drives the engine through its public API as sessions would: groups of 1,
 up to 32 concurrent requests, each a few appends long (Thinker: a text prompt, then silent
 units through a forced reply; Talker: speak-unit conditions of random hidden rows), then
 stops them. It must leave nothing behind: every KV block free, no request held.
+
+Code2Wav captures a CUDA graph per window shape: its groups are the batch buckets (1, 2, 4, 8)
+and each stream runs first, growing, steady and final windows, so serving replays graphs
+captured here (unwarmed, an H200 at 32 sessions spent a quarter of the Code2Wav thread's time
+capturing graphs mid-reply).
 """
 
 from __future__ import annotations
@@ -19,7 +24,10 @@ from typing import Any
 
 import numpy as np
 
-from backends.stages.contracts import TalkerRequest, ThinkerRequest
+from backends.audio.codec_windows import CodecWindowBridge
+from backends.models.token2wav.batch_buckets import BATCH_BUCKETS, batch_bucket
+from backends.stages.code2wav_engine import request_from_window
+from backends.stages.contracts import Code2WavRequest, TalkerRequest, ThinkerRequest
 from backends.stages.sink import ListSink
 from backends.thinker.prompt_layout import UNIT_SAMPLES
 
@@ -28,7 +36,11 @@ logger = logging.getLogger(__name__)
 APPENDS_PER_REQUEST = 3
 MAX_STEPS = 5000  # far above what a group needs: a stuck engine fails the load
 WARMUP_PROMPT = "Warm-up: say a few words about the weather."
+# resource counts that must be back to zero after a warm-up (each engine has some of them)
+HELD_COUNTS = ("requests", "runner_requests", "codec_states", "codec_sequences", "codec_pending")
+CODE2WAV_WINDOWS = 5  # first, second (cache growing), two steady (cache cut) and a final window
 
+CODE2WAV_CODEBOOK = 6561  # speech codes (the vocoder's vocabulary; the Talker adds EOS ids)
 RequestMaker = Callable[[str, int], Any]  # (request id, append index) -> a stage request
 
 
@@ -40,14 +52,18 @@ def warmup_group_sizes(max_sessions: int) -> list[int]:
     return sorted(sizes)
 
 
-def warm_up(engine: Any, name: str, make_request: RequestMaker, max_sessions: int) -> float:
-    """Run the groups on `engine` (stepped on this thread); returns the seconds taken. Raises
-    if a warm-up request fails or anything is left held."""
-    started, sizes = time.perf_counter(), warmup_group_sizes(max_sessions)
+def warm_up(engine: Any, name: str, make_request: RequestMaker, max_sessions: int,
+            sizes: list[int] | None = None, appends: int = APPENDS_PER_REQUEST) -> float:
+    """Run groups of `sizes` requests (default `warmup_group_sizes`), each `appends` requests
+    long, on `engine` (stepped on this thread); returns the seconds taken. Raises if a warm-up
+    request fails or anything is left held."""
+    started = time.perf_counter()
+    sizes = warmup_group_sizes(max_sessions) if sizes is None else sizes
     for size in sizes:
-        _run_group(engine, f"__warmup{size}", size, make_request)
+        _run_group(engine, f"__warmup{size}", size, make_request, appends)
     counts = engine.resource_counts()
-    if counts["requests"] or counts["runner_requests"] or counts["kv_free_blocks"] != counts["kv_blocks"]:
+    held = {key: counts[key] for key in HELD_COUNTS if counts.get(key)}
+    if held or counts.get("kv_free_blocks") != counts.get("kv_blocks"):
         raise RuntimeError(f"{name} warm-up left state behind: {counts}")
     elapsed = time.perf_counter() - started
     logger.info("%s warm-up (groups %s) took %.1f s", name, sizes, elapsed)
@@ -76,10 +92,36 @@ def talker_request_maker(llm_hidden: int, text_token: int) -> RequestMaker:
     return make
 
 
-def _run_group(engine: Any, prefix: str, size: int, make_request: RequestMaker) -> None:
+def code2wav_warmup_sizes(max_batch: int, pool_streams: int) -> list[int]:
+    """Group sizes whose windows form every batch bucket the engine can run (at most
+    `max_batch` windows per forward, at most `pool_streams` live streams)."""
+    top = min(max_batch, pool_streams)
+    return sorted({min(bucket, top) for bucket in BATCH_BUCKETS if bucket <= batch_bucket(top)})
+
+
+def code2wav_request_maker(num_windows: int = CODE2WAV_WINDOWS, seed: int = 0) -> RequestMaker:
+    """Each request a stream of full 25-frame windows, then a final window of 10 frames, as
+    the duplex codec bridge cuts them (left context, sequence numbers, terminal flush)."""
+    rng = np.random.default_rng(seed)
+    bridges: dict[str, CodecWindowBridge] = {}
+
+    def make(request_id: str, index: int) -> Code2WavRequest:
+        bridge = bridges.setdefault(request_id, CodecWindowBridge())
+        frames = bridge.config.chunk_frames if index < num_windows - 1 else 10
+        windows = bridge.push(rng.integers(0, CODE2WAV_CODEBOOK, frames).tolist())
+        if index == num_windows - 1:
+            windows += bridge.end_turn()
+            del bridges[request_id]
+        (window,) = windows
+        return request_from_window(request_id, window)
+
+    return make
+
+
+def _run_group(engine: Any, prefix: str, size: int, make_request: RequestMaker, appends: int) -> None:
     ids = [f"{prefix}.{i}.e0" for i in range(size)]
     try:
-        for index in range(APPENDS_PER_REQUEST):
+        for index in range(appends):
             sinks = []
             for request_id in ids:
                 sinks.append(ListSink())

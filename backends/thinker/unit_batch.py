@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterable
 from backends.audio.batched_encoder import Encoded, encode_units_batched
 from backends.audio.encoder_graphs import ChunkEncoderGraphs
 from backends.audio.encoder_model import AudioEncoderModel
+from backends.audio.reference_cache import ReferenceCache
 from backends.audio.streaming_encoder import StreamingAudioConfig, StreamingAudioEncoder
 from backends.thinker.session_state import ThinkerSession, UnitEncoder
 
@@ -48,4 +49,5 @@ def streaming_encoder_factory(
     graphs = None
     if audio_encoder_model.apm.conv1.weight.device.type == "cuda":
         graphs = ChunkEncoderGraphs(audio_encoder_model, StreamingAudioConfig().frames_per_unit)
-    return lambda: StreamingAudioEncoder(audio_encoder_model, graphs=graphs)
+    references = ReferenceCache()  # one per engine: sessions share encoded reference voices
+    return lambda: StreamingAudioEncoder(audio_encoder_model, graphs=graphs, references=references)

@@ -1,12 +1,18 @@
-"""The stage warm-up drives real requests through the Thinker and Talker engines and leaves
-nothing held; a failing warm-up request fails the load."""
+"""The stage warm-up drives real requests through the Thinker, Talker and Code2Wav engines
+and leaves nothing held; a failing warm-up request fails the load; Code2Wav's warm-up runs
+every batch bucket with first, growing, steady and final windows."""
 
 from __future__ import annotations
 
 import pytest
 
-from backends.stages.factory import WARMUP_TEXT_TOKEN, build_talker_engine, build_thinker_engine
-from backends.stages.warmup import talker_request_maker, thinker_request, warm_up, warmup_group_sizes
+from backends.stages.factory import (
+    WARMUP_TEXT_TOKEN, build_code2wav_engine, build_talker_engine, build_thinker_engine,
+)
+from backends.stages.warmup import (
+    CODE2WAV_WINDOWS, code2wav_request_maker, code2wav_warmup_sizes, talker_request_maker, thinker_request,
+    warm_up, warmup_group_sizes,
+)
 
 TINY = {"checkpoint": "tiny", "max_sessions": "4"}
 
@@ -47,3 +53,30 @@ def test_a_failing_warm_up_request_fails_the_load() -> None:
     with pytest.raises(RuntimeError, match="warm-up request failed"):
         warm_up(engine, "thinker", thinker_request, max_sessions=2)
     assert engine.resource_counts()["requests"] == 0
+
+
+def test_code2wav_group_sizes_are_the_batch_buckets_up_to_the_cap() -> None:
+    assert code2wav_warmup_sizes(max_batch=8, pool_streams=64) == [1, 2, 4, 8]
+    assert code2wav_warmup_sizes(max_batch=6, pool_streams=64) == [1, 2, 4, 6]  # 6 windows: bucket 8
+    assert code2wav_warmup_sizes(max_batch=16, pool_streams=8) == [1, 2, 4, 8]
+    assert code2wav_warmup_sizes(max_batch=1, pool_streams=8) == [1]
+
+
+def test_code2wav_warm_up_runs_each_bucket_through_a_whole_stream() -> None:
+    service = build_code2wav_engine({**TINY, "max_batch": "8"})
+    token2wav = service.engine.token2wav
+    token2wav.enable_cuda_graphs()  # on CPU the graph wrappers (and their batch padding) run eagerly
+    batches: list[tuple[int, bool]] = []
+    decode = token2wav.decode
+
+    def record(windows, *args, **kwargs):
+        batches.append((len(windows), any(w.last_chunk for w in windows)))
+        return decode(windows, *args, **kwargs)
+
+    token2wav.decode = record
+    warm_up(service, "code2wav", code2wav_request_maker(), 4, code2wav_warmup_sizes(8, 8), CODE2WAV_WINDOWS)
+    assert [b for b, _ in batches] == [n for n in (1, 2, 4, 8) for _ in range(CODE2WAV_WINDOWS)]
+    assert [last for _, last in batches] == [w == CODE2WAV_WINDOWS - 1 for _ in range(4) for w in range(CODE2WAV_WINDOWS)]
+    counts = service.resource_counts()
+    assert counts["codec_states"] == counts["codec_sequences"] == counts["codec_pending"] == 0, counts
+    assert token2wav.cache_pool.num_free() == 2 * 4  # two slots per session

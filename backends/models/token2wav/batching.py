@@ -2,12 +2,16 @@
 
 Caches are padded along their time axis (left for the Conformer, whose relative positions
 need the windows aligned at the end; right for the DiT, which has no positions), and a key
-mask marks the real frames so padding never takes part in attention.
+mask marks the real frames so padding never takes part in attention. Masks are built on the
+host and queued to the device pinned (a pageable copy would wait for the work in flight).
 """
 
 from __future__ import annotations
 
+import numpy as np
 import torch
+
+from backends.runner.host_staging import to_device
 
 
 def left_pad(rows: list[torch.Tensor], dim: int) -> torch.Tensor:
@@ -38,22 +42,18 @@ def key_mask(cache_lens: list[int], num_cache: int, new_lens: list[int], num_new
              device: torch.device | str) -> torch.Tensor:
     """Keys laid out as [left-padded cache | right-padded window] ->
     [B, num_cache + num_new] bool, True where a key is real."""
-    cache_idx = torch.arange(num_cache, device=device)
-    new_idx = torch.arange(num_new, device=device)
-    cache_len = torch.tensor(cache_lens, device=device)[:, None]
-    new_len = torch.tensor(new_lens, device=device)[:, None]
-    return torch.cat([cache_idx >= num_cache - cache_len, new_idx < new_len], dim=1)
+    cache = np.arange(num_cache) >= num_cache - np.asarray(cache_lens)[:, None]
+    new = np.arange(num_new) < np.asarray(new_lens)[:, None]
+    return to_device(np.concatenate([cache, new], axis=1), device)
 
 
 def window_first_mask(new_lens: list[int], num_new: int, cache_lens: list[int], num_cache: int,
                       device: torch.device | str) -> torch.Tensor:
     """Keys laid out as [right-padded window | right-padded cache] ->
     [B, num_new + num_cache] bool, True where a key is real."""
-    new_idx = torch.arange(num_new, device=device)
-    cache_idx = torch.arange(num_cache, device=device)
-    new_len = torch.tensor(new_lens, device=device)[:, None]
-    cache_len = torch.tensor(cache_lens, device=device)[:, None]
-    return torch.cat([new_idx < new_len, cache_idx < cache_len], dim=1)
+    new = np.arange(num_new) < np.asarray(new_lens)[:, None]
+    cache = np.arange(num_cache) < np.asarray(cache_lens)[:, None]
+    return to_device(np.concatenate([new, cache], axis=1), device)
 
 
 def take_frames(sequence: torch.Tensor, start: int, count: int) -> torch.Tensor:

@@ -27,6 +27,7 @@ from backends.models.token2wav.cfm import (
     rows_last,
 )
 from backends.models.token2wav.batching import window_first_mask
+from backends.runner.host_staging import to_device
 
 
 class CachePoolFullError(RuntimeError):
@@ -120,9 +121,9 @@ class EstimatorPool:
             cond=cond, cnn=rows_last(torch.stack(cnn)),
             key_valid=window_first_mask(mel_frames * 2, mu.shape[2], lengths * 2,
                                         order.shape[1], device),
-            num_new=torch.tensor(mel_frames * 2, device=device),
-            rows=torch.tensor(rows, dtype=torch.int64, device=device),
-            order=torch.from_numpy(np.concatenate([order, order])).to(device),
+            num_new=to_device(np.asarray(mel_frames * 2, dtype=np.int64), device),
+            rows=to_device(np.asarray(rows, dtype=np.int64), device),
+            order=to_device(np.concatenate([order, order]), device),
         )
 
     def commit(self, new_kv: torch.Tensor, mel_frames: list[int], slots: list[PoolSlot]) -> None:
@@ -137,7 +138,8 @@ class EstimatorPool:
         writes = np.concatenate(parts, axis=1)
         if writes.shape[1] == 0:
             return
-        index = torch.from_numpy(writes).to(new_kv.device).unbind(0)
+        # pinned and queued: a pageable copy would wait here for the whole solve to finish
+        index = to_device(writes, new_kv.device).unbind(0)
         self.att[:, :, index[0], :, index[1]] = new_kv[:, :, index[2], :, index[3]]
 
     def _grow_and_cut(self, slot: PoolSlot, frames: int) -> tuple[np.ndarray, np.ndarray]:

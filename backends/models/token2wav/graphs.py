@@ -1,6 +1,6 @@
 """CUDA graphs for the fixed-shape parts of a window: the conformer encoder, the CFM's ten-step
-solve (about 11k of the ~12k kernels of a window, token2wav_facts.md 4) and the HiFT up to its
-ISTFT (whose window check syncs with the host, so it stays eager).
+solve (about 11k of the ~12k kernels of a window, token2wav_facts.md 4) and the HiFT with its
+ISTFT.
 
 `GraphRunner` captures a function once per input shape and replays it: inputs are copied into
 the graph's static tensors, outputs are the graph's own tensors (valid until that graph is
@@ -11,7 +11,8 @@ bucketing below testable on CPU.
 `SolverGraphs` pads a window to a few shape buckets (frames to one of `FRAME_BUCKETS`, cache
 length up to a multiple of `CACHE_STEP`): padded frames and cache slots are masked keys and
 come after every real frame in causal order, so they change nothing (checked by tests), and
-steady streaming hits one graph per batch size.
+steady streaming hits one graph per batch bucket (the pooled solver and the encoder pad the
+batch too: batch_buckets.py).
 """
 
 from __future__ import annotations
@@ -22,9 +23,18 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
+from backends.models.token2wav.batch_buckets import (
+    batch_bucket,
+    pad_encoder_batch,
+    pad_pooled_batch,
+    pad_rows,
+    unpad_solver_outputs,
+)
+from backends.models.token2wav.batching import right_pad
 from backends.models.token2wav.cfm import (
     CausalConditionalCFM,
     PooledSolverInputs,
@@ -38,6 +48,7 @@ from backends.models.token2wav.encoder_packing import (
     pad_encoder_inputs,
 )
 from backends.models.token2wav.hift import HiFTGenerator
+from backends.runner.host_staging import to_device
 
 FRAME_BUCKETS = (8, 16, 24, 32, 40, 50, 56)  # 50: steady windows; 56: a 28-code final window
 log = logging.getLogger(__name__)
@@ -130,11 +141,11 @@ class PooledSolverGraphs:
             lambda *flat: _fields(cfm.solve_pooled(PooledSolverInputs(*flat), pool)), max_graphs)
 
     def __call__(self, inputs: PooledSolverInputs) -> SolverOutputs:
-        frames, cached = inputs.mu.shape[2], inputs.order.shape[1]
+        rows, frames, cached = inputs.mu.shape[0], inputs.mu.shape[2], inputs.order.shape[1]
         padded = pad_pooled_inputs(inputs, frame_bucket(frames), cache_bucket(cached),
                                    self.zero_position)
-        mel, new_kv, cnn = self.runner(*_fields(padded))
-        return SolverOutputs(mel[:, :, :frames], new_kv[:, :, :, :, :frames], cnn)
+        outputs = self.runner(*_fields(pad_pooled_batch(padded, batch_bucket(rows))))
+        return unpad_solver_outputs(SolverOutputs(*outputs), rows, frames)
 
 
 class EncoderGraphs:
@@ -155,24 +166,29 @@ class EncoderGraphs:
             _round_up(inputs.token_kv.shape[3], CACHE_STEP // self.stride),
             cache_bucket(inputs.mel_kv.shape[3]),
         )
-        features, *rest = self.runner(*_fields(padded))
-        return EncoderOutputs(features[:, : self.stride * frames], *rest)
+        rows = inputs.xs.shape[0]
+        features, *rest = self.runner(*_fields(pad_encoder_batch(padded, batch_bucket(rows))))
+        return EncoderOutputs(features[:rows, : self.stride * frames], *(t[:rows] for t in rest))
 
 
 class HiFTGraphs:
-    """`HiFTGenerator.forward` with the part before the ISTFT replayed from graphs."""
+    """`HiFTGenerator.forward` replayed from graphs, ISTFT included (`uniform_forward`: its
+    envelope check runs once per length, in the warm-up before capture)."""
 
     def __init__(self, hift: HiFTGenerator, max_graphs: int = DEFAULT_MAX_GRAPHS) -> None:
         self.hift = hift
-        self.runner = GraphRunner(hift.uniform_spectrum, max_graphs)
+        self.runner = GraphRunner(hift.uniform_forward, max_graphs)
 
     def __call__(self, mel: torch.Tensor, source_cache: list[torch.Tensor],
                  noise: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        lengths = {cached.shape[0] for cached in source_cache}
-        if len(lengths) != 1:  # mixed cache lengths: the eager path handles any rows
-            return self.hift(mel, source_cache, noise)
-        spectrum, source = self.runner(mel, torch.stack(source_cache), noise)
-        return self.hift.to_audio(spectrum), source  # the caller copies what it keeps
+        """-> (speech, source) of the B streams: the caller copies what it keeps. Caches of
+        any lengths go in as one zero-padded tensor with their lengths (a new stream's empty
+        one beside steady ones), the batch padded to its bucket."""
+        rows, bucket = mel.shape[0], batch_bucket(mel.shape[0])
+        lengths = to_device(np.array([cached.shape[0] for cached in source_cache], np.int64), mel.device)
+        cache = right_pad(source_cache, dim=0)
+        speech, source = self.runner(*(pad_rows(t, bucket) for t in (mel, cache, noise, lengths)))
+        return speech[:rows], source[:rows]
 
 
 def _round_up(length: int, step: int) -> int:

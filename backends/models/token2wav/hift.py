@@ -6,11 +6,19 @@ down-sampled STFT of the harmonic source through `source_downs.i` + `source_resb
 the mean of `resblocks`) -> `conv_post` -> magnitude/phase -> ISTFT (n_fft 16, hop 4, x4).
 Weights are plain here: hift.pt stores the weight-normalised layers as (g, v) and the loader
 folds them (backends.models.weight_norm). The source noise is an argument (`nsf_source`).
+
+On CUDA the elementwise work between the convs (biases, Snakes, residual adds, the resblock
+mean and leaky ReLU) runs as fused `snake_kernel` passes (`fused`; the torch expressions stay
+the CPU path and the reference). The ISTFT is torch's, op for op, but with its window
+envelope computed and checked once per length instead of every call (a host sync), so the
+whole vocoder can replay from one CUDA graph (`uniform_forward`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
+from collections.abc import Iterator
 
 import torch
 import torch.nn.functional as F
@@ -59,6 +67,13 @@ class HiFTGenerator(nn.Module):
         self.conv_post = nn.Conv1d(channels[-1], 2 * num_freq, 7, padding=3)
         window = torch.hann_window(config.istft_n_fft, periodic=True, dtype=torch.float32)
         self.register_buffer("stft_window", window, persistent=False)  # [n_fft] float32
+        # fused elementwise kernels (`snake_kernel`): None = on CUDA only; True also elsewhere
+        # (CPU: only under Triton's interpreter, for tests); False = the torch expressions
+        self.fused: bool | None = None
+        # let cuDNN time its algorithms for HiFT's fixed conv shapes (first call per shape,
+        # i.e. at graph warm-up); off by default, an opt-in for measurements
+        self.cudnn_benchmark = False
+        self._envelopes: dict[tuple[int, torch.device], torch.Tensor] = {}
 
     def _source_down(self, in_channels: int, out_channels: int, stage: int) -> nn.Conv1d:
         """Brings the source STFT (hop 4) to the length of stage `stage`'s output."""
@@ -79,6 +94,9 @@ class HiFTGenerator(nn.Module):
     def num_noise_channels(self) -> int:
         return self.config.nb_harmonics + 1
 
+    def uses_fused_kernels(self, x: torch.Tensor) -> bool:
+        return x.is_cuda if self.fused is None else self.fused
+
     def forward(
         self,
         mel: torch.Tensor,  # [B, 80, T] float32, all rows T frames
@@ -97,18 +115,47 @@ class HiFTGenerator(nn.Module):
     def uniform_spectrum(
         self,
         mel: torch.Tensor,  # [B, 80, T] float32
-        source_cache: torch.Tensor,  # [B, C] float32, one cache length C for every row
+        source_cache: torch.Tensor,  # [B, C] float32, row b's cache in its first lengths[b]
         noise: torch.Tensor,  # [B, 480 T, nb_harmonics + 1] float32
+        cache_lengths: torch.Tensor | None = None,  # [B] int64; None: every row holds C
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """`forward` up to the ISTFT for rows with equal cache lengths (fixed shapes, no host
-        sync: CUDA-graph safe) -> (spectrum [B, n_fft + 2, 480 T / hop + 1], source)."""
+        """`forward` up to the ISTFT with the caches as one padded tensor (fixed shapes, no
+        host sync: CUDA-graph safe) -> (spectrum [B, n_fft + 2, 480 T / hop + 1], source)."""
         source = self.m_source(self.f0_predictor(mel), noise)
-        source[:, : source_cache.shape[1]] = source_cache
+        width = source_cache.shape[1]
+        if cache_lengths is None:
+            source[:, :width] = source_cache
+        else:
+            cached = torch.arange(width, device=mel.device) < cache_lengths[:, None]
+            source[:, :width] = torch.where(cached, source_cache, source[:, :width])
         return self.spectrum(mel, source), source
+
+    def uniform_forward(self, mel: torch.Tensor, source_cache: torch.Tensor, noise: torch.Tensor,
+                        cache_lengths: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """`uniform_spectrum` through the ISTFT -> (speech [B, 480 T], source [B, 480 T]); no
+        host sync once this length's ISTFT envelope exists (made by a first call)."""
+        spectrum, source = self.uniform_spectrum(mel, source_cache, noise, cache_lengths)
+        return self.to_audio(spectrum), source
 
     def spectrum(self, mel: torch.Tensor, source: torch.Tensor) -> torch.Tensor:
         """mel: [B, 80, T], source: [B, 480 T] -> log-magnitude | phase [B, n_fft + 2, F]."""
-        source_spec = self._stft(source)
+        with self._cudnn_flags():
+            source_spec = self._stft(source)
+            if self.uses_fused_kernels(mel):
+                return self._fused_spectrum(mel, source_spec)
+            return self._torch_spectrum(mel, source_spec)
+
+    @contextlib.contextmanager
+    def _cudnn_flags(self) -> Iterator[None]:
+        saved = torch.backends.cudnn.benchmark
+        torch.backends.cudnn.benchmark = saved or self.cudnn_benchmark
+        try:
+            yield
+        finally:
+            torch.backends.cudnn.benchmark = saved
+
+    def _torch_spectrum(self, mel: torch.Tensor, source_spec: torch.Tensor) -> torch.Tensor:
+        """The reference's expressions, op by op."""
         x = self.conv_pre(mel)
         num_kernels = len(self.config.resblock_kernel_sizes)
         for stage, up in enumerate(self.ups):
@@ -119,6 +166,31 @@ class HiFTGenerator(nn.Module):
             blocks = self.resblocks[stage * num_kernels : (stage + 1) * num_kernels]
             x = sum(block(x) for block in blocks) / num_kernels
         return self.conv_post(F.leaky_relu(x, _POST_SLOPE))
+
+    def _fused_spectrum(self, mel: torch.Tensor, source_spec: torch.Tensor) -> torch.Tensor:
+        """`_torch_spectrum` with `snake_kernel` passes: each stage's source branch ends in
+        the add of the up-sampled x, and its last resblock in the mean + next leaky ReLU."""
+        from backends.models.token2wav.snake_kernel import MeanLeakyAct, conv_no_bias
+
+        num_kernels = len(self.config.resblock_kernel_sizes)
+        act = F.leaky_relu(self.conv_pre(mel), self.config.lrelu_slope)
+        for stage, up in enumerate(self.ups):
+            x = up(act)
+            last_stage = stage == len(self.ups) - 1
+            if last_stage:
+                x = self.reflection_pad(x)
+            down = self.source_downs[stage]
+            x = self.source_resblocks[stage].fused_forward(
+                conv_no_bias(down, source_spec), down.bias, extra=x)
+            blocks = self.resblocks[stage * num_kernels : (stage + 1) * num_kernels]
+            slope = _POST_SLOPE if last_stage else self.config.lrelu_slope
+            final = MeanLeakyAct(num_kernels, slope)
+            acc = None
+            for k, block in enumerate(blocks):
+                acc = block.fused_forward(x, None, acc, final if k == num_kernels - 1 else None)
+            assert acc is not None
+            act = acc
+        return self.conv_post(act)
 
     def to_audio(self, spectrum: torch.Tensor) -> torch.Tensor:
         """[B, n_fft + 2, F] -> speech [B, hop (F - 1)] clipped to the audio limit."""
@@ -133,12 +205,33 @@ class HiFTGenerator(nn.Module):
         return torch.cat([spec.real, spec.imag], dim=1)
 
     def _istft(self, x: torch.Tensor) -> torch.Tensor:
-        """[B, 2 (n_fft/2 + 1), F] log-magnitude | phase channels -> [B, hop (F - 1)]."""
-        num_freq = self.config.istft_n_fft // 2 + 1
+        """[B, 2 (n_fft/2 + 1), F] log-magnitude | phase channels -> [B, hop (F - 1)].
+
+        torch.istft (centered, one-sided, "backward" norm) op for op, so the samples are the
+        same, but with the window envelope cached per F (torch checks it on the host every
+        call)."""
+        n_fft, hop = self.config.istft_n_fft, self.config.istft_hop_len
+        num_freq = n_fft // 2 + 1
         magnitude = torch.exp(x[:, :num_freq]).clamp(max=_MAX_MAGNITUDE)
         phase = torch.sin(x[:, num_freq:])
-        spec = torch.polar(magnitude, phase)
-        return torch.istft(
-            spec, self.config.istft_n_fft, self.config.istft_hop_len,
-            self.config.istft_n_fft, window=self.stft_window,
-        )
+        spec = torch.polar(magnitude, phase)  # [B, num_freq, F]
+        frames = torch.fft.irfft(spec.transpose(1, 2), n=n_fft, dim=-1, norm="backward")
+        frames = frames * self.stft_window.view(1, 1, n_fft)  # [B, F, n_fft]
+        length = n_fft + hop * (frames.shape[1] - 1)
+        signal = torch.ops.aten.unfold_backward(frames, [frames.shape[0], length], 1, n_fft, hop)
+        return signal[:, n_fft // 2 : length - n_fft // 2] / self._envelope(frames.shape[1])
+
+    def _envelope(self, num_frames: int) -> torch.Tensor:
+        """Overlap-added squared window of `num_frames` frames, trimmed: [1, hop (F - 1)]."""
+        key = (num_frames, self.stft_window.device)
+        envelope = self._envelopes.get(key)
+        if envelope is None:
+            n_fft, hop = self.config.istft_n_fft, self.config.istft_hop_len
+            length = n_fft + hop * (num_frames - 1)
+            squares = self.stft_window.pow(2).expand(1, num_frames, n_fft)
+            envelope = torch.ops.aten.unfold_backward(squares, [1, length], 1, n_fft, hop)
+            envelope = envelope[:, n_fft // 2 : length - n_fft // 2]
+            if bool(envelope.abs().min() < 1e-11):
+                raise ValueError(f"ISTFT window overlap-add below 1e-11 ({num_frames} frames)")
+            self._envelopes[key] = envelope
+        return envelope

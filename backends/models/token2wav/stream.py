@@ -6,12 +6,17 @@ previous window's held tail; those are cross-faded with a Hamming window (halves
 1.08, as in the reference). A non-final window holds its last 3840 samples back, so with 25
 new codes per window the first emits 20160 samples, steady ones 24000, and the final one all
 it has, held tail included. Over a stream, 960 samples come out per decoded code.
+
+The rows of one HiFT call are emitted together (`emit_rows`: one cross-fade and one copy per
+cache for all of them) and a decode's audio reaches the host in one copy (`to_host`).
 """
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from backends.models.token2wav.estimator_pool import PoolSlot
@@ -38,12 +43,25 @@ class Token2WavStream:
 def crossfade(speech: torch.Tensor, tail: torch.Tensor) -> torch.Tensor:
     """speech: [S], tail: [n] (n <= S) -> speech with its first n samples faded in over the
     fading-out tail (Hamming window of 2 n, rising half on the new audio)."""
-    num = tail.shape[0]
-    if num == 0:
+    if tail.shape[0] == 0:
         return speech
-    window = torch.hamming_window(2 * num, periodic=False, dtype=speech.dtype, device=speech.device)
-    head = speech[:num] * window[:num] + tail * window[num:]
-    return torch.cat([head, speech[num:]])
+    return crossfade_rows(speech[None], tail[None])[0]
+
+
+def crossfade_rows(speech: torch.Tensor, tails: torch.Tensor) -> torch.Tensor:
+    """`crossfade` of every row at once: speech [R, S], tails [R, n] -> a new [R, S]."""
+    num = tails.shape[1]
+    if num == 0:
+        return speech.clone()  # a new tensor: speech may be a CUDA graph's output buffer
+    window = _hamming(2 * num, speech.dtype, speech.device)
+    head = speech[:, :num] * window[:num] + tails * window[num:]
+    return torch.cat([head, speech[:, num:]], dim=1)
+
+
+@functools.lru_cache(maxsize=8)
+def _hamming(size: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    with torch.inference_mode(False), torch.no_grad():  # usable in and out of inference mode
+        return torch.hamming_window(size, periodic=False, dtype=dtype, device=device)
 
 
 def emit(
@@ -55,17 +73,58 @@ def emit(
     mel_cache_frames: int,
 ) -> torch.Tensor:
     """Cross-fade, update the stream's caches and return the samples to send: [k] float32."""
-    speech = crossfade(speech, stream.speech_tail)
-    stream.num_windows += 1
-    if last_chunk:
-        stream.is_finished = True
-        return speech
-    hop = speech.shape[0] // mel.shape[1]
-    num_held = min(mel_cache_frames, mel.shape[1]) * hop
-    stream.mel_cache = mel[:, mel.shape[1] - num_held // hop :].clone()
-    stream.source_cache = source[source.shape[0] - num_held :].clone()
-    stream.speech_tail = speech[speech.shape[0] - num_held :].clone()
-    return speech[: speech.shape[0] - num_held]
+    return emit_rows([stream], mel[None], speech[None], source[None], [last_chunk],
+                     mel_cache_frames)[0]
+
+
+def emit_rows(
+    streams: list[Token2WavStream],
+    mel: torch.Tensor,  # [R, 80, T] the rows' HiFT inputs
+    speech: torch.Tensor,  # [R, 480 T] HiFT output (may be a graph's buffer: not kept)
+    source: torch.Tensor,  # [R, 480 T]
+    last_chunk: list[bool],
+    mel_cache_frames: int,
+) -> list[torch.Tensor]:
+    """`emit` for rows of one HiFT call: one cross-fade and one copy per cache for all rows
+    (rows with equal tails, as rows of one call have) -> the samples to send per row."""
+    tails = [s.speech_tail for s in streams]
+    if len({t.shape[0] for t in tails}) == 1:
+        speech = crossfade_rows(speech, torch.stack(tails))
+    else:
+        speech = torch.cat([crossfade_rows(row[None], t[None]) for row, t in zip(speech, tails)])
+    hop = speech.shape[1] // mel.shape[2]
+    num_held = min(mel_cache_frames, mel.shape[2]) * hop
+    kept = [not last for last in last_chunk]
+    if any(kept):  # one copy each (per-row views of it), so no stream keeps a graph buffer
+        _keep_tails(streams, kept, mel[:, :, mel.shape[2] - num_held // hop :].clone(),
+                    source[:, source.shape[1] - num_held :].clone(),
+                    speech[:, speech.shape[1] - num_held :].clone())
+    for stream, last in zip(streams, last_chunk):
+        stream.num_windows += 1
+        stream.is_finished = stream.is_finished or last
+    return [row if last else row[: row.shape[0] - num_held]
+            for row, last in zip(speech, last_chunk)]
+
+
+def _keep_tails(streams: list[Token2WavStream], kept: list[bool], mel: torch.Tensor,
+                source: torch.Tensor, speech: torch.Tensor) -> None:
+    for j, stream in enumerate(streams):
+        if kept[j]:
+            stream.mel_cache, stream.source_cache, stream.speech_tail = mel[j], source[j], speech[j]
+
+
+def to_host(audio: list[torch.Tensor]) -> list[np.ndarray]:
+    """Device audio rows -> float32 arrays: on CUDA one gather, one non-blocking copy into
+    pinned memory and one sync for all rows (not a blocking copy per stream). The arrays are
+    views of that buffer (freed with the last of them)."""
+    if not audio or audio[0].device.type != "cuda":
+        return [row.float().cpu().numpy() for row in audio]
+    flat = torch.cat([row.float() for row in audio])
+    host = torch.empty(flat.shape, dtype=flat.dtype, pin_memory=True)
+    host.copy_(flat, non_blocking=True)
+    torch.cuda.current_stream(flat.device).synchronize()
+    bounds = np.cumsum([row.shape[0] for row in audio])[:-1]
+    return np.split(host.numpy(), bounds)
 
 
 def flush(stream: Token2WavStream) -> torch.Tensor:

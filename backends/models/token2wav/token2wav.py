@@ -36,7 +36,7 @@ from backends.models.token2wav.graphs import (
     SolverGraphs,
 )
 from backends.models.token2wav.hift import HiFTGenerator
-from backends.models.token2wav.stream import Token2WavStream, emit, flush
+from backends.models.token2wav.stream import Token2WavStream, emit_rows, flush, to_host
 from backends.models.token2wav.voice import VoicePrompt, build_voice_prompt
 
 
@@ -199,10 +199,7 @@ class Token2Wav(nn.Module):
         for window in windows:
             if window.last_chunk:
                 self.release_stream(window.stream)
-        return [
-            (audio[i] if i in audio else flush(w.stream)).float().cpu().numpy()
-            for i, w in enumerate(windows)
-        ]
+        return to_host([audio[i] if i in audio else flush(w.stream) for i, w in enumerate(windows)])
 
     def _validate(self, windows: list[StreamWindow]) -> None:
         lookahead = self.config.flow.encoder.pre_lookahead_len
@@ -238,16 +235,17 @@ class Token2Wav(nn.Module):
         vocode = self._hift_graphs or self.hift
         for (frames, _), rows in by_shape.items():
             streams = [windows[b].stream for b in rows]
+            mel_rows = torch.stack([hift_inputs[b] for b in rows])
             speech, source = vocode(
-                torch.stack([hift_inputs[b] for b in rows]),
+                mel_rows,
                 [s.source_cache for s in streams],
                 torch.stack([self._source_noise(s, frames) for s in streams]),
             )
-            for j, b in enumerate(rows):
-                out[b] = emit(
-                    windows[b].stream, hift_inputs[b], speech[j], source[j],
-                    windows[b].last_chunk, self.config.mel_cache_frames,
-                )
+            emitted = emit_rows(streams, mel_rows, speech, source,
+                                [windows[b].last_chunk for b in rows],
+                                self.config.mel_cache_frames)
+            for b, samples in zip(rows, emitted):
+                out[b] = samples
         return out
 
     def _source_noise(self, stream: Token2WavStream, frames: int) -> torch.Tensor:
