@@ -123,10 +123,11 @@ class Token2Wav(nn.Module):
             self._pool.release(stream.cache_slot)
 
     def set_fused_kernels(self, enabled: bool | None = None) -> None:
-        """The DiT's fused Triton kernels (`dit_fused`): None (the default) uses them on CUDA
-        only, False never (the torch reference path), True on any device (CPU: only under
-        Triton's interpreter, for tests)."""
+        """The fused Triton kernels of the DiT (`dit_fused`) and the HiFT (`snake_kernel`):
+        None (the default) uses them on CUDA only, False never (the torch reference path),
+        True on any device (CPU: only under Triton's interpreter, for tests)."""
         self.flow.decoder.estimator.fused = enabled
+        self.hift.fused = enabled
 
     def set_flow_dtype(self, dtype: torch.dtype) -> None:
         """Run the flow (weights, caches, noise) in `dtype`, e.g. bfloat16 on GPU, like the
