@@ -6,7 +6,8 @@ buffers; mixed batches of short queries (appends next to decodes) replay a graph
 (requests, tokens) bucket (`mixed_graphs`); other batches (long prefills) run eagerly through
 the same kernels. Rows whose request has no hook and no repetition penalty are sampled on
 the device from the per-slot `SamplingStates`, through the runner's `DeviceLogitsProcessor`
-when one is installed (then a graphed decode also replays a sampling graph); rows with a hook
+when one is installed (then a graphed decode also replays a sampling graph; on CUDA its
+`FusedDraw`, one kernel, where it offers one: `fused_draw`); rows with a hook
 or a penalty get their logits row copied to the host and sampled there by the runner's host
 sampler, exactly as on the reference path (mixed graphs leave sampling outside the graph).
 Tokens, hook logits and captured hidden rows come back through one `AsyncOutput`, whose
@@ -25,13 +26,13 @@ from backends.models.decoder import DecoderModel
 from backends.runner.async_output import AsyncOutput, PendingStep
 from backends.runner.block_table import BlockTable
 from backends.runner.cuda_graphs import DecodeGraphs, bucket_sizes
+from backends.runner.fused_draw import sampling_states_for
 from backends.runner.host_staging import to_device
 from backends.runner.input_batch import build_input_batch
 from backends.runner.kv_cache import KVCache
 from backends.runner.mixed_graphs import MixedGraphs
 from backends.runner.mixed_layout import Bucket
 from backends.runner.request_states import RequestStates
-from backends.runner.sampling_states import SamplingStates
 from backends.runner.types import (
     DeviceLogitsProcessor,
     RunnerConfig,
@@ -77,7 +78,8 @@ class FastPath:
         self.kv = kv
         self.states = states
         self.block_table = block_table
-        self.sampling = SamplingStates(config.max_num_reqs, kv.data.device, processor)
+        # the processor's fused draw where it has one (CUDA), else the torch sampler
+        self.sampling = sampling_states_for(config.max_num_reqs, kv.data.device, processor)
         sizes = bucket_sizes(config.cuda_graph_sizes, config.max_num_reqs)
         self.graphs = DecodeGraphs(
             model,

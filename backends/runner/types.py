@@ -75,6 +75,7 @@ class DeviceLogitsProcessor(Protocol):
     must queue tensor work only (no host reads, shapes fixed by the row count) so they run
     inside a captured CUDA graph and on CPU tensors alike. Rows whose slot the stage does not
     manage (and the scratch slot `max_num_reqs`, used by graph padding) must pass unchanged.
+    It may also offer a `FusedDraw` as its attribute `fused_draw`.
     """
 
     def reset_slot(self, slot: int) -> None:
@@ -87,6 +88,31 @@ class DeviceLogitsProcessor(Protocol):
 
     def update(self, tokens: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
         """tokens: [rows] int64 drawn -> [rows] int64 final (may force some); advances state."""
+        ...
+
+
+class FusedDraw(Protocol):
+    """A processor's `apply`, the device draw and `update` fused into one device step.
+
+    A `DeviceLogitsProcessor` may offer one as its attribute `fused_draw` (None: it has none);
+    the fast path then calls it on CUDA in place of apply -> `sample_on_device` -> update
+    (backends/runner/fused_draw.py). It must draw the torch path's tokens for every row and
+    sampling parameter (that path is the reference), leave its state as `update` would, and
+    queue device work only (graph-capturable). `logits` may be left unedited.
+    """
+
+    def __call__(
+        self,
+        logits: torch.Tensor,
+        slots: torch.Tensor,
+        positions: torch.Tensor,
+        floats: torch.Tensor,
+        ints: torch.Tensor,
+    ) -> torch.Tensor:
+        """logits: [rows, vocab] float32; slots, positions (where each token will sit, the
+        noise key): [rows] int64; floats: [slots, 2] float32 (temperature, top_p) and ints:
+        [slots, 2] int64 (top_k, seed as `as_int64`), the runner's per-slot sampling tables
+        -> [rows] int64 final tokens."""
         ...
 
 

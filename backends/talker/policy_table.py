@@ -16,6 +16,10 @@ Each step does exactly what the host policy does, in the same float32 arithmetic
 scales come from `penalty_powers` (the host's own torch.pow values), EOS is masked by the same
 budget rules, a forced EOS replaces the draw, and a drawn EOS closes the chunk without
 entering the ring. Rows of slots with the policy off (and the scratch slot) pass unchanged.
+
+`fused_draw` (a `FusedDraw`) does apply, the device sampler's draw and update as one Triton
+kernel (backends/talker/draw_kernel.py); the runner's fast path uses it on CUDA, and the torch
+methods here stay the reference (and the CPU path).
 """
 
 from __future__ import annotations
@@ -25,6 +29,8 @@ import torch
 
 from backends.models.talker_policy import CHUNK_FRAMES, ChunkBudget, TalkerSamplingConfig
 from backends.runner.host_staging import copy_to_device
+from backends.runner.types import FusedDraw
+from backends.talker.draw_kernel import talker_draw
 
 # Column layout of a slot's row; the ring follows the counters.
 _ON, _MAX, _MIN, _MASK_AFTER, _MASK_STEPS, _STEP, _DONE, _HEAD = range(8)
@@ -48,6 +54,7 @@ class TalkerPolicyTable:
         device: torch.device | str,
         sampling: TalkerSamplingConfig,
         eos_id: int,
+        fused: bool = True,
     ) -> None:
         if sampling.penalty_window < 1:
             raise ValueError("the device policy needs a bounded penalty window (>= 1)")
@@ -59,6 +66,7 @@ class TalkerPolicyTable:
         self._off_row[:_RING] = [0, 1, 0, 0, 0, 0, 1, 0]
         # [max_num_reqs + 1, 8 + window] int64, see the module docstring
         self.table = torch.from_numpy(np.tile(self._off_row, (max_num_reqs + 1, 1))).to(device)
+        self.fused_draw: FusedDraw | None = self._draw if fused else None
 
     # -- host writes (stream-ordered copies, no host wait) ---------------------------------
 
@@ -112,6 +120,19 @@ class TalkerPolicyTable:
         # Duplicate slots (scratch rows of a padded graph) carry identical unchanged rows.
         self.table.index_copy_(0, slots, rows)
         return tokens
+
+    def _draw(
+        self,
+        logits: torch.Tensor,
+        slots: torch.Tensor,
+        positions: torch.Tensor,
+        floats: torch.Tensor,
+        ints: torch.Tensor,
+    ) -> torch.Tensor:
+        """`apply`, the draw and `update` in one kernel (see `FusedDraw`)."""
+        policy = (self.table, self._powers)
+        return talker_draw(logits, slots, positions, (floats, ints), policy, self.eos_id,
+                           self._is_penalised)  # fmt: skip
 
     def _penalise(self, logits: torch.Tensor, ring: torch.Tensor) -> None:
         """The host's `apply_frequency_penalty` for every row; ring: [rows, window] int64."""
