@@ -14,7 +14,7 @@ to preempt (facts edge case 10); a reservation that fails is `resource_exhausted
 The chunk policy runs on the device where the runner samples on the device (its fast path):
 one `TalkerPolicyTable` is the runner's logits processor and each request holds a row of it
 (`backends.talker.device_policy`); elsewhere each request gets the host hook `PolicyGuard`.
-A chain's codes are handled one by one as K steps' would be; draws after a chunk's end dropped.
+A chain's codes are taken as K steps' would be (`chain_harvest`); draws past a chunk's end dropped.
 
 Errors are request-scoped: a bad condition or an exception while handling one request closes
 that request's sinks with a StageError and frees its state; other requests go on. `stop`
@@ -38,13 +38,14 @@ from backends.runner.model_runner import ModelRunner
 from backends.runner.types import AdmissionError, ChainResult, RunnerConfig, StepInput, StepResult
 from backends.stages.contracts import ACTION_RUN, ACTION_STOP, TalkerCodes, TalkerRequest
 from backends.stages.sink import ResponseSink, StageError, StageFailure
+from backends.talker.chain_harvest import active_chunk, codes_before_end, take_codes
 from backends.talker.chain_plan import chain_config, chain_length
 from backends.talker.condition import Condition, build_condition
 from backends.talker.device_policy import make_policy_table, new_chunk_policy
 from backends.talker.ended_requests import EndedRequests
 from backends.talker.failures import close_quietly, internal_error
 from backends.talker.request_state import ActiveChunk, TalkerStream, check_next_seq
-from backends.talker.rollover import ChunkRecord, PromptKind, plan_prompt
+from backends.talker.rollover import ChunkRecord, PromptKind, embed_codes, plan_prompt
 
 _LOG = logging.getLogger(__name__)
 
@@ -72,6 +73,7 @@ class TalkerEngine:
         # Talker context = min(runner max_model_len, tts max_position_embeddings) (facts 2.6).
         self.context = min(runner_config.max_model_len, model.config.max_position_embeddings)
         self._streams: dict[str, TalkerStream] = {}
+        self._embed_codes = partial(embed_codes, model, self._device)
         self._ended = EndedRequests()
         # Test-only, set by backends/serving/fault_injection.py when fault_injection=on.
         self.fault_hook: Callable[[str], None] | None = None
@@ -234,35 +236,38 @@ class TalkerEngine:
         self._admit(stream, seed)
 
     def _on_result(self, result: StepResult | ChainResult) -> None:
-        """A step's code, or a chain's codes one by one until the chunk ends (the rest of
-        the chain is dropped from the runner, as if the request had stopped stepping)."""
+        """A step's code, or a chain's codes until the chunk ends (the rest of the chain is
+        dropped from the runner, as if the request had stopped stepping)."""
         tokens = result.tokens if isinstance(result, ChainResult) else [result.token]
-        stream, used = self._streams[result.request_id], 0
-        while used < len(tokens) and self._streams.get(stream.request_id) is stream:
-            used += 1  # a sink may stop the request while it is sent a group: no more then
-            if not self._on_token(stream, tokens[used - 1]):
-                break
+        stream = self._streams[result.request_id]
+        take = self._take if self.fault_hook is None else self._take_each
+        used = take(stream, tokens)
         if used < len(tokens) and self._streams.get(stream.request_id) is stream:
             self._runner.discard_tail(stream.request_id, len(tokens) - used)
 
-    def _on_token(self, stream: TalkerStream, token: int | None) -> bool:
-        """Handle one drawn code; returns whether the chunk goes on."""
-        if self.fault_hook is not None:
-            self.fault_hook(stream.request_id)
-        chunk = stream.active
-        if stream.hook.error is not None:
-            raise RuntimeError(f"chunk policy failed: {stream.hook.error!r}") from stream.hook.error
-        if token is None or chunk is None:
-            raise RuntimeError(f"runner returned token {token} for an idle talker request")
-        if token == self._eos_id or len(chunk.codes) >= chunk.max_codes:
-            self._finish_chunk(stream, chunk)
-            return False
-        chunk.codes.append(token)
-        if chunk.group_ready():
-            chunk.condition.sink.send(chunk.take_group(finished=False))
-        # The next input is the sampled code itself, embedded by the runner with emb_code.
-        chunk.next_input = StepInput(stream.request_id, [token])
-        return True
+    def _take(self, stream: TalkerStream, tokens: list[int | None]) -> int:
+        """Take the draws the chunk keeps in one go; returns how many were used."""
+        chunk = active_chunk(stream, tokens[0])
+        kept = codes_before_end(tokens, self._eos_id, chunk.max_codes - len(chunk.codes))
+        is_alive = partial(self._is_alive, stream)  # a sink may stop the request in a send
+        if not take_codes(chunk, tokens[:kept], is_alive) or kept == len(tokens):
+            chunk.next_input = StepInput(stream.request_id, [tokens[kept - 1]])  # its emb_code
+            return kept
+        self._finish_chunk(stream, chunk)
+        return kept + 1
+
+    def _take_each(self, stream: TalkerStream, tokens: list[int | None]) -> int:
+        """`_take` code by code, the fault hook before each (fault injection tests)."""
+        used = 0
+        while used < len(tokens) and self._is_alive(stream):
+            self.fault_hook(stream.request_id)  # type: ignore[misc]
+            chunk, used = stream.active, used + self._take(stream, tokens[used : used + 1])
+            if stream.active is not chunk:
+                break
+        return used
+
+    def _is_alive(self, stream: TalkerStream) -> bool:
+        return self._streams.get(stream.request_id) is stream
 
     def _finish_chunk(self, stream: TalkerStream, chunk: ActiveChunk) -> None:
         sink = chunk.condition.sink
@@ -270,12 +275,6 @@ class TalkerEngine:
         sink.close()
         stream.active = None
         stream.last_chunk = ChunkRecord(chunk.condition.embeds, tuple(chunk.codes))
-
-    def _embed_codes(self, codes: list[int]) -> torch.Tensor:
-        """codes: k codec ids -> [k, hidden] emb_code rows (the runner's own input table)."""
-        with torch.inference_mode():
-            ids = torch.tensor(codes, dtype=torch.int64, device=self._device)
-            return self._model.embed_tokens(ids)
 
     # -- failures ----------------------------------------------------------------------------
 

@@ -14,6 +14,7 @@ import torch
 
 from backends.models.talker import TalkerModel
 from backends.models.talker_policy import CHUNK_BUDGETS, ChunkKind
+from backends.runner.host_staging import to_device
 from backends.stages.contracts import TalkerRequest
 from backends.stages.sink import ResponseSink, StageFailure
 
@@ -61,9 +62,10 @@ def build_condition(
     expected = (token_ids.shape[0], model.config.llm_dim)
     if hidden.shape != expected:
         raise StageFailure("invalid_argument", f"hidden shape {hidden.shape}, expected {expected}")
+    # Pinned, queued copies: a pageable copy would make the engine thread wait for the device.
     with torch.inference_mode():
         embeds = model.condition_embeds(
-            torch.as_tensor(token_ids, dtype=torch.int64, device=device),  # [m] int64
-            torch.as_tensor(hidden, dtype=torch.float32, device=device),  # [m, llm_dim] float32
+            to_device(token_ids.astype(np.int64, copy=False), device),  # [m] int64
+            to_device(hidden.astype(np.float32, copy=False), device),  # [m, llm_dim] float32
         )
     return Condition(request, sink, kind, embeds)

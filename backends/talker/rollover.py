@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
+from backends.models.talker import TalkerModel
 from backends.stages.sink import StageFailure
 
 # Upstream's scheduler prompt for a condition is all zeros: the rows' content is in the
@@ -99,6 +100,12 @@ def _rollover_plan(
         _placeholders(last_chunk.embeds.shape[0]) + codes + _placeholders(condition.shape[0])
     )
     return PromptPlan(PromptKind.ROLLOVER, torch.cat(parts, dim=0), token_ids)
+
+
+def embed_codes(model: TalkerModel, device: torch.device, codes: list[int]) -> torch.Tensor:
+    """codes: k codec ids -> [k, hidden] emb_code rows (the runner's own input table)."""
+    with torch.inference_mode():
+        return model.embed_tokens(torch.tensor(codes, dtype=torch.int64, device=device))
 
 
 def _require_room(num_rows: int, reserve: int, context: int, what: str) -> None:
