@@ -97,7 +97,10 @@ def test_three_stream_decoding_with_graph_buckets_equals_eager() -> None:
         np.testing.assert_allclose(a, b, atol=PAD_ATOL, rtol=0)
 
 
-GPU_ATOL = 5e-4  # graphs of other shapes vs eager: float32 rounding through the HiFT (test_token2wav_graphs)
+# Graphs of other shapes vs eager, float32 convs: measured 3.4e-5 on an H200. With cuDNN's
+# TF32 convs (torch's default, served) a 3-row batch run as 4 rows picks other conv algorithms
+# and the audio moves by up to 2.6e-3 (-52 dBFS), as any change of batch composition does.
+GPU_ATOL = 5e-4
 
 
 @pytest.mark.gpu
@@ -108,15 +111,20 @@ def test_three_streams_replay_the_four_row_graphs_on_cuda() -> None:
         model.enable_cache_pool(4)
         return model
 
-    eager = _decode_three(cuda_model())
-    model = cuda_model()
-    model.enable_cuda_graphs()
-    for _ in range(2):  # capture, then replay the same graphs
-        for a, b in zip(eager, _decode_three(model)):
-            np.testing.assert_allclose(a, b, atol=GPU_ATOL, rtol=0)
+    tf32 = torch.backends.cudnn.allow_tf32
+    torch.backends.cudnn.allow_tf32 = False
+    try:
+        eager = _decode_three(cuda_model())
+        model = cuda_model()
+        model.enable_cuda_graphs()
+        for _ in range(2):  # capture, then replay the same graphs
+            for a, b in zip(eager, _decode_three(model)):
+                np.testing.assert_allclose(a, b, atol=GPU_ATOL, rtol=0)
+    finally:
+        torch.backends.cudnn.allow_tf32 = tf32
     pooled = model.cache_pool.solver.runner
     assert pooled.num_graphs() > 0
-    assert {key[0][0] for key in pooled._graphs} == {2, 4}, "3 streams run as the 4-row graphs"
+    assert {key[0][0] for key in pooled._graphs} == {1, 2, 4}, "3 streams run as the 4-row graphs"
     hift_widths = {key[1][0][1] for key in model._hift_graphs.runner._graphs}
     assert len(hift_widths) >= 1 and model._hift_graphs.runner.num_graphs() > 0
 

@@ -188,17 +188,16 @@ def test_epilogue_matches_torch_on_cuda() -> None:
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_fused_full_size_hift_on_cuda() -> None:
-    """Full widths (512 base channels, 3 resblocks per stage), 16 rows: fused equals torch
-    (TF32 off, so both are float32; the kernels add no roundings of their own)."""
-    tf32 = torch.backends.cudnn.allow_tf32
-    torch.backends.cudnn.allow_tf32 = False
-    try:
-        (speech, source), (fused_speech, fused_source) = _both_paths(
-            _hift(HiFTConfig(), "cuda"), batch=16, device="cuda")
-    finally:
-        torch.backends.cudnn.allow_tf32 = tf32
+    """Full widths (512 base channels, 3 resblocks per stage), 16 rows: fused equals torch bit
+    for bit (the kernels add no roundings of their own). Random full-size weights make the
+    HiFT chaotic (Snake's sin of large activations: one ulp upstream flips samples between
+    +-0.99), so only equal conv results compare: the same cuDNN algorithms, as served (TF32
+    on). Measured on an H200: equal with TF32 on; with it off the two paths' convs differed and
+    so did the audio (max 1.98)."""
+    (speech, source), (fused_speech, fused_source) = _both_paths(
+        _hift(HiFTConfig(), "cuda"), batch=16, device="cuda")
     assert torch.equal(source, fused_source)
-    torch.testing.assert_close(fused_speech, speech, atol=1e-5, rtol=0)
+    assert torch.equal(fused_speech, speech)
 
 
 @pytest.mark.gpu
@@ -218,11 +217,16 @@ def test_graphed_fused_hift_decoding_equals_eager_torch_hift_on_cuda() -> None:
             chunks += model.decode([StreamWindow(s, c, step == 2) for s, c in zip(streams, codes)])
         return chunks
 
-    model.hift.fused = False
-    eager = decode()
-    model.hift.fused = None
-    model.enable_cuda_graphs()
-    for _ in range(2):
-        for a, b in zip(eager, decode()):
-            np.testing.assert_allclose(a, b, atol=5e-4, rtol=0)
+    tf32 = torch.backends.cudnn.allow_tf32
+    torch.backends.cudnn.allow_tf32 = False  # see test_token2wav_batch_buckets: TF32 convs differ by batch shape
+    try:
+        model.hift.fused = False
+        eager = decode()
+        model.hift.fused = None
+        model.enable_cuda_graphs()
+        for _ in range(2):
+            for a, b in zip(eager, decode()):
+                np.testing.assert_allclose(a, b, atol=5e-4, rtol=0)
+    finally:
+        torch.backends.cudnn.allow_tf32 = tf32
     assert model._hift_graphs is not None and model._hift_graphs.runner.num_graphs() > 0
