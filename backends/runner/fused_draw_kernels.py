@@ -89,23 +89,27 @@ def count_of(s, valid, value):
 @triton.jit
 def top_values(s, valid, top, k, CACHE: tl.constexpr):
     """-> (sorted(s, descending)[k - 1] over the valid lanes, ties counted; the distinct
-    values from `top` down to it and their counts in [CACHE] vectors, whole when k <= CACHE)."""
+    values from `top` down to it and their counts in [CACHE] vectors, whole when k <= CACHE).
+
+    A `for` over k passes with an `active` mask, not a `while`: compiled (not interpreted),
+    Triton 3.6 returned the `while` loop's carried k-th value as its initial value (measured
+    on an H200: kth == top, while the value vectors were right), so every row kept only its
+    top token. Each active pass takes at least one lane, so k passes reach the k-th value."""
     ids = tl.arange(0, CACHE)
     values = tl.full([CACHE], NEG_INF, tl.float32)
     counts = tl.zeros([CACHE], tl.int32)
     value = top
     kth = top
-    i = tl.zeros((), tl.int32)
     taken = tl.zeros((), tl.int32)
     count = taken + 1
-    while (taken < k) & (count > 0):  # a lane set empties only past the last value: stop
-        count = count_of(s, valid, value)
-        values = tl.where(ids == i, value, values)
-        counts = tl.where(ids == i, count, counts)
-        taken += count
-        kth = value
-        i += 1
-        value = next_below(s, valid, value)
+    for i in range(0, k):
+        active = (taken < k) & (count > 0)  # a lane set empties only past the last value
+        count = tl.where(active, count_of(s, valid, value), count)
+        values = tl.where((ids == i) & active, value, values)
+        counts = tl.where((ids == i) & active, count, counts)
+        taken += tl.where(active, count, 0)
+        kth = tl.where(active, value, kth)
+        value = tl.where(active, next_below(s, valid, value), value)
     return kth, values, counts
 
 
@@ -119,18 +123,20 @@ def cached_top_p_floor(values, counts, top, top_p, PRECISE: tl.constexpr):
 
 
 @triton.jit
-def top_p_floor(s, valid, top, kth, top_p, PRECISE: tl.constexpr):
+def top_p_floor(s, valid, top, kth, top_p, passes, PRECISE: tl.constexpr):
     """The smallest value top-p keeps among the survivors `s >= kth`: the values whose
-    softmax mass before them is below top_p (`mask_top_k_top_p`'s rule, per distinct value)."""
+    softmax mass before them is below top_p (`mask_top_k_top_p`'s rule, per distinct value).
+    `passes` bounds the distinct survivor values (a masked `for`: see `top_values`)."""
     total = tl.sum(tl.where(valid & (s >= kth), exp32(s - top, PRECISE), 0.0), 0)
     mass = tl.zeros((), tl.float32)
     value = top
     floor = top
-    while (mass < top_p) & (value >= kth) & (value > NEG_INF):
+    for _ in range(0, passes):
+        active = (mass < top_p) & (value >= kth) & (value > NEG_INF)
         prob = tl.math.div_rn(exp32(value - top, PRECISE), total)
-        mass += prob * count_of(s, valid, value).to(tl.float32)
-        floor = value
-        value = next_below(s, valid, value)
+        mass += tl.where(active, prob * count_of(s, valid, value).to(tl.float32), 0.0)
+        floor = tl.where(active, value, floor)
+        value = tl.where(active, next_below(s, valid, value), value)
     return floor
 
 
@@ -154,7 +160,7 @@ def draw_row(
             if (top_p < 1.0) & (k <= CACHE):
                 floor = cached_top_p_floor(values, counts, top, top_p, PRECISE)
         if (top_p < 1.0) & ((k >= num_valid) | (k > CACHE)):  # many survivors: walk the vocab
-            floor = top_p_floor(s, valid, top, kth, top_p, PRECISE)
+            floor = top_p_floor(s, valid, top, kth, top_p, tl.minimum(k, num_valid), PRECISE)
         keep = valid & (s >= tl.maximum(kth, floor))
         token = tl.argmax(tl.where(keep, s + gumbel_at(seed, offs, PRECISE), NEG_INF), 0)
     return token.to(tl.int64)
