@@ -124,7 +124,7 @@ def test_three_streams_replay_the_four_row_graphs_on_cuda() -> None:
         torch.backends.cudnn.allow_tf32 = tf32
     pooled = model.cache_pool.solver.runner
     assert pooled.num_graphs() > 0
-    rows = {key[0][0] for key in pooled._graphs}
+    rows = {key[0][0][0] for key in pooled._graphs}  # key: ((shape, dtype) of each input)
     assert 4 in rows and 3 not in rows, f"3 streams run as the 4-row graphs, captured rows {rows}"
     hift_widths = {key[1][0][1] for key in model._hift_graphs.runner._graphs}
     assert len(hift_widths) >= 1 and model._hift_graphs.runner.num_graphs() > 0
