@@ -130,8 +130,8 @@ class TalkerModel(nn.Module):
         if self.config.normalize_projected_hidden:
             projected = F.normalize(projected, p=2, dim=-1)
         rows = self.emb_text(token_ids) + projected
-        bos = torch.tensor([self.config.audio_bos_token_id], device=token_ids.device)
-        return torch.cat([rows, self.emb_text(bos)], dim=0)
+        bos = self.config.audio_bos_token_id  # its table row as a view: no id tensor to copy in
+        return torch.cat([rows, self.emb_text.weight[bos : bos + 1]], dim=0)
 
     def embed_tokens(self, token_ids: torch.Tensor) -> torch.Tensor:
         """token_ids: [n] int64 codec ids -> [n, hidden_size] (emb_code[0], never the

@@ -47,10 +47,11 @@ class StackSampler:
         self._thread.start()
 
     def sample_once(self) -> None:
+        """Count every thread's current stack once (the caller's and the sampler's own aside)."""
         names = {t.ident: t.name for t in threading.enumerate()}
-        own = threading.get_ident()
+        skip = {threading.get_ident(), self._thread.ident}
         for ident, frame in sys._current_frames().items():
-            if ident != own:
+            if ident not in skip:
                 self.counts[collapse(frame, names.get(ident, f"thread-{ident}"))] += 1
 
     def write(self) -> None:

@@ -2,13 +2,13 @@
 from __future__ import annotations
 
 import threading
-import time
 
 from backends.serving.stack_sampler import ENV_DIR, StackSampler, collapse, start_stack_sampler
 from perf.stack_report import read_folded, report, shares
 
 
-def _spin_in_named_function(stop: threading.Event) -> None:
+def _spin_in_named_function(started: threading.Event, stop: threading.Event) -> None:
+    started.set()
     while not stop.is_set():
         sum(range(1000))
 
@@ -22,20 +22,24 @@ def test_off_unless_the_directory_is_set(tmp_path):
 
 
 def test_samples_show_the_busy_thread_and_its_function(tmp_path):
-    stop = threading.Event()
-    worker = threading.Thread(target=_spin_in_named_function, args=(stop,), name="thinker-engine")
+    started, stop = threading.Event(), threading.Event()
+    worker = threading.Thread(target=_spin_in_named_function, args=(started, stop), name="thinker-engine")
     worker.start()
-    sampler = StackSampler(tmp_path / "thinker-1.folded", interval_s=0.002, flush_s=0.05)
+    # its own thread never fires here (an hour between samples): the samples are taken below,
+    # so the count does not depend on how busy the machine is
+    sampler = StackSampler(tmp_path / "thinker-1.folded", interval_s=3600.0)
     try:
-        time.sleep(0.3)
+        assert started.wait(10)
+        for _ in range(10):
+            sampler.sample_once()
     finally:
-        sampler.stop()
         stop.set()
         worker.join()
+        sampler.stop()
     threads = read_folded(sampler.path)
     assert "stack-sampler" not in threads, "the sampler does not sample itself"
     total, inclusive, _ = shares(threads["thinker-engine"])
-    assert total >= 10
+    assert total == 10
     assert inclusive["test_stack_sampler.py:_spin_in_named_function"] == total
     text = "\n".join(report(sampler.path, "engine", top=5))
     assert "thread thinker-engine" in text and "_spin_in_named_function" in text
