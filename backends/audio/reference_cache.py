@@ -19,7 +19,7 @@ DEFAULT_REFERENCE_CACHE = 16  # clips; each [n / 1600, hidden] (~5 MB for 30 s a
 
 
 def clip_key(samples: np.ndarray) -> str:
-    """sha256 of the clip's float32 samples (the same rule as the Code2Wav voice cache)."""
+    """sha256 of the clip's float32 samples (also the Code2Wav voice cache's key)."""
     return hashlib.sha256(np.ascontiguousarray(samples, dtype=np.float32).tobytes()).hexdigest()
 
 

@@ -15,7 +15,6 @@ voices of live streams, and every stream's end (finish, stop, error, a new epoch
 """
 from __future__ import annotations
 
-import hashlib
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Protocol
@@ -23,6 +22,7 @@ from typing import Protocol
 import numpy as np
 import torch
 
+from backends.audio.reference_cache import clip_key as voice_key  # the Thinker's reference cache keys the same way
 from backends.models.token2wav import Voice
 from backends.stages.contracts import MAX_REF_AUDIO_SECONDS, MIN_REF_AUDIO_SAMPLES, REF_AUDIO_SAMPLE_RATE
 
@@ -33,11 +33,6 @@ _MAX_SAMPLES = MAX_REF_AUDIO_SECONDS * REF_AUDIO_SAMPLE_RATE
 
 class VoiceBuilder(Protocol):
     def voice_from_audio(self, audio: torch.Tensor, sample_rate: int) -> Voice: ...
-
-
-def voice_key(audio: np.ndarray) -> str:
-    """The content hash a reference is cached under (sha256 of its float32 samples)."""
-    return hashlib.sha256(np.ascontiguousarray(audio, dtype=np.float32).tobytes()).hexdigest()
 
 
 def reference_error(audio: np.ndarray, chunk_seq: int) -> str | None:

@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 from backends.models.token2wav.estimator_pool import PoolSlot
+from backends.runner.async_output import AsyncOutput
 from backends.models.token2wav.flow import FlowCache
 
 
@@ -119,10 +120,7 @@ def to_host(audio: list[torch.Tensor]) -> list[np.ndarray]:
     views of that buffer (freed with the last of them)."""
     if not audio or audio[0].device.type != "cuda":
         return [row.float().cpu().numpy() for row in audio]
-    flat = torch.cat([row.float() for row in audio])
-    host = torch.empty(flat.shape, dtype=flat.dtype, pin_memory=True)
-    host.copy_(flat, non_blocking=True)
-    torch.cuda.current_stream(flat.device).synchronize()
+    host = AsyncOutput({"audio": torch.cat([row.float() for row in audio])}).wait()["audio"]
     bounds = np.cumsum([row.shape[0] for row in audio])[:-1]
     return np.split(host.numpy(), bounds)
 
