@@ -410,6 +410,11 @@ def chain_markdown(rows: list[ChainRow], context: int) -> list[str]:
 def profile_kernels(runner: ModelRunner, batch: int, path: Path) -> None:
     """Per-kernel device times of the staged bucket's forward, run eagerly (the same kernels
     the graph replays), into `path`."""
+    with torch.inference_mode():  # as captured: under autograd the GEMV falls back to cuBLAS
+        _profile_kernels(runner, batch, path)
+
+
+def _profile_kernels(runner: ModelRunner, batch: int, path: Path) -> None:
     graphs = runner.fast_path.graphs  # type: ignore[union-attr]
     bucket = graphs.bucket_for(batch)
     graphs.forward_eager(bucket)

@@ -7,8 +7,8 @@ The run is `bench_audio_tail.bench_talker`'s (B mid-turn conditions of 10 handed
 submitted together, then `engine.step()` until each has 25 frames), on the fast path (Triton,
 interpreted on CPU) with the device chunk policy unless `--backend reference`. Per batch it
 prints: runner forwards per run (the ideal: 1 prefill + ceil(24 / 8) chains at any batch), the
-graphs the runner captured (a chain or bucket without its graph runs eagerly), the bench's own
-input making (inside its timing), wall ms of the submits, each step (and the engine's host
+graphs the runner captured (a chain or bucket without its graph runs eagerly), wall ms of the
+submits (their inputs made before), each step (and the engine's host
 share of it: the step minus the runner's forward and wait) and the stops, each with its
 device-op count (aten ops dispatched outside kernels: on the GPU each is a launch or a copy),
 then the top cProfile rows (our code only, by default) of one more run.
@@ -36,7 +36,9 @@ from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 
 from backends.runner.types import RunnerConfig  # noqa: E402
 from backends.stages.talker_engine import TalkerEngine  # noqa: E402
-from perf.bench_audio_tail import FRAMES, MAX_STEPS, _frames, _submit_condition, talker_model  # noqa: E402
+from perf.bench_audio_tail import (  # noqa: E402
+    FRAMES, MAX_STEPS, _frames, condition_inputs, submit_condition, talker_model,
+)  # fmt: skip
 
 
 class OpCounter(TorchDispatchMode):
@@ -83,7 +85,7 @@ def make_engine(model: torch.nn.Module, batch: int, args: argparse.Namespace) ->
     config = RunnerConfig(num_blocks=(batch + 2) * context // 16, max_num_reqs=batch + 2,
                           max_model_len=context, device=str(device), dtype=model.dtype_,
                           attention_backend=backend, use_cuda_graphs=device.type == "cuda",
-                          cuda_graph_sizes=(1, 2, 4, 8, 16, 32))  # fmt: skip
+                          cuda_graph_sizes=(1, 2, 4, 8, 16, 32), gemv_backend=args.gemv)  # fmt: skip
     return TalkerEngine(model, config, device_policy=None)
 
 
@@ -121,12 +123,12 @@ def sync(device: torch.device) -> None:
 def run_once(engine: TalkerEngine, batch: int, tag: str, log: list[str] | None) -> None:
     """One bench run: submit B conditions, step until all have 25 frames, stop them."""
     device = engine.runner.kv.data.device
-    config = engine.runner.model.config
+    inputs = condition_inputs(engine.runner.model.config, batch)  # outside the timing
     ids = [f"{tag}{b}" for b in range(batch)]
     sync(device)
     start = time.perf_counter()
     with OpCounter() as ops:
-        sinks = [_submit_condition(engine, config, request_id) for request_id in ids]
+        sinks = [submit_condition(engine, rid, *handoff) for rid, handoff in zip(ids, inputs)]
     _note(log, "submit", start, ops, device)
     for step in range(MAX_STEPS):
         if all(_frames(sink) >= FRAMES for sink in sinks):
@@ -151,19 +153,6 @@ def _note(log: list[str] | None, what: str, start: float, ops: OpCounter, device
         top = ", ".join(f"{name} {n}" for name, n in ops.ops.most_common(4))
         log.append(f"  {what:8s} {1000 * (time.perf_counter() - start):8.2f} ms {extra:24s} "
                    f"{sum(ops.ops.values()):5d} ops ({top})")
-
-
-def harness_ms(model: torch.nn.Module, batch: int) -> float:
-    """Wall ms the bench itself spends making B conditions' inputs (inside its timing)."""
-    start = time.perf_counter()
-    for b in range(batch):
-        _submit_condition(_NullEngine(), model.config, f"r{b}")
-    return 1000 * (time.perf_counter() - start)
-
-
-class _NullEngine:
-    def submit(self, request: object, sink: object) -> None:
-        pass
 
 
 def graph_counts(engine: TalkerEngine) -> str:
@@ -192,8 +181,7 @@ def profile_batch(model: torch.nn.Module, batch: int, args: argparse.Namespace) 
     run_once(engine, batch, "timed", log)
     total = 1000 * (time.perf_counter() - start)
     print(f"\n== batch {batch}: {total:.1f} ms to {FRAMES} frames (ops counted: slower); "
-          f"forwards {dict(calls.calls)}; {graph_counts(engine)}; the bench's own input "
-          f"making {harness_ms(model, batch):.2f} ms (inside its timing)")
+          f"forwards {dict(calls.calls)}; {graph_counts(engine)}")
     print("\n".join(log))
     if not args.cprofile:
         return
@@ -213,6 +201,8 @@ def main() -> None:
     parser.add_argument("--tiny", action="store_true", help="tiny Talker dims (CPU smoke)")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--backend", default="auto", choices=("auto", "triton", "reference"))
+    parser.add_argument("--gemv", default="triton", choices=("triton", "cublas"),
+                        help="the decode matmuls (served: triton on CUDA)")
     parser.add_argument("--no-cprofile", dest="cprofile", action="store_false",
                         help="skip the cProfile run (slow with interpreted kernels on CPU)")
     parser.add_argument("--sort", default="tottime", help="cProfile sort key")

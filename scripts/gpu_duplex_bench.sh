@@ -5,9 +5,8 @@
 # Here, once (fills the git-ignored .devcarry/, about 45 MB: Triton bundle for Python 3.12,
 # tritonclient 2.51 + its protobuf/rapidjson wheels, libcudart 12 and libb64 for perf_analyzer):
 #   bash scripts/gpu_duplex_bench.sh prepare
-# The carry and the working tree together must stay under 64 MiB: for `bench` runs, a
-# tritonclient wheel without its perf_analyzer binaries (data/bin, ~39 MB unpacked) fits; `pa`
-# needs the full wheel and a smaller tree.
+# The carry and the working tree together must stay under 64 MiB: the tritonclient wheel goes
+# without its binaries (data/bin, ~39 MB unpacked) and perf_analyzer alone, xz-compressed (~5 MB).
 # On the device, through the `run` tool with carry [".devcarry"] (each part starts its own
 # server and stays inside one 10-minute call; COMMIT is recorded in the results):
 #   COMMIT=<sha> LEVEL_BUDGET_S=90 bash scripts/gpu_duplex_bench.sh bench 1,2,4,8 a
@@ -41,6 +40,17 @@ prepare() {
     tritonclient==2.51.0 python-rapidjson==1.25 protobuf==4.25.9 nvidia-cuda-runtime-cu12==12.9.79 \
     numpy==1.26.4  # the stub's numpy paths (strings included) come back empty under numpy >= 2
   (cd "$CARRY" && apt-get download libb64-0d)
+  .venv/bin/python - "$CARRY"/wheels/tritonclient-*.whl <<'PY'  # the wheel without its binaries
+import sys, zipfile
+path = sys.argv[1]
+with zipfile.ZipFile(path) as src:
+    keep = [(i, src.read(i)) for i in src.infolist() if "/bin/" not in i.filename and ".data/scripts/" not in i.filename]
+with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as dst:
+    for info, data in keep:
+        dst.writestr(info, data)
+PY
+  # perf_analyzer alone, xz-compressed (~5 MB): the carried tritonclient wheel leaves its bin/ out
+  xz -T2 -9 -c "$(PATH="$PWD/.venv/bin:$PATH" command -v perf_analyzer)" > "$CARRY/perf_analyzer.xz"
   du -sh "$CARRY"
 }
 
@@ -69,7 +79,10 @@ device_env() {
   export PYTHONPATH="/tmp/site:$PWD" PYTHONUNBUFFERED=1 PYTHON=/tmp/venv/bin/python
   export TRITONSERVER_BIN=/tmp/tb/pytriton/tritonserver/bin/tritonserver
   export LD_LIBRARY_PATH="/tmp/b64/usr/lib/x86_64-linux-gnu:$site/nvidia/cuda_runtime/lib:${LD_LIBRARY_PATH:-}"
-  export PATH="/tmp/venv/bin:$site/bin:$PATH"  # perf_analyzer from the tritonclient wheel
+  if ((fresh)) && [ -f "$CARRY/perf_analyzer.xz" ]; then
+    xz -dc "$CARRY/perf_analyzer.xz" > /tmp/venv/bin/perf_analyzer && chmod +x /tmp/venv/bin/perf_analyzer
+  fi
+  export PATH="/tmp/venv/bin:$site/bin:$PATH"  # perf_analyzer (carried on its own, see prepare)
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
   "$PYTHON" -c 'import torch, numpy, tritonclient.grpc; print("server side: torch", torch.__version__, "numpy", numpy.__version__)'
 }

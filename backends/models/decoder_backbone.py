@@ -116,15 +116,11 @@ class GatedMLP(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
-    def forward_fused(self, x: torch.Tensor, linear: LinearFn = F.linear) -> torch.Tensor:
-        """x: [num_tokens, hidden] -> [num_tokens, hidden]: one gate|up matmul + fused SwiGLU."""
-        from backends.runner.triton_layer_ops import silu_and_mul
-
+    def gate_up_weights(self) -> FusedLinear:
+        """The one gate|up weight (and bias) the fast path multiplies by, built once."""
         if not is_fused(self._gate_up, self.gate_proj):
             self._gate_up = fuse_linears([self.gate_proj, self.up_proj])
-        weight, bias = self._gate_up  # type: ignore[misc]
-        down = self.down_proj
-        return linear(silu_and_mul(linear(x, weight, bias)), down.weight, down.bias)
+        return self._gate_up  # type: ignore[return-value]
 
 
 class PagedSelfAttention(nn.Module):
@@ -165,9 +161,15 @@ class PagedSelfAttention(nn.Module):
         out = attend(query, k_cache, v_cache, meta, self.scale)
         return self.o_proj(out.reshape(num_tokens, self.num_heads * self.head_dim))
 
-    def forward_fused(
+    def qkv_weights(self) -> FusedLinear:
+        """The one q|k|v weight (and bias) the fast path multiplies by, built once."""
+        if not is_fused(self._qkv, self.q_proj):
+            self._qkv = fuse_linears([self.q_proj, self.k_proj, self.v_proj])
+        return self._qkv  # type: ignore[return-value]
+
+    def attend_projected(
         self,
-        x: torch.Tensor,
+        qkv: torch.Tensor,
         positions: torch.Tensor,
         inv_freq: torch.Tensor,
         meta: AttentionMetadata,
@@ -175,22 +177,19 @@ class PagedSelfAttention(nn.Module):
         v_cache: torch.Tensor,
         linear: LinearFn = F.linear,
     ) -> torch.Tensor:
-        """x: [num_tokens, hidden] normed; positions: [num_tokens] int64; inv_freq:
-        [head_dim // 2] float32 -> [num_tokens, hidden]. Writes this step's K/V."""
+        """The fast path after the q|k|v matmul. qkv: [num_tokens, (heads + 2 kv_heads) *
+        head_dim]; positions: [num_tokens] int64; inv_freq: [head_dim // 2] float32 ->
+        [num_tokens, hidden]. Writes this step's K/V."""
         from backends.runner.triton_layer_ops import qk_norm_rope_store_kv
 
-        if not is_fused(self._qkv, self.q_proj):
-            self._qkv = fuse_linears([self.q_proj, self.k_proj, self.v_proj])
-        weight, bias = self._qkv  # type: ignore[misc]
         qk_norm = None
         if self.q_norm is not None and self.k_norm is not None:
             qk_norm = (self.q_norm.weight, self.k_norm.weight, self.q_norm.eps)
         query = qk_norm_rope_store_kv(
-            linear(x, weight, bias), positions, meta.slot_mapping, inv_freq, qk_norm,
-            k_cache, v_cache, self.num_heads,
-        )  # fmt: skip
+            qkv, positions, meta.slot_mapping, inv_freq, qk_norm, k_cache, v_cache, self.num_heads
+        )
         out = attend(query, k_cache, v_cache, meta, self.scale)
-        out = out.view(x.shape[0], self.num_heads * self.head_dim)
+        out = out.view(qkv.shape[0], self.num_heads * self.head_dim)
         return linear(out, self.o_proj.weight, self.o_proj.bias)
 
 
@@ -253,24 +252,32 @@ class DecoderBackbone(nn.Module):
         meta: AttentionMetadata,
         kv: KVCache,
     ) -> torch.Tensor:
-        """The fast path: each norm is fused with the residual add before it, so a layer is
-        4 matmuls, attention and 4 small kernels."""
+        """The fast path: each norm is fused with the residual add before it and, on the
+        Triton GEMV at decode sizes, into the matmul after it (SwiGLU too), so a layer is
+        q|k|v, RoPE + KV write, attention, o, gate|up and down."""
+        from backends.runner.fused_linears import norm_linear, silu_linear
         from backends.runner.triton_gemv import linear_for
         from backends.runner.triton_layer_ops import rms_norm
 
-        linear = linear_for(self.gemv_backend)
-        first = self.layers[0].input_layernorm
-        normed, x = rms_norm(embeds, first.weight, first.eps)
-        norms_after = [layer.input_layernorm for layer in self.layers[1:]] + [self.norm]
-        for layer_idx, (layer, next_norm) in enumerate(zip(self.layers, norms_after)):
-            attn = layer.self_attn.forward_fused(
-                normed, positions, self.rotary.inv_freq, meta,
+        backend = self.gemv_backend
+        linear = linear_for(backend)
+        stream, branch = embeds, None  # the residual stream, and the branch output to add to it
+        for layer_idx, layer in enumerate(self.layers):
+            attn, mlp = layer.self_attn, layer.mlp
+            norm = layer.input_layernorm
+            qkv, stream = norm_linear(
+                branch, stream, norm.weight, norm.eps, *attn.qkv_weights(), backend
+            )
+            branch = attn.attend_projected(
+                qkv, positions, self.rotary.inv_freq, meta,
                 kv.key_cache(layer_idx), kv.value_cache(layer_idx), linear,
             )  # fmt: skip
-            post = layer.post_attention_layernorm
-            normed, x = rms_norm(attn, post.weight, post.eps, residual=x)
-            mlp = layer.mlp.forward_fused(normed, linear)
-            normed, x = rms_norm(mlp, next_norm.weight, next_norm.eps, residual=x)
+            norm = layer.post_attention_layernorm
+            gate_up, stream = norm_linear(
+                branch, stream, norm.weight, norm.eps, *mlp.gate_up_weights(), backend
+            )
+            branch = silu_linear(gate_up, mlp.down_proj.weight, mlp.down_proj.bias, backend)
+        normed, _ = rms_norm(branch, self.norm.weight, self.norm.eps, residual=stream)
         return normed
 
 

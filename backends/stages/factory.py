@@ -20,6 +20,7 @@ from backends.stages.code2wav_service import Code2WavService
 
 BLOCK_SIZE = 16
 SLOT_MARGIN = 2  # requests of an epoch being stopped while the next one starts
+GEMV_ENV = "MINICPMO_GEMV"  # the served decoders' matmul backend on CUDA (RunnerConfig.gemv_backend)
 WARMUP_TEXT_TOKEN = 100  # a plain text id of every Thinker vocabulary, handed in Talker warm-ups
 
 
@@ -60,11 +61,13 @@ class StageSetup:
     def runner_config(self, max_len: int) -> RunnerConfig:
         blocks_per_request = -(-max_len // BLOCK_SIZE)
         num_reqs = self.max_sessions + SLOT_MARGIN
-        # On CUDA: the Triton-language paged attention and CUDA graphs for decode batches.
-        backend = "triton" if self.device.type == "cuda" else "reference"
+        # On CUDA: the Triton-language paged attention, CUDA graphs for decode batches, and the
+        # Triton GEMV with the norms and SwiGLU folded in (MINICPMO_GEMV=cublas for A/B runs).
+        cuda = self.device.type == "cuda"
         return RunnerConfig(num_blocks=num_reqs * blocks_per_request, max_num_reqs=num_reqs, max_model_len=max_len,
                             block_size=BLOCK_SIZE, device=str(self.device), dtype=self.dtype,
-                            attention_backend=backend)
+                            attention_backend="triton" if cuda else "reference",
+                            gemv_backend=os.environ.get(GEMV_ENV, "triton") if cuda else "cublas")
 
 
 def build_thinker_engine(params: dict[str, str], device_id: str = "0"):

@@ -1,0 +1,87 @@
+"""The decoder fast path's matmuls with the elementwise kernel before each folded in.
+
+`norm_linear` is RMSNorm (after the residual add before it) then a linear; `silu_linear` is
+SwiGLU then a linear. With the Triton GEMV backend and a shape its kernel takes (a decode step:
+at most 16 rows), each is one kernel (`triton_gemv.Prologue`): a decode step of a small batch
+is launch-bound, and this saves three of a layer's ten kernels. Otherwise they are the fused
+elementwise kernels of `triton_layer_ops` followed by the backend's linear, as before.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from backends.runner.gemv_configs import GemvConfig, kernel_takes, prologue_config
+from backends.runner.triton_gemv import (
+    ADD_NORM,
+    NORM,
+    SILU_MUL,
+    Prologue,
+    linear_for,
+    triton_linear,
+)
+from backends.runner.triton_layer_ops import rms_norm, silu_and_mul
+
+PROLOGUES_ENV = "MINICPMO_GEMV_PROLOGUES"  # "0": never fold (A/B runs against the unfused path)
+
+
+def norm_linear(
+    branch: torch.Tensor | None,
+    residual: torch.Tensor,
+    norm_weight: torch.Tensor,
+    eps: float,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    backend: str,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """rmsnorm(branch + residual) * norm_weight @ weight^T (+ bias), all [rows, K] -> ([rows, N],
+    the residual stream branch + residual). Without a branch the residual itself is normed
+    (the first layer's input) and returned as the stream."""
+    source = residual if branch is None else branch
+    kind = NORM if branch is None else ADD_NORM
+    cfg = _fused_config(source, weight, bias, kind) if backend == "triton" else None
+    if cfg is not None and _same_layout(source, residual, norm_weight):
+        if branch is None:
+            prologue = Prologue(NORM, norm_weight, eps)
+            return triton_linear(residual, weight, bias, config=cfg, prologue=prologue), residual
+        stream = torch.empty_like(residual)
+        prologue = Prologue(ADD_NORM, norm_weight, eps, residual, stream)
+        return triton_linear(branch, weight, bias, config=cfg, prologue=prologue), stream
+    if branch is None:
+        normed, stream = rms_norm(residual, norm_weight, eps)
+    else:
+        normed, stream = rms_norm(branch, norm_weight, eps, residual=residual)
+    return linear_for(backend)(normed, weight, bias), stream
+
+
+def silu_linear(
+    gate_up: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, backend: str
+) -> torch.Tensor:
+    """(silu(gate) * up) @ weight^T (+ bias); gate_up: [rows, 2K] gate columns then up."""
+    cfg = _fused_config(gate_up, weight, bias, SILU_MUL) if backend == "triton" else None
+    if cfg is not None and gate_up.is_contiguous():
+        return triton_linear(gate_up, weight, bias, config=cfg, prologue=Prologue(SILU_MUL))
+    return linear_for(backend)(silu_and_mul(gate_up), weight, bias)
+
+
+def _fused_config(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, kind: int
+) -> GemvConfig | None:
+    """The kernel config for this fused call, or None where it stays unfused: the kernel does
+    not take x, the prologue table says unfused is faster, or PROLOGUES_ENV is "0"."""
+    if os.environ.get(PROLOGUES_ENV, "1") == "0":
+        return None
+    n, k = weight.shape
+    width = 2 * k if kind == SILU_MUL else k
+    if x.dim() != 2 or not kernel_takes(x, weight, bias, width):
+        return None
+    return prologue_config(x.shape[0], n, k, kind, x.device)
+
+
+def _same_layout(source: torch.Tensor, residual: torch.Tensor, norm_weight: torch.Tensor) -> bool:
+    """The kernel reads x and the residual at the same offsets: both contiguous, same shape."""
+    if source.shape != residual.shape or source.dtype != residual.dtype:
+        return False
+    return source.is_contiguous() and residual.is_contiguous() and norm_weight.is_contiguous()
