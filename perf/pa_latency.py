@@ -14,6 +14,7 @@ the server's own `ttfp_ms` is read from the first audio event.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -45,9 +46,33 @@ class DuplexLatency:
 
 
 def load_requests(path: Path) -> list[dict[str, Any]]:
-    """Every request of every experiment in the export."""
-    data = json.loads(Path(path).read_text())
+    """Every request of every experiment in the export. An export that is not valid JSON
+    (perf_analyzer 2.51 wrote one for Code2Wav's float32 audio outputs on an H200) still gives
+    its timestamps; its requests then have no `response_outputs`."""
+    text = Path(path).read_text(errors="replace")
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError:
+        return timestamps_only(text)
     return [request for experiment in data.get("experiments", []) for request in experiment.get("requests", [])]
+
+
+_TIMESTAMP = re.compile(r'"timestamp"\s*:\s*(\d+)')
+_RESPONSE_TIMESTAMPS = re.compile(r'"response_timestamps"\s*:\s*\[([\d,\s]*)\]')
+
+
+def timestamps_only(text: str) -> list[dict[str, Any]]:
+    """Requests read by scanning the export's text: each `response_timestamps` list with the
+    `timestamp` that precedes it most closely (a request's own, as perf_analyzer writes them)."""
+    sent = [(m.start(), int(m.group(1))) for m in _TIMESTAMP.finditer(text)]
+    requests, i = [], -1
+    for match in _RESPONSE_TIMESTAMPS.finditer(text):
+        while i + 1 < len(sent) and sent[i + 1][0] < match.start():
+            i += 1
+        if i >= 0:
+            times = [int(t) for t in match.group(1).replace(" ", "").split(",") if t.strip()]
+            requests.append({"timestamp": sent[i][1], "response_timestamps": times})
+    return requests
 
 
 def stream_latency(requests: Iterable[dict[str, Any]]) -> StreamLatency:

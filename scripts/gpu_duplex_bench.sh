@@ -12,6 +12,7 @@
 #   COMMIT=<sha> LEVEL_BUDGET_S=90 bash scripts/gpu_duplex_bench.sh bench 1,2,4,8 a
 #   COMMIT=<sha> LEVEL_BUDGET_S=150 bash scripts/gpu_duplex_bench.sh bench 16,32 b
 #   COMMIT=<sha> bash scripts/gpu_duplex_bench.sh pa          # optional: perf_analyzer, all models
+#   PA_MODELS="code2wav duplex" ... pa                          # or some of them
 #   STACK_SAMPLES=1 ... bench ...   # also a Python stack profile of every stage ($OUT/stacks)
 # On two H200s (kind nvidia-h200-x2), issue 9's placements: (a) `bench` as above (one GPU),
 #   (b) COMMIT=<sha> bash scripts/gpu_duplex_bench.sh bench-split 4,8,16,32 split
@@ -136,13 +137,15 @@ replicas_bench() {  # two full pipelines, one per GPU; the client splits the ses
     "http://127.0.0.1:$((BASE + 2))/metrics,http://127.0.0.1:$((BASE + 12))/metrics"
 }
 
-perf_analyzer_all() {
+perf_analyzer_all() {  # PA_MODELS: which of them (default all four)
+  local models=" ${PA_MODELS:-thinker talker code2wav duplex} "
   for model in thinker talker code2wav; do
+    [[ $models == *" $model "* ]] || continue
     "$PYTHON" -m perf.pa_run --model "$model" --checkpoint "$CHECKPOINT" --url "127.0.0.1:$((BASE + 1))" \
       --sessions 4 --timeout-s 90 --out /tmp/pa > /dev/null || echo "perf_analyzer $model failed"
   done
-  "$PYTHON" -m perf.pa_run --model duplex --url "127.0.0.1:$((BASE + 1))" --sequences 4 --seconds 12 \
-    --timeout-s 150 --out /tmp/pa > /dev/null || echo "perf_analyzer duplex failed"
+  [[ $models == *" duplex "* ]] && { "$PYTHON" -m perf.pa_run --model duplex --url "127.0.0.1:$((BASE + 1))" \
+    --sequences 4 --seconds 12 --timeout-s 150 --out /tmp/pa > /dev/null || echo "perf_analyzer duplex failed"; }
   "$PYTHON" - <<'EOF' > "$OUT/pa_latency.json"
 import json, pathlib
 print(json.dumps({p.stem: json.loads(p.read_text()) for p in sorted(pathlib.Path("/tmp/pa").glob("*_latency.json"))}, indent=1))

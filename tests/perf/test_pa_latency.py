@@ -46,3 +46,20 @@ def test_duplex_latency_reads_the_downlink_events(tmp_path):
     assert result.server_ttfp_ms.mean == pytest.approx(180.0, abs=EXACT)
     assert result.audio_gap_ms.mean == pytest.approx(1000.0, abs=EXACT)
     assert result.uplink_ack_ms.count == 3 and result.uplink_ack_ms.mean == pytest.approx(1.0, abs=EXACT)
+
+
+def test_an_export_that_is_not_json_still_gives_its_timestamps(tmp_path):
+    """perf_analyzer 2.51 wrote an export for Code2Wav's audio outputs that json cannot read
+    (on an H200); the timestamps are still there and give the same latencies."""
+    requests = [request(0, [10, 30, 35]), request(100, [120, 121]), request(200, [201])]
+    good = {"experiments": [{"requests": requests}]}
+    text = json.dumps(good).replace('"response_outputs": [{}, {}, {}]', '"response_outputs": [{"AUDIO": "\x01"bad"}]', 1)
+    broken = tmp_path / "export.json"
+    broken.write_text(text)
+    with pytest.raises(json.JSONDecodeError):
+        json.loads(text)
+    loaded = load_requests(broken)
+    assert [(r["timestamp"], r["response_timestamps"]) for r in loaded] == [
+        (r["timestamp"], r["response_timestamps"]) for r in requests
+    ]
+    assert stream_latency(loaded) == stream_latency(requests)
