@@ -13,7 +13,9 @@ per-step sum is 36 x (q|k|v + o + gate|up + down) + LM head.
 best of each as a `CONFIGS` table for backends/runner/triton_gemv.py; the comparison then uses
 those winners. A config that fails to compile or run is reported and skipped.
 
-Usage: python perf/bench_gemv.py [--sweep] [--sweep-budget-s 400] [--rows 1,2,4,8,16]
+`--model talker` takes the Talker's shapes (Llama, hidden 768, 20 layers, codec head 6562).
+
+Usage: python perf/bench_gemv.py [--sweep] [--sweep-budget-s 400] [--rows 1,2,4,8,16] [--model talker]
 """
 
 from __future__ import annotations
@@ -35,15 +37,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from backends.runner import triton_gemv  # noqa: E402
 from backends.runner.triton_gemv import GemvConfig, row_bucket, triton_linear  # noqa: E402
 
-SHAPES = {  # name -> (N, K) of the [N, K] weight
-    "qkv": (6144, 4096),
-    "o_proj": (4096, 4096),
-    "gate_up": (24576, 4096),
-    "down_proj": (4096, 12288),
-    "lm_head": (151936, 4096),
-}
+MODELS = {  # model -> (layers, {name -> (N, K) of the [N, K] weight})
+    "thinker": (36, {"qkv": (6144, 4096), "o_proj": (4096, 4096), "gate_up": (24576, 4096),
+                     "down_proj": (4096, 12288), "lm_head": (151936, 4096)}),
+    "talker": (20, {"qkv": (2304, 768), "o_proj": (768, 768), "gate_up": (6144, 768),
+                    "down_proj": (768, 3072), "lm_head": (6562, 768)}),
+}  # fmt: skip
 LAYER_SHAPES = ("qkv", "o_proj", "gate_up", "down_proj")
-NUM_LAYERS = 36
 ROTATE_BYTES = 512 << 20
 REPEATS = 9
 Linear = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -132,11 +132,12 @@ def _with_split(cfg: GemvConfig, split: int) -> GemvConfig:
     return GemvConfig(cfg.block_n, cfg.block_k, split, cfg.num_warps, cfg.num_stages, cfg.use_dot)
 
 
-def sweep(rows_list: list[int], budget_s: float) -> dict[tuple[int, int, int], GemvConfig | None]:
+def sweep(rows_list: list[int], budget_s: float,
+          shapes: dict[str, tuple[int, int]]) -> dict[tuple[int, int, int], GemvConfig | None]:  # fmt: skip
     """Time every candidate per (shape, rows); install and print the winners (None where
     cuBLAS beat every candidate)."""
     deadline, best = time.monotonic() + budget_s, {}
-    for name, (n, k) in SHAPES.items():
+    for name, (n, k) in shapes.items():
         weights = weight_copies(n, k)
         for rows in rows_list:
             x = torch.randn(rows, k, dtype=torch.bfloat16, device="cuda")
@@ -175,7 +176,7 @@ def _fixed(cfg: GemvConfig) -> Linear:
     return lambda x, w: triton_linear(x, w, config=cfg)
 
 
-def compare(rows_list: list[int], bandwidth: float) -> list[str]:
+def compare(rows_list: list[int], bandwidth: float, model: str) -> list[str]:
     """The markdown table (one row per shape and row count) and the per-step sums."""
     lines = [
         "| shape | N x K | rows | cuBLAS us | Triton us | cuBLAS % copy | Triton % copy "
@@ -183,7 +184,7 @@ def compare(rows_list: list[int], bandwidth: float) -> list[str]:
         "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     times: dict[tuple[str, int], tuple[float, float]] = {}
-    for name, (n, k) in SHAPES.items():
+    for name, (n, k) in MODELS[model][1].items():
         weights = weight_copies(n, k)
         for rows in rows_list:
             row, timing = _compare_one(name, rows, weights, bandwidth)
@@ -192,7 +193,7 @@ def compare(rows_list: list[int], bandwidth: float) -> list[str]:
             times[(name, rows)] = timing
         del weights
         torch.cuda.empty_cache()
-    return lines + [""] + step_sums(times, rows_list, bandwidth)
+    return lines + [""] + step_sums(times, rows_list, bandwidth, model)
 
 
 def _compare_one(
@@ -236,21 +237,23 @@ def _short(cfg: GemvConfig) -> str:
 
 
 def step_sums(
-    times: dict[tuple[str, int], tuple[float, float]], rows_list: list[int], bandwidth: float
+    times: dict[tuple[str, int], tuple[float, float]], rows_list: list[int], bandwidth: float,
+    model: str,
 ) -> list[str]:
+    num_layers, shapes = MODELS[model]
     lines = [
-        f"Per decode step: {NUM_LAYERS} x (q|k|v + o + gate|up + down) + LM head.",
+        f"Per decode step: {num_layers} x (q|k|v + o + gate|up + down) + LM head.",
         "",
         "| rows | cuBLAS ms | Triton ms | floor ms (weights / copy BW) | cuBLAS / floor "
         "| Triton / floor |",
         "| --- | --- | --- | --- | --- | --- |",
     ]
     for rows in rows_list:
-        per = [NUM_LAYERS * sum(times[(s, rows)][i] for s in LAYER_SHAPES)
+        per = [num_layers * sum(times[(s, rows)][i] for s in LAYER_SHAPES)
                + times[("lm_head", rows)][i] for i in (0, 1)]  # fmt: skip
-        weight_bytes = 2 * (NUM_LAYERS * sum(n * k for s in LAYER_SHAPES
-                                             for n, k in [SHAPES[s]])
-                            + SHAPES["lm_head"][0] * SHAPES["lm_head"][1])  # fmt: skip
+        weight_bytes = 2 * (num_layers * sum(n * k for s in LAYER_SHAPES
+                                             for n, k in [shapes[s]])
+                            + shapes["lm_head"][0] * shapes["lm_head"][1])  # fmt: skip
         floor_ms = weight_bytes / bandwidth * 1e3
         lines.append(
             f"| {rows} | {per[0] / 1e3:.3f} | {per[1] / 1e3:.3f} | {floor_ms:.3f} "
@@ -264,6 +267,7 @@ def main() -> None:
     parser.add_argument("--sweep", action="store_true", help="tune configs first")
     parser.add_argument("--sweep-budget-s", type=float, default=400.0)
     parser.add_argument("--rows", default="1,2,4,8,16")
+    parser.add_argument("--model", choices=tuple(MODELS), default="thinker", help="whose shapes")
     parser.add_argument("--out", type=Path, help="also write the tables to this file")
     args = parser.parse_args()
     rows_list = [int(r) for r in args.rows.split(",")]
@@ -273,8 +277,8 @@ def main() -> None:
             f"copy bandwidth (read + write): {bandwidth / 1e12:.3f} TB/s", ""]  # fmt: skip
     print("\n".join(head), flush=True)
     if args.sweep:
-        sweep(rows_list, args.sweep_budget_s)
-    text = "\n".join(head + compare(rows_list, bandwidth)) + "\n"
+        sweep(rows_list, args.sweep_budget_s, MODELS[args.model][1])
+    text = "\n".join(head + compare(rows_list, bandwidth, args.model)) + "\n"
     print("\n" + text)
     if args.out:
         args.out.write_text(text)

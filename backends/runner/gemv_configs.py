@@ -61,7 +61,22 @@ CONFIGS: dict[tuple[int, int, int], GemvConfig | None] = {
     (16, 24576, 4096): _DOT_N128,
     (16, 4096, 12288): _DOT_N64_S2,
     (16, 151936, 4096): _DOT_N128,
-}
+    # The Talker (Llama, hidden 768; `perf/bench_gemv.py --sweep --model talker`): the kernel
+    # wins from 1 to 16 rows except gate|up at 2 rows; its head from 4 rows was not swept.
+    **{(1, n, k): GemvConfig(bn, bk, 1, w, st, False) for n, k, bn, bk, w, st in (
+        (2304, 768, 2, 1024, 4, 1), (768, 768, 2, 1024, 4, 3), (6144, 768, 4, 1024, 4, 3),
+        (768, 3072, 1, 2048, 4, 1), (6562, 768, 8, 1024, 8, 3))},
+    **{(2, n, k): GemvConfig(bn, bk, 1, 4, st, False) for n, k, bn, bk, st in (
+        (2304, 768, 4, 1024, 3), (768, 768, 4, 1024, 1), (768, 3072, 2, 2048, 1),
+        (6562, 768, 4, 1024, 3))},
+    (2, 6144, 768): None,
+    (4, 768, 768): GemvConfig(2, 1024, 1, 4, 3, False),
+    (4, 6144, 768): _DOT_N64,
+    **{(rows, 768, 768): GemvConfig(16, 256, 1, 4, 4, True) for rows in (8, 16)},
+    **{(rows, n, 768): GemvConfig(64, 128, 1, 4, 4, True) for rows in (4, 8, 16)
+       for n in (2304, 6144) if (rows, n) != (4, 6144)},
+    **{(rows, 768, 3072): GemvConfig(64, 128, 4, 4, 4, True) for rows in (4, 8, 16)},
+}  # fmt: skip
 
 
 def row_bucket(rows: int) -> int:  # 1, 2, 4, 8, 16
