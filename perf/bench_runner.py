@@ -20,10 +20,10 @@ of 25 decode draws single-stepped and chained as the engine chains them (8 + 8 +
 
 Also writes per-kernel device-time profiles (`profile_*.txt`) of three configurations to DIR.
 
-Usage: python perf/bench_runner.py --out DIR [--commit SHA] [--quick] [--gemv triton]
+Usage: python perf/bench_runner.py --out DIR [--commit SHA] [--quick] [--gemv cublas]
        [--chain-lengths 8[,4,...]] [--talker-only]
-(`--gemv triton` runs the decoders' matmuls through the Triton skinny GEMM, not cuBLAS;
-`--talker-only` skips the Thinker, the long part.)
+(the decoders' matmuls run on the Triton skinny GEMM with its norm / SwiGLU prologues, as
+served; `--gemv cublas` runs them on cuBLAS; `--talker-only` skips the Thinker, the long part.)
 """
 
 from __future__ import annotations
@@ -71,7 +71,7 @@ THINKER_CONTEXTS = (1024, 4096)
 TALKER_BATCHES = (1, 2, 4, 8, 16)
 TALKER_CONTEXT = 256
 APPEND_SESSIONS, APPEND_ROWS, APPEND_CONTEXT = 16, 13, 1024
-GEMV_BACKEND = ["cublas"]  # RunnerConfig.gemv_backend, set from --gemv
+GEMV_BACKEND = ["triton"]  # RunnerConfig.gemv_backend, set from --gemv
 CHAIN_LENGTHS = [(8,)]  # RunnerConfig.decode_chain_lengths of the Talker, set from --chain-lengths
 FRAMES = 25  # decode draws of one steady Talker chunk
 
@@ -460,8 +460,9 @@ def main() -> None:
     parser.add_argument("--out", type=Path, required=True, help="folder for runner_h200.md")
     parser.add_argument("--commit", default="unknown", help="git commit of the tree measured")
     parser.add_argument("--quick", action="store_true", help="fewer timed iterations")
-    parser.add_argument("--gemv", choices=("cublas", "triton"), default="cublas",
-                        help="the decoders' matmul backend (RunnerConfig.gemv_backend)")
+    parser.add_argument("--gemv", choices=("cublas", "triton"), default="triton",
+                        help="the decoders' matmul backend (RunnerConfig.gemv_backend; served: "
+                             "triton on CUDA)")
     parser.add_argument("--chain-lengths", default="8",
                         help="Talker decode-chain lengths to measure, comma-separated (>= 2)")
     parser.add_argument("--talker-only", action="store_true", help="skip the Thinker")

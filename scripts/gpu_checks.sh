@@ -33,6 +33,10 @@ check gpu_tests_token2wav "$python" -m pytest -q -p no:cacheprovider -m gpu test
 check bench_runner "$python" perf/bench_runner.py --out "$out" --commit "${COMMIT:-unknown}"
 check bench_talker_chains "$python" perf/bench_runner.py --quick --talker-only --chain-lengths 4,8,16 \
     --out "$out/talker_chains" --commit "${COMMIT:-unknown}"
+# The decode GEMV per shape (Thinker, Talker), and where folding the norms / SwiGLU into it pays.
+check bench_gemv "$python" perf/bench_gemv.py --out "$out/gemv_thinker.md"
+check bench_gemv_talker "$python" perf/bench_gemv.py --model talker --out "$out/gemv_talker.md"
+check bench_gemv_prologue "$python" perf/bench_gemv_prologue.py --budget-s 240 --out "$out/gemv_prologue.md"
 # The Talker's fused draw against the torch draw; Code2Wav's HiFT with and without its fused kernels.
 check bench_talker_draw "$python" perf/bench_talker_draw.py --batches 1,16 --num-warps 4,8
 check profile_hift "$python" perf/profile_code2wav.py --hift-batches 1,16 --repeats 20
