@@ -187,3 +187,43 @@ def test_cpu_tensors_never_reach_the_kernel(monkeypatch: pytest.MonkeyPatch) -> 
     fused_linears.norm_linear(t["branch"], t["residual"], t["norm_weight"], EPS, t["weight"],
                               t["bias"], "triton")  # fmt: skip
     fused_linears.silu_linear(t["gate_up"], t["weight"], t["bias"], "triton")
+
+
+def test_decoder_fast_path_with_folded_prologues_keeps_hidden_states(
+    kernel_calls: list, make_runner, qwen3
+) -> None:
+    """The decoder's fast path on the Triton GEMV with the kernel forced on CPU: each 2-row
+    decode step runs every layer's norm + q|k|v, norm + gate|up and SwiGLU + down as folded
+    kernels (the prefills, 3+ rows, stay unfused as the table leaves them), threading the
+    residual stream between them; hidden states must match the unfused path's and the greedy
+    tokens be the same."""
+    from backends.models.decoder_backbone import set_gemv_backend
+    from backends.runner.types import SamplingParams, StepInput
+
+    prompts = {"a": [5, 9, 11, 3], "b": [7, 2, 8]}
+
+    def decode(backend: str) -> list[list]:
+        runner = make_runner(attention_backend="triton", gemv_backend=backend)
+        for rid in prompts:
+            runner.add_request(rid, SamplingParams())
+        first = [StepInput(rid, ids, capture_hidden=True) for rid, ids in prompts.items()]
+        steps = [runner.step(first)]
+        for _ in range(2):
+            steps.append(runner.step([StepInput(r.request_id, [r.token], capture_hidden=True)
+                                      for r in steps[-1]]))  # fmt: skip
+        return steps
+
+    try:
+        unfused = decode("cublas")
+        assert kernel_calls == []
+        fused = decode("triton")
+    finally:
+        set_gemv_backend(qwen3, "cublas")
+    layers = len(qwen3.model.layers)
+    kinds = [p.kind for p in kernel_calls]
+    assert kinds.count(SILU_MUL) == 2 * layers and kinds.count(ADD_NORM) == 2 * 2 * layers - 2
+    assert kinds.count(NORM) == 2  # the first layer's input norm, once per decode step
+    for step_fused, step_ref in zip(fused, unfused):
+        assert [r.token for r in step_fused] == [r.token for r in step_ref]
+        for got, ref in zip(step_fused, step_ref):
+            assert_close_rel(got.hidden, ref.hidden.double(), 1e-4)

@@ -1,0 +1,35 @@
+"""The runner config a served stage gets from its setup: on CUDA the fast path with the Triton
+GEMV (MINICPMO_GEMV selects cuBLAS for A/B runs, a bad value is refused at load), on CPU the
+reference path. Pure configuration: no device is touched."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from backends.stages.factory import GEMV_ENV, StageSetup
+
+
+def setup_on(device: str) -> StageSetup:
+    return StageSetup(checkpoint="tiny", device=torch.device(device), dtype=torch.bfloat16,
+                      max_sessions=4, max_context_tokens=1024, talker_context_tokens=512)  # fmt: skip
+
+
+def test_cuda_stages_take_the_fast_path_on_the_triton_gemv(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(GEMV_ENV, raising=False)
+    config = setup_on("cuda:0").runner_config(1024)
+    assert (config.attention_backend, config.gemv_backend) == ("triton", "triton")
+    assert config.max_num_reqs == 4 + 2 and config.max_model_len == 1024
+
+
+def test_the_switch_selects_cublas_and_refuses_other_values(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(GEMV_ENV, "cublas")
+    assert setup_on("cuda:0").runner_config(512).gemv_backend == "cublas"
+    monkeypatch.setenv(GEMV_ENV, "cutlass")
+    with pytest.raises(ValueError, match="gemv_backend"):
+        setup_on("cuda:0").runner_config(512)
+
+
+def test_cpu_stages_keep_the_reference_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(GEMV_ENV, "triton")  # the switch only applies on CUDA
+    config = setup_on("cpu").runner_config(512)
+    assert (config.attention_backend, config.gemv_backend) == ("reference", "cublas")
