@@ -146,8 +146,7 @@ def build_code2wav_engine(params: dict[str, str], device_id: str = "0") -> Code2
     service = Code2WavService(Code2WavEngine(
         token2wav, voice, cache_size, session_voices, max_batch, cache_pool_streams=pool_streams))
     if setup.device.type == "cuda":  # every window shape's graphs captured now, not mid-reply
-        from backends.stages.warmup import CODE2WAV_WINDOWS, code2wav_request_maker, code2wav_warmup_sizes, warm_up
+        from backends.stages.warmup import warm_up_code2wav
 
-        warm_up(service, "code2wav", code2wav_request_maker(), setup.max_sessions,
-                code2wav_warmup_sizes(max_batch, pool_streams), CODE2WAV_WINDOWS)
+        warm_up_code2wav(service, setup.max_sessions, max_batch, pool_streams)
     return service

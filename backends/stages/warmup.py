@@ -39,6 +39,10 @@ WARMUP_PROMPT = "Warm-up: say a few words about the weather."
 # resource counts that must be back to zero after a warm-up (each engine has some of them)
 HELD_COUNTS = ("requests", "runner_requests", "codec_states", "codec_sequences", "codec_pending")
 CODE2WAV_WINDOWS = 5  # first, second (cache growing), two steady (cache cut) and a final window
+# New codes in a warm-up stream's final window: a partial window, and the look-ahead flush alone
+# (a turn that ends on a window boundary, as every 25-frame Talker chunk does): its frame bucket
+# is another graph shape, which was otherwise captured mid-run on its first use.
+CODE2WAV_FINAL_FRAMES = (10, 0)
 
 CODE2WAV_CODEBOOK = 6561  # speech codes (the vocoder's vocabulary; the Talker adds EOS ids)
 RequestMaker = Callable[[str, int], Any]  # (request id, append index) -> a stage request
@@ -99,15 +103,18 @@ def code2wav_warmup_sizes(max_batch: int, pool_streams: int) -> list[int]:
     return sorted({min(bucket, top) for bucket in BATCH_BUCKETS if bucket <= batch_bucket(top)})
 
 
-def code2wav_request_maker(num_windows: int = CODE2WAV_WINDOWS, seed: int = 0) -> RequestMaker:
-    """Each request a stream of full 25-frame windows, then a final window of 10 frames, as
-    the duplex codec bridge cuts them (left context, sequence numbers, terminal flush)."""
+def code2wav_request_maker(
+    num_windows: int = CODE2WAV_WINDOWS, seed: int = 0, final_frames: int = 10
+) -> RequestMaker:
+    """Each request a stream of full 25-frame windows, then a final window of `final_frames`
+    new frames (0: the look-ahead flush alone), as the duplex codec bridge cuts them (left
+    context, sequence numbers, terminal flush)."""
     rng = np.random.default_rng(seed)
     bridges: dict[str, CodecWindowBridge] = {}
 
     def make(request_id: str, index: int) -> Code2WavRequest:
         bridge = bridges.setdefault(request_id, CodecWindowBridge())
-        frames = bridge.config.chunk_frames if index < num_windows - 1 else 10
+        frames = bridge.config.chunk_frames if index < num_windows - 1 else final_frames
         windows = bridge.push(rng.integers(0, CODE2WAV_CODEBOOK, frames).tolist())
         if index == num_windows - 1:
             windows += bridge.end_turn()
@@ -116,6 +123,13 @@ def code2wav_request_maker(num_windows: int = CODE2WAV_WINDOWS, seed: int = 0) -
         return request_from_window(request_id, window)
 
     return make
+
+
+def warm_up_code2wav(service: Any, max_sessions: int, max_batch: int, pool_streams: int) -> float:
+    """Whole streams through every batch bucket, once per final-window shape; returns seconds."""
+    sizes = code2wav_warmup_sizes(max_batch, pool_streams)
+    return sum(warm_up(service, "code2wav", code2wav_request_maker(final_frames=final), max_sessions,
+                       sizes, CODE2WAV_WINDOWS) for final in CODE2WAV_FINAL_FRAMES)  # fmt: skip
 
 
 def _run_group(engine: Any, prefix: str, size: int, make_request: RequestMaker, appends: int) -> None:

@@ -1,6 +1,7 @@
 """The stage warm-up drives real requests through the Thinker, Talker and Code2Wav engines
 and leaves nothing held; a failing warm-up request fails the load; Code2Wav's warm-up runs
-every batch bucket with first, growing, steady and final windows."""
+every batch bucket with first, growing, steady and final windows, for a partial final window
+and for the look-ahead flush alone."""
 
 from __future__ import annotations
 
@@ -10,8 +11,8 @@ from backends.stages.factory import (
     WARMUP_TEXT_TOKEN, build_code2wav_engine, build_talker_engine, build_thinker_engine,
 )
 from backends.stages.warmup import (
-    CODE2WAV_WINDOWS, code2wav_request_maker, code2wav_warmup_sizes, talker_request_maker, thinker_request,
-    warm_up, warmup_group_sizes,
+    CODE2WAV_FINAL_FRAMES, CODE2WAV_WINDOWS, code2wav_request_maker, code2wav_warmup_sizes,
+    talker_request_maker, thinker_request, warm_up, warm_up_code2wav, warmup_group_sizes,
 )
 
 TINY = {"checkpoint": "tiny", "max_sessions": "4"}
@@ -80,3 +81,28 @@ def test_code2wav_warm_up_runs_each_bucket_through_a_whole_stream() -> None:
     counts = service.resource_counts()
     assert counts["codec_states"] == counts["codec_sequences"] == counts["codec_pending"] == 0, counts
     assert token2wav.cache_pool.num_free() == 2 * 4  # two slots per session
+
+
+def test_code2wav_warm_up_ends_streams_both_ways() -> None:
+    """The served warm-up (`warm_up_code2wav`) runs every bucket's streams twice: ending on a
+    10-code final window, then on the 3 look-ahead codes alone (a turn that ends on a window
+    boundary), each stream's windows in order and nothing held after either pass."""
+    service = build_code2wav_engine({**TINY, "max_batch": "4"})
+    token2wav = service.engine.token2wav
+    token2wav.enable_cuda_graphs()
+    finals: list[tuple[int, ...]] = []
+    decode = token2wav.decode
+
+    def record(windows, *args, **kwargs):
+        if windows[0].last_chunk:  # a group's final windows: their code counts
+            finals.append(tuple(sorted({len(w.codes) for w in windows})))
+        return decode(windows, *args, **kwargs)
+
+    token2wav.decode = record
+    assert CODE2WAV_FINAL_FRAMES == (10, 0)
+    warm_up_code2wav(service, max_sessions=4, max_batch=4, pool_streams=8)
+    sizes = code2wav_warmup_sizes(4, 8)
+    assert finals == [(3 + 10,)] * len(sizes) + [(3,)] * len(sizes)
+    counts = service.resource_counts()
+    assert counts["codec_states"] == counts["codec_sequences"] == counts["codec_pending"] == 0, counts
+    assert token2wav.cache_pool.num_free() == 8
