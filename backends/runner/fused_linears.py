@@ -2,9 +2,10 @@
 
 `norm_linear` is RMSNorm (after the residual add before it) then a linear; `silu_linear` is
 SwiGLU then a linear. With the Triton GEMV backend and a shape its kernel takes (a decode step:
-at most 16 rows), each is one kernel (`triton_gemv.Prologue`): a decode step of a small batch
-is launch-bound, and this saves three of a layer's ten kernels. Otherwise they are the fused
-elementwise kernels of `triton_layer_ops` followed by the backend's linear, as before.
+at most 16 rows), each is one kernel (`triton_gemv.Prologue`) where the prologue table says
+that measured faster: a decode step of a small batch is launch-bound, and this saves up to three
+of a layer's ten kernels. Otherwise they are the fused elementwise kernels of `triton_layer_ops`
+followed by the backend's linear, as before.
 """
 
 from __future__ import annotations

@@ -113,7 +113,7 @@ def config_for(rows: int, n: int, k: int, device: torch.device) -> GemvConfig:
 
 def prefers_cublas(rows: int, n: int, k: int) -> bool:
     """Whether the table marks this shape as one where cuBLAS was faster; shapes it lacks use
-    the kernel at 1-2 rows only (on the Talker's shapes the heuristic loses from 4 rows)."""
+    the kernel at 1-2 rows only (the heuristic config lost from 4 rows on untuned shapes)."""
     key = (row_bucket(rows), n, k)
     return CONFIGS[key] is None if key in CONFIGS else key[0] > 2
 

@@ -48,7 +48,6 @@ GEMV_BACKENDS = ("cublas", "triton")
 LinearFn = Callable[..., torch.Tensor]  # (x, weight, bias=None) -> y, like F.linear
 
 
-
 @dataclass(frozen=True, slots=True)
 class Prologue:
     """The elementwise op folded into a matmul's input loads (`kind`, one of the constants
