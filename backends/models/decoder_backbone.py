@@ -7,7 +7,8 @@ with a plain `load_state_dict`. Qwen3 differs from Llama only by the per-head q/
 
 With the "triton" attention backend the stack runs its fast path (`_forward_fused`): q|k|v and
 gate|up each become one matmul over a fused weight, and the elementwise work between matmuls
-runs in the fused kernels of `backends.runner.triton_layer_ops`. The fused weights are built
+runs in the fused kernels of `backends.runner.triton_layer_ops`, or inside the next matmul
+where `backends.runner.fused_linears` folds it into the Triton GEMV. The fused weights are built
 once, lazily, and the HF-named parameters are re-pointed to views of them, so the state dict
 and the memory footprint stay as they were.
 """
