@@ -246,6 +246,14 @@ class DecoderBackbone(nn.Module):
             x = layer(x, cos, sin, meta, kv.key_cache(layer_idx), kv.value_cache(layer_idx))
         return self.norm(x)
 
+    def head_logits(self, head: nn.Linear, hidden: torch.Tensor) -> torch.Tensor:
+        """[n, hidden] -> [n, out] float32 logits: on the Triton GEMV straight from the kernel."""
+        if self.gemv_backend != "triton":
+            return head(hidden).to(torch.float32)
+        from backends.runner.triton_gemv import skinny_linear
+
+        return skinny_linear(hidden, head.weight, head.bias, out_dtype=torch.float32)
+
     def _forward_fused(
         self,
         embeds: torch.Tensor,
@@ -253,9 +261,8 @@ class DecoderBackbone(nn.Module):
         meta: AttentionMetadata,
         kv: KVCache,
     ) -> torch.Tensor:
-        """The fast path: each norm is fused with the residual add before it and, on the
-        Triton GEMV at decode sizes, into the matmul after it (SwiGLU too), so a layer is
-        q|k|v, RoPE + KV write, attention, o, gate|up and down."""
+        """The fast path: each norm fused with the residual add before it and, on the Triton
+        GEMV at decode sizes, into the matmul after it where measured faster (SwiGLU too)."""
         from backends.runner.fused_linears import norm_linear, silu_linear
         from backends.runner.triton_gemv import linear_for
         from backends.runner.triton_layer_ops import rms_norm
@@ -283,8 +290,8 @@ class DecoderBackbone(nn.Module):
 
 
 def set_gemv_backend(model: nn.Module, backend: str) -> None:
-    """Route the fast path's matmuls of every backbone in `model` (and the heads that read
-    `gemv_backend`) to `backend`: "cublas" (F.linear) or "triton" (skinny_linear)."""
+    """Route the fast path's matmuls of every backbone in `model` (and its `head_logits`) to
+    `backend`: "cublas" (F.linear) or "triton" (skinny_linear)."""
     if backend not in ("cublas", "triton"):
         raise ValueError(f"gemv backend must be 'cublas' or 'triton', got {backend!r}")
     for module in model.modules() if isinstance(model, nn.Module) else ():

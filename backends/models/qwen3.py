@@ -85,8 +85,4 @@ class Qwen3ForCausalLM(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden: [n, hidden_size] -> [n, vocab_size] float32."""
-        if self.model.gemv_backend == "triton":  # float32 straight from the kernel
-            from backends.runner.triton_gemv import skinny_linear
-
-            return skinny_linear(hidden, self.lm_head.weight, out_dtype=torch.float32)
-        return self.lm_head(hidden).to(torch.float32)
+        return self.model.head_logits(self.lm_head, hidden)

@@ -150,12 +150,7 @@ class TalkerModel(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden: [n, hidden_size] -> [n, num_audio_tokens] float32."""
-        head = self.head_code[0]
-        if self.model.gemv_backend == "triton":  # float32 straight from the kernel
-            from backends.runner.triton_gemv import skinny_linear
-
-            return skinny_linear(hidden, head.weight, head.bias, out_dtype=torch.float32)
-        return head(hidden).to(torch.float32)
+        return self.model.head_logits(self.head_code[0], hidden)
 
 
 def load_talker_weights(model: TalkerModel, state_dict: Mapping[str, torch.Tensor]) -> list[str]:
