@@ -119,19 +119,35 @@ class TalkerModel(nn.Module):
         """token_ids: [n] int64 Thinker ids, hidden: [n, llm_dim] float32 Thinker rows ->
         [n + 1, hidden_size] in the model dtype: emb_text(t) + L2norm(projector(h)) per row,
         then one emb_text(audio_bos) row (the duplex `generate_chunk` layout)."""
+        rows = self._condition_rows(token_ids, hidden)
+        bos = self.config.audio_bos_token_id  # its table row as a view: no id tensor to copy in
+        return torch.cat([rows, self.emb_text.weight[bos : bos + 1]], dim=0)
+
+    def condition_embeds_many(
+        self, token_ids: torch.Tensor, hidden: torch.Tensor, order: torch.Tensor, counts: list[int]
+    ) -> list[torch.Tensor]:
+        """Several conditions' `condition_embeds` in one pass (a launch-bound handful of
+        kernels, not one handful per condition). token_ids/hidden: every condition's rows back
+        to back ([sum n] and [sum n, llm_dim]); order: [sum n + len(counts)] int64 rows of
+        [those rows; the audio_bos row] in output order (`talker.condition.condition_order`);
+        counts: n per condition -> one [n + 1, hidden_size] view per condition."""
+        rows = self._condition_rows(token_ids, hidden)
+        bos = self.config.audio_bos_token_id
+        table = torch.cat([rows, self.emb_text.weight[bos : bos + 1]], dim=0)
+        return list(table.index_select(0, order).split([n + 1 for n in counts]))
+
+    def _condition_rows(self, token_ids: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
+        """[n] ids, [n, llm_dim] float32 -> [n, hidden_size]: emb_text + L2norm(projector)."""
         num = token_ids.shape[0] if token_ids.dim() == 1 else -1
         if num < 0 or tuple(hidden.shape) != (num, self.config.llm_dim):
             raise ValueError(
                 f"condition needs token_ids [n] and hidden [n, {self.config.llm_dim}], got "
                 f"{tuple(token_ids.shape)} and {tuple(hidden.shape)}"
             )
-        dtype = self.emb_text.weight.dtype
-        projected = self.projector_semantic(hidden.to(dtype))
+        projected = self.projector_semantic(hidden.to(self.emb_text.weight.dtype))
         if self.config.normalize_projected_hidden:
             projected = F.normalize(projected, p=2, dim=-1)
-        rows = self.emb_text(token_ids) + projected
-        bos = self.config.audio_bos_token_id  # its table row as a view: no id tensor to copy in
-        return torch.cat([rows, self.emb_text.weight[bos : bos + 1]], dim=0)
+        return self.emb_text(token_ids) + projected
 
     def embed_tokens(self, token_ids: torch.Tensor) -> torch.Tensor:
         """token_ids: [n] int64 codec ids -> [n, hidden_size] (emb_code[0], never the

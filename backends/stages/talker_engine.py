@@ -1,9 +1,10 @@
 """The Talker stage engine: Thinker handoffs (conditions) in, streamed codec frames out.
 
 Single-threaded: the serving layer calls `submit`, `stop`, `has_work` and `step` from its one
-engine thread. Each `step` is ONE runner forward over every request with an active chunk:
-the prefill of a newly started condition for some, a one-frame decode for the others; or, once
-every chunk is decoding, a decode chain of K frames each (`backends.talker.chain_plan`).
+engine thread. Each `step` projects the conditions that arrived since the last one (one batched
+pass), then runs ONE runner forward over every request with an active chunk: the prefill of a
+newly started condition for some, a one-frame decode for the others; or, once every chunk is
+decoding, a decode chain of K frames each (`backends.talker.chain_plan`).
 
 Per request id (one session epoch) the engine keeps one runner request whose KV grows with
 every condition (facts 2.6): a turn start replaces the prompt, and a condition that would not
@@ -18,8 +19,8 @@ A chain's codes are taken as K steps' would be (`chain_harvest`); draws past a c
 
 Errors are request-scoped: a bad condition or an exception while handling one request closes
 that request's sinks with a StageError and frees its state; other requests go on. `stop`
-closes the request's open sinks with StageError("cancelled"), so a consumer can tell a stopped
-chunk from one that finished (a finished chunk always ends with a `finished=True` group).
+closes the request's open sinks with StageError("cancelled"): a stopped chunk is told apart
+from a finished one (which always ends with a `finished=True` group).
 """
 
 from __future__ import annotations
@@ -33,14 +34,14 @@ import numpy as np
 import torch
 
 from backends.models.talker import TalkerModel
-from backends.models.talker_policy import TalkerChunkPolicy, TalkerSamplingConfig
+from backends.models.talker_policy import ChunkKind, TalkerChunkPolicy, TalkerSamplingConfig
 from backends.runner.model_runner import ModelRunner
 from backends.runner.types import AdmissionError, ChainResult, RunnerConfig, StepInput, StepResult
 from backends.stages.contracts import ACTION_RUN, ACTION_STOP, TalkerCodes, TalkerRequest
 from backends.stages.sink import ResponseSink, StageError, StageFailure
-from backends.talker.chain_harvest import active_chunk, codes_before_end, take_codes
+from backends.talker import chain_harvest as harvest
 from backends.talker.chain_plan import chain_config, chain_length
-from backends.talker.condition import Condition, build_condition
+from backends.talker.condition import Condition, check_condition, project_queued
 from backends.talker.device_policy import make_policy_table, new_chunk_policy
 from backends.talker.ended_requests import EndedRequests
 from backends.talker.failures import close_quietly, internal_error
@@ -130,8 +131,9 @@ class TalkerEngine:
             close_quietly(sink, error)
 
     def step(self) -> None:
-        """Start queued conditions, run one forward (or one decode chain) over all active
-        chunks, stream frames."""
+        """Project new conditions, start queued ones, run one forward (or one decode chain)
+        over all active chunks, stream frames."""
+        self._project_queued()
         inputs = self._collect_inputs()
         if not inputs:
             return
@@ -154,7 +156,7 @@ class TalkerEngine:
             raise StageFailure("invalid_argument", f"unknown talker action {request.action!r}")
         stream = self._streams.get(request.request_id)
         check_next_seq(stream, request)
-        condition = build_condition(self._model, request, sink, self._device)
+        condition = check_condition(self._model, request, sink)
         if stream is None:
             policy = new_chunk_policy(self._policy_table, self._policy_factory, self._eos_id)
             stream = TalkerStream(request.request_id, policy)
@@ -179,6 +181,14 @@ class TalkerEngine:
 
     # -- step --------------------------------------------------------------------------------
 
+    def _project_queued(self) -> None:
+        try:
+            project_queued(self._model, self._streams.values(), self._device)
+        except Exception as exc:  # shared work: every request waiting on it is suspect
+            _LOG.exception("talker condition projection failed")
+            for rid in [r for r, s in self._streams.items() if any(c.needs_rows for c in s.queue)]:
+                self._fail(rid, internal_error(rid, exc))
+
     def _collect_inputs(self) -> list[StepInput]:
         inputs = []
         for stream in list(self._streams.values()):
@@ -196,7 +206,7 @@ class TalkerEngine:
         """Start the next queued condition unless a chunk is already running."""
         while stream.active is None and stream.queue:
             condition = stream.queue[0]  # popped only once started: a failure still owes a close
-            if condition.embeds is None:
+            if condition.kind is ChunkKind.EMPTY:
                 self._finish_empty(stream, condition)
             else:
                 stream.active = self._start_chunk(stream, condition)
@@ -240,31 +250,22 @@ class TalkerEngine:
         dropped from the runner, as if the request had stopped stepping)."""
         tokens = result.tokens if isinstance(result, ChainResult) else [result.token]
         stream = self._streams[result.request_id]
-        take = self._take if self.fault_hook is None else self._take_each
-        used = take(stream, tokens)
+        hook, take = self.fault_hook, self._take
+        used = (take(stream, tokens) if hook is None else
+                harvest.take_one_by_one(stream, tokens, take, self._is_alive, hook))
         if used < len(tokens) and self._streams.get(stream.request_id) is stream:
             self._runner.discard_tail(stream.request_id, len(tokens) - used)
 
     def _take(self, stream: TalkerStream, tokens: list[int | None]) -> int:
         """Take the draws the chunk keeps in one go; returns how many were used."""
-        chunk = active_chunk(stream, tokens[0])
-        kept = codes_before_end(tokens, self._eos_id, chunk.max_codes - len(chunk.codes))
+        chunk = harvest.active_chunk(stream, tokens[0])
+        kept = harvest.codes_before_end(tokens, self._eos_id, chunk.max_codes - len(chunk.codes))
         is_alive = partial(self._is_alive, stream)  # a sink may stop the request in a send
-        if not take_codes(chunk, tokens[:kept], is_alive) or kept == len(tokens):
+        if not harvest.take_codes(chunk, tokens[:kept], is_alive) or kept == len(tokens):
             chunk.next_input = StepInput(stream.request_id, [tokens[kept - 1]])  # its emb_code
             return kept
         self._finish_chunk(stream, chunk)
         return kept + 1
-
-    def _take_each(self, stream: TalkerStream, tokens: list[int | None]) -> int:
-        """`_take` code by code, the fault hook before each (fault injection tests)."""
-        used = 0
-        while used < len(tokens) and self._is_alive(stream):
-            self.fault_hook(stream.request_id)  # type: ignore[misc]
-            chunk, used = stream.active, used + self._take(stream, tokens[used : used + 1])
-            if stream.active is not chunk:
-                break
-        return used
 
     def _is_alive(self, stream: TalkerStream) -> bool:
         return self._streams.get(stream.request_id) is stream

@@ -47,3 +47,21 @@ def active_chunk(stream: TalkerStream, token: int | None) -> ActiveChunk:
     if token is None or stream.active is None:
         raise RuntimeError(f"runner returned token {token} for an idle talker request")
     return stream.active
+
+
+def take_one_by_one(
+    stream: TalkerStream,
+    tokens: list[int | None],
+    take: Callable[[TalkerStream, list[int | None]], int],
+    is_alive: Callable[[TalkerStream], bool],
+    fault_hook: Callable[[str], None],
+) -> int:
+    """`take` code by code with the fault hook before each (fault injection tests); returns how
+    many were used."""
+    used = 0
+    while used < len(tokens) and is_alive(stream):
+        fault_hook(stream.request_id)
+        chunk, used = stream.active, used + take(stream, tokens[used : used + 1])
+        if stream.active is not chunk:
+            break
+    return used

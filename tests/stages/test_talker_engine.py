@@ -403,6 +403,37 @@ def test_exception_in_one_request_fails_only_that_request(plain_model: TalkerMod
     assert engine.runner.num_free_blocks() == baseline
 
 
+def test_failed_projection_fails_only_the_waiting_requests(
+    plain_model: TalkerModel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Conditions get their rows in one batched pass at the next step; if that pass fails,
+    the requests waiting on it fail, a request already generating goes on, and the engine
+    projects later conditions again."""
+    engine = make_engine(plain_model)
+    baseline = engine.runner.num_free_blocks()
+    running = submit(engine, condition("a", 0, turn_start=True, seed=5))
+    engine.step()  # "a" projected and prefilled
+    waiting = submit(engine, condition("b", 0, turn_start=True))
+
+    def broken(*args: object) -> None:
+        raise RuntimeError("projection bug")
+
+    monkeypatch.setattr(plain_model, "condition_embeds_many", broken)
+    engine.step()
+    assert waiting.error is not None and waiting.error.code == "internal"
+    assert "projection bug" in waiting.error.message
+    monkeypatch.undo()
+    later = submit(engine, condition("c", 0, turn_start=True, seed=7))
+    run_until_idle(engine)
+    alone = codes_alone(plain_model, condition("a", 0, turn_start=True, seed=5))
+    assert np.array_equal(codes_of(running), alone)
+    later_alone = codes_alone(plain_model, condition("c", 0, turn_start=True, seed=7))
+    assert np.array_equal(codes_of(later), later_alone)
+    for rid in ("a", "c"):
+        engine.stop(rid)
+    assert engine.runner.num_free_blocks() == baseline
+
+
 def test_policy_exception_fails_only_its_request(plain_model: TalkerModel) -> None:
     """The policy runs inside the shared runner step; its failure must not abort the batch."""
 
