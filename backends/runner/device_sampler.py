@@ -26,10 +26,10 @@ def as_int64(seed: int) -> int:
     return _signed(seed)
 
 
-_GOLDEN = _signed(0x9E3779B97F4A7C15)
-_MIX1 = _signed(0xBF58476D1CE4E5B9)
-_MIX2 = _signed(0x94D049BB133111EB)
-_UNIFORM_BITS = 23  # bits + 0.5 then needs 24 bits: exact in float32 on any device
+GOLDEN = _signed(0x9E3779B97F4A7C15)
+MIX1 = _signed(0xBF58476D1CE4E5B9)
+MIX2 = _signed(0x94D049BB133111EB)
+UNIFORM_BITS = 23  # bits + 0.5 then needs 24 bits: exact in float32 on any device
 
 
 def _shift_right(x: torch.Tensor, bits: int) -> torch.Tensor:
@@ -40,17 +40,17 @@ def _shift_right(x: torch.Tensor, bits: int) -> torch.Tensor:
 def mix64(x: torch.Tensor) -> torch.Tensor:
     """splitmix64's finaliser on int64 with wrapping multiplication (CPU and CUDA agree)."""
     x = x ^ _shift_right(x, 30)
-    x = x * _MIX1
+    x = x * MIX1
     x = x ^ _shift_right(x, 27)
-    x = x * _MIX2
+    x = x * MIX2
     return x ^ _shift_right(x, 31)
 
 
 def step_seeds(seeds: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
     """seeds: [rows] int64 (`as_int64`), positions: [rows] int64 -> [rows] int64 step seeds,
     bitwise `sampler.step_seed(seed, position)` (splitmix64 is mix64(x + golden))."""
-    first = mix64(seeds + _GOLDEN)
-    return _shift_right(mix64((first ^ positions) + _GOLDEN), 1)
+    first = mix64(seeds + GOLDEN)
+    return _shift_right(mix64((first ^ positions) + GOLDEN), 1)
 
 
 def uniform_noise(step_seeds: torch.Tensor, vocab_size: int) -> torch.Tensor:
@@ -63,9 +63,9 @@ def uniform_at(step_seeds: torch.Tensor, token_ids: torch.Tensor) -> torch.Tenso
     """The uniforms of `uniform_noise` at given token ids only (broadcasting int64 tensors):
     a draw over a few candidates sees the very noise a whole-vocabulary draw would. Id -1
     keys a uniform that no token's noise uses."""
-    mixed = mix64(step_seeds + (token_ids + 1) * _GOLDEN)
-    bits = _shift_right(mixed, 64 - _UNIFORM_BITS)
-    return (bits.to(torch.float32) + 0.5) * (2.0**-_UNIFORM_BITS)
+    mixed = mix64(step_seeds + (token_ids + 1) * GOLDEN)
+    bits = _shift_right(mixed, 64 - UNIFORM_BITS)
+    return (bits.to(torch.float32) + 0.5) * (2.0**-UNIFORM_BITS)
 
 
 def gumbel_noise(step_seeds: torch.Tensor, vocab_size: int) -> torch.Tensor:

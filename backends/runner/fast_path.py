@@ -9,15 +9,16 @@ the device from the per-slot `SamplingStates`, through the runner's `DeviceLogit
 when one is installed (then a graphed decode also replays a sampling graph; on CUDA its
 `FusedDraw`, one kernel, where it offers one: `fused_draw`); rows with a hook
 or a penalty get their logits row copied to the host and sampled there by the runner's host
-sampler, exactly as on the reference path (mixed graphs leave sampling outside the graph).
-Tokens, hook logits and captured hidden rows come back through one `AsyncOutput`, whose
-`wait` (inside `PendingStep.wait`) is the step's only host wait.
+sampler, exactly as on the reference path (mixed graphs leave sampling outside the graph), with
+each row's top candidates from one device top-k over all of them (`host_draws.TopCandidates`),
+so a draw skips its own pass over the 152k-entry row. Tokens, hook logits and captured hidden
+rows come back through one `AsyncOutput`, whose `wait` (inside `PendingStep.wait`) is the
+step's only host wait.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -26,7 +27,9 @@ from backends.models.decoder import DecoderModel
 from backends.runner.async_output import AsyncOutput, PendingStep
 from backends.runner.block_table import BlockTable
 from backends.runner.cuda_graphs import DecodeGraphs, bucket_sizes
+from backends.runner.fast_step import Forwarded, SamplePlan, step_results
 from backends.runner.fused_draw import sampling_states_for
+from backends.runner.host_draws import TOP_CANDIDATES, TopCandidates
 from backends.runner.host_staging import to_device
 from backends.runner.input_batch import build_input_batch
 from backends.runner.kv_cache import KVCache
@@ -41,25 +44,8 @@ from backends.runner.types import (
     StepResult,
 )
 
-HostSampler = Callable[[StepInput, int, torch.Tensor], int]  # (input, slot, [vocab] logits)
-
-
-@dataclass(frozen=True, slots=True)
-class _Forwarded:
-    """One step's forward as the sampler sees it."""
-
-    hidden: torch.Tensor  # [num_rows, hidden] final hidden states, rows in batch order
-    logits: torch.Tensor  # [num_sampled, vocab] float32, one row per sampling input
-    row_starts: list[int]  # first hidden row of each input
-    positions: list[list[int]]  # positions of each input's rows
-    tokens: torch.Tensor | None = None  # [>= num_inputs] int64 drawn in the graph, batch order
-
-
-@dataclass(frozen=True, slots=True)
-class _SamplePlan:
-    sampled: list[int]  # inputs that sample, in order (= logits rows)
-    on_device: list[int]  # indices into `sampled` drawn by the device sampler
-    on_host: list[int]  # indices into `sampled` drawn on the host (hook or penalty)
+# (input, slot, [vocab] logits, the row's top candidates if known) -> token
+HostSampler = Callable[[StepInput, int, torch.Tensor, TopCandidates | None], int]
 
 
 class FastPath:
@@ -125,8 +111,8 @@ class FastPath:
         )
 
     def _forward_decode(
-        self, inputs: list[StepInput], slots: list[int], plan: _SamplePlan
-    ) -> _Forwarded:
+        self, inputs: list[StepInput], slots: list[int], plan: SamplePlan
+    ) -> Forwarded:
         positions = self.states.num_computed_tokens_np[slots]
         ids = [0 if inp.embeds is not None else inp.token_ids[0] for inp in inputs]
         injected = [(i, inp.embeds[0]) for i, inp in enumerate(inputs) if inp.embeds is not None]
@@ -139,7 +125,7 @@ class FastPath:
         sampled = [i for i, inp in enumerate(inputs) if inp.sample]
         if sampled != list(range(len(sampled))):
             logits = logits.index_select(0, to_device(np.asarray(sampled), logits.device))
-        return _Forwarded(
+        return Forwarded(
             hidden=hidden,
             logits=logits[: len(sampled)],
             row_starts=list(range(len(inputs))),
@@ -151,21 +137,21 @@ class FastPath:
         return None if self.mixed is None else self.mixed.bucket_for([i.num_rows for i in inputs])
 
     def _forward_mixed(
-        self, inputs: list[StepInput], slots: list[int], plan: _SamplePlan, bucket: Bucket
-    ) -> _Forwarded:
+        self, inputs: list[StepInput], slots: list[int], plan: SamplePlan, bucket: Bucket
+    ) -> Forwarded:
         assert self.mixed is not None
         contexts = self.states.num_computed_tokens_np[slots]
         block_rows = self.block_table.table_np[slots]
         cu = self.mixed.stage(bucket, inputs, contexts, block_rows, plan.sampled)
         hidden, logits = self.mixed.run(bucket)
-        return _Forwarded(
+        return Forwarded(
             hidden=hidden,
             logits=logits[: len(plan.sampled)],
             row_starts=cu[:-1].tolist(),
             positions=[list(range(c, c + i.num_rows)) for c, i in zip(contexts.tolist(), inputs)],
         )
 
-    def _forward_eager(self, inputs: list[StepInput], slots: list[int]) -> _Forwarded:
+    def _forward_eager(self, inputs: list[StepInput], slots: list[int]) -> Forwarded:
         batch = build_input_batch(
             slots=slots,
             num_rows=[inp.num_rows for inp in inputs],
@@ -180,7 +166,7 @@ class FastPath:
                      if inp.sample]  # fmt: skip
         index = to_device(np.asarray(last_rows, dtype=np.int64), hidden.device)
         rows = hidden.index_select(0, index)
-        return _Forwarded(
+        return Forwarded(
             hidden=hidden,
             logits=self.model.compute_logits(rows),
             row_starts=batch.cu_num_tokens_np[:-1].tolist(),
@@ -203,19 +189,19 @@ class FastPath:
                 embeds[int(cu_rows[i]) : int(cu_rows[i + 1])].copy_(source, non_blocking=True)
         return embeds
 
-    def _plan(self, inputs: list[StepInput], slots: list[int]) -> _SamplePlan:
+    def _plan(self, inputs: list[StepInput], slots: list[int]) -> SamplePlan:
         sampled = [i for i, inp in enumerate(inputs) if inp.sample]
         on_device, on_host = [], []
         for j, i in enumerate(sampled):
             (on_host if self.states.samples_on_host(slots[i]) else on_device).append(j)
-        return _SamplePlan(sampled, on_device, on_host)
+        return SamplePlan(sampled, on_device, on_host)
 
     def _outputs(
         self,
         inputs: list[StepInput],
         slots: list[int],
-        forwarded: _Forwarded,
-        plan: _SamplePlan,
+        forwarded: Forwarded,
+        plan: SamplePlan,
     ) -> dict[str, torch.Tensor]:
         device = forwarded.logits.device
         outputs: dict[str, torch.Tensor] = {}
@@ -226,7 +212,11 @@ class FastPath:
             device_slots = [slots[plan.sampled[j]] for j in plan.on_device]
             outputs["tokens"] = self._sample(logits, device_slots)
         if plan.on_host:
-            outputs["host_logits"] = self._rows(forwarded.logits, plan.on_host, len(plan.sampled))
+            rows = self._rows(forwarded.logits, plan.on_host, len(plan.sampled))
+            outputs["host_logits"] = rows
+            if device.type == "cuda":  # on a CPU row the draw's own top-k costs the same
+                top = torch.topk(rows, min(TOP_CANDIDATES, rows.shape[-1]))
+                outputs["top_values"], outputs["top_ids"] = top.values, top.indices
         captured = [
             row
             for i, inp in enumerate(inputs)
@@ -261,8 +251,8 @@ class FastPath:
         self,
         inputs: list[StepInput],
         slots: list[int],
-        forwarded: _Forwarded,
-        plan: _SamplePlan,
+        forwarded: Forwarded,
+        plan: SamplePlan,
         output: AsyncOutput,
         host_sampler: HostSampler,
     ) -> list[StepResult]:
@@ -276,21 +266,8 @@ class FastPath:
             self.states.generated[slots[i]].append(token)
         for k, j in enumerate(plan.on_host):
             i = plan.sampled[j]
-            tokens[i] = host_sampler(inputs[i], slots[i], host["host_logits"][k])
-        return self._results(inputs, forwarded, tokens, host.get("hidden"))
-
-    @staticmethod
-    def _results(
-        inputs: list[StepInput],
-        forwarded: _Forwarded,
-        tokens: list[int | None],
-        hidden: torch.Tensor | None,
-    ) -> list[StepResult]:
-        results, offset = [], 0
-        for i, inp in enumerate(inputs):
-            rows = None
-            if inp.capture_hidden and hidden is not None:
-                rows = hidden[offset : offset + inp.num_rows]
-                offset += inp.num_rows
-            results.append(StepResult(inp.request_id, forwarded.positions[i], tokens[i], rows))
-        return results
+            hint = None
+            if "top_ids" in host:
+                hint = TopCandidates(host["top_values"][k].numpy(), host["top_ids"][k].numpy())
+            tokens[i] = host_sampler(inputs[i], slots[i], host["host_logits"][k], hint)
+        return step_results(inputs, forwarded.positions, tokens, host.get("hidden"))

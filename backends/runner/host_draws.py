@@ -3,73 +3,135 @@ sampling policy (the Thinker's duplex policy) draw here.
 
 Per token on a 151,936-entry row (one CPU core), a full-vocabulary sort for top-p took ~12 ms
 and float64 Gumbel noise over the row ~1 ms. Here each full-row pass is linear (top-k,
-logsumexp) and the rest works on the top-k survivors only:
+logsumexp) and the rest works on the top-k survivors only, in numpy: a torch op costs ~10 us to
+dispatch whatever its size, and the draw after top-k was some 60 of them (~1.1 of its 1.4 ms
+on the H200 host, paid per row: 16 rows of a batch-16 Thinker step in turn):
 
 - `boundary_hit`: "a categorical draw from softmax(row) is `token`" is a Bernoulli draw with
   p = softmax(row)[token]: one uniform, the same distribution as a whole-row draw (the duplex
   policy's rule 4);
 - `filtered_draw`: temperature, top-k (ties at the k-th value kept), top-p, then the
   Gumbel-max draw over the survivors with the counter-based noise keyed on (step seed, token
-  id) (`device_sampler.uniform_at`): the very token a whole-row argmax of (filtered logits +
-  noise) picks, as the device sampler does, since filtered-out tokens sit at -inf.
+  id) (`uniforms_at`, bit for bit `device_sampler.uniform_at`): the very token a whole-row
+  argmax of (filtered logits + noise) picks, as the device sampler does, since filtered-out
+  tokens sit at -inf (up to the last-ulp differences any two devices' exp and log have).
+
+The top-k pass over the whole row (~0.4-0.7 ms of a draw on one core) is skipped when the
+runner hands the raw row's top candidates, taken for all of a step's hooked rows in one device
+top-k (`TopCandidates`): masks and repetition penalties only ever lower a logit, so a token
+outside them cannot rise above their smallest raw value, and when enough of them stay above it
+the filtered row's top-k (ties included) lies among them. Otherwise the draw takes the row.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
+import numpy as np
 import torch
 
-from backends.runner.device_sampler import uniform_at
+from backends.runner.device_sampler import GOLDEN, MIX1, MIX2, UNIFORM_BITS
 
 _BOUNDARY_KEY = -1  # the uniform of `boundary_hit`; token noise uses ids >= 0
+TOP_CANDIDATES = 128  # candidates per hooked row: top-k 20 plus room for masked / penalised ids
+_U64 = (1 << 64) - 1
 
 
-def _uniforms(step_seed: int, token_ids: torch.Tensor) -> torch.Tensor:
-    seed = torch.tensor(step_seed, dtype=torch.int64, device=token_ids.device)
-    return uniform_at(seed, token_ids)
+@dataclass(frozen=True, slots=True)
+class TopCandidates:
+    """The largest logits of a row before any mask or penalty, descending, with their ids."""
+
+    values: np.ndarray  # [n] float32
+    ids: np.ndarray  # [n] int64
+
+
+def _mix64(x: np.ndarray) -> np.ndarray:
+    """splitmix64's finaliser on uint64 (wrapping): `device_sampler.mix64` bit for bit."""
+    x = x ^ (x >> np.uint64(30))
+    x = x * np.uint64(MIX1 & _U64)
+    x = x ^ (x >> np.uint64(27))
+    x = x * np.uint64(MIX2 & _U64)
+    return x ^ (x >> np.uint64(31))
+
+
+def uniforms_at(step_seed: int, token_ids: np.ndarray) -> np.ndarray:
+    """[n] int64 token ids -> [n] float32 uniforms, bitwise `device_sampler.uniform_at`."""
+    with np.errstate(over="ignore"):
+        keys = (token_ids.astype(np.int64) + 1).astype(np.uint64) * np.uint64(GOLDEN & _U64)
+        mixed = _mix64(np.uint64(step_seed & _U64) + keys)
+    bits = mixed >> np.uint64(64 - UNIFORM_BITS)
+    return (bits.astype(np.float32) + np.float32(0.5)) * np.float32(2.0**-UNIFORM_BITS)
 
 
 def boundary_hit(row: torch.Tensor, token: int, greedy: bool, step_seed: int) -> bool:
     """row: [vocab] float32 raw logits -> whether the step's raw-softmax draw is `token`."""
     if greedy:
         return int(torch.argmax(row)) == token
-    log_p = row[token] - torch.logsumexp(row, dim=0)
-    key = torch.tensor([_BOUNDARY_KEY], dtype=torch.int64, device=row.device)
-    return bool(_uniforms(step_seed, key)[0] < torch.exp(log_p))
+    log_p = float(row[token] - torch.logsumexp(row, dim=0))
+    uniform = uniforms_at(step_seed, np.array([_BOUNDARY_KEY], dtype=np.int64))[0]
+    return bool(uniform < np.exp(np.float32(log_p)))
 
 
 def filtered_draw(
-    row: torch.Tensor, temperature: float, top_k: int, top_p: float, step_seed: int
+    row: torch.Tensor,
+    temperature: float,
+    top_k: int,
+    top_p: float,
+    step_seed: int,
+    hint: TopCandidates | None = None,
 ) -> int:
-    """row: [vocab] float32 logits, masked and penalised -> one token (argmax when greedy)."""
+    """row: [vocab] float32 logits, masked and penalised -> one token (argmax when greedy).
+    hint: the row's raw top candidates (taken before the masks and penalties), if known."""
     if temperature == 0.0:
         return int(torch.argmax(row))
-    values, ids = _candidates(row, top_k, sort=top_p < 1.0)
-    keep = values > float("-inf")
-    values, ids = values[keep], ids[keep]
-    scaled = values / temperature
-    if top_p < 1.0:
-        probs = torch.softmax(scaled, dim=0)
-        mass_before = torch.cumsum(probs, dim=0) - probs
-        keep = mass_before < top_p  # never drops the most likely token (mass_before = 0)
+    hinted = _hinted_top_k(row, top_k, hint) if hint is not None else None
+    values, ids = hinted if hinted is not None else _candidates(row, top_k, sort=top_p < 1.0)
+    keep = values > -np.inf
+    scaled, ids = values[keep] / np.float32(temperature), ids[keep]
+    if top_p < 1.0 and scaled.size:
+        exp = np.exp(scaled - scaled[0])  # sorted descending: [0] is the max
+        probs = exp / exp.sum()
+        keep = np.cumsum(probs) - probs < top_p  # never drops the most likely (mass before 0)
         scaled, ids = scaled[keep], ids[keep]
-    if ids.numel() == 0:  # every logit is -inf: as a whole-row argmax would, take the first
+    if ids.size == 0:  # every logit is -inf: as a whole-row argmax would, take the first
         return 0
-    noise = -torch.log(-torch.log(_uniforms(step_seed, ids)))
-    return int(ids[torch.argmax(scaled + noise)])
+    noise = -np.log(-np.log(uniforms_at(step_seed, ids)))
+    return int(ids[np.argmax(scaled + noise)])
 
 
-def _candidates(row: torch.Tensor, top_k: int, sort: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """The k largest logits and their ids, descending, plus any tied with the k-th; without
-    top-k the whole row (sorted only if top-p needs the order)."""
+def _candidates(row: torch.Tensor, top_k: int, sort: bool) -> tuple[np.ndarray, np.ndarray]:
+    """The k largest logits and their ids (float32, int64), descending (equal values by id),
+    plus any tied with the k-th; without top-k the whole row (sorted only if top-p needs the
+    order)."""
     vocab = row.shape[0]
     if top_k < 1 or top_k >= vocab:
         if sort:
-            return torch.sort(row, descending=True)
-        return row, torch.arange(vocab, device=row.device)
-    values, ids = torch.topk(row, top_k + 1)
+            values, ids = torch.sort(row, descending=True)
+            return values.cpu().numpy(), ids.cpu().numpy()
+        return row.cpu().numpy(), np.arange(vocab, dtype=np.int64)
+    values, ids = (tensor.cpu().numpy() for tensor in torch.topk(row, top_k + 1))
     kth = values[-2]
-    if values[-1] < kth or kth == float("-inf"):  # no finite tie with the k-th beyond it
-        return values[:-1], ids[:-1]
-    tied = torch.nonzero(row >= kth).flatten()
+    if values[-1] < kth or kth == -np.inf:  # no finite tie with the k-th beyond it
+        order = np.lexsort((ids[:-1], -values[:-1]))  # equal values by id: one order always
+        return values[:-1][order], ids[:-1][order]
+    tied = torch.nonzero(row >= float(kth)).flatten()
     order = torch.argsort(row[tied], descending=True, stable=True)
-    return row[tied][order], tied[order]
+    return row[tied][order].cpu().numpy(), tied[order].cpu().numpy()
+
+
+def _hinted_top_k(
+    row: torch.Tensor, top_k: int, hint: TopCandidates
+) -> tuple[np.ndarray, np.ndarray] | None:
+    """`_candidates(row, top_k)` from the hint alone, or None where it cannot be sure: the
+    (k+1)-th current value among the hint must exceed the hint's smallest raw value, which
+    bounds every token outside it."""
+    if top_k < 1 or hint.ids.size <= top_k or row.device.type != "cpu":
+        return None
+    current = row.numpy()[hint.ids]
+    order = np.lexsort((hint.ids, -current))  # value descending, ties by id as `_candidates`
+    ranked = current[order]
+    if not ranked[top_k] > hint.values[-1]:
+        return None
+    tie = ranked[top_k] == ranked[top_k - 1]  # ties with the k-th stay candidates
+    kept = order[ranked >= ranked[top_k - 1]] if tie else order[:top_k]
+    return current[kept], hint.ids[kept]

@@ -29,6 +29,7 @@ from backends.runner.block_pool import BlockPool
 from backends.runner.block_table import BlockTable
 from backends.runner.decode_chain import DecodeChains, PendingChain, check_chain
 from backends.runner.fast_path import FastPath
+from backends.runner.host_draws import TopCandidates
 from backends.runner.input_batch import InputBatch, build_input_batch
 from backends.runner.kv_cache import KVCache
 from backends.runner.reanchor import check_reanchor, reanchor_slot
@@ -341,9 +342,8 @@ class ModelRunner:
             tokens[i] = token
             self.states.generated[slots[i]].append(token)
 
-    def _sample_one(
-        self, inp: StepInput, slot: int, logits: torch.Tensor, record: bool = True
-    ) -> int:
+    def _sample_one(self, inp: StepInput, slot: int, logits: torch.Tensor,
+                    candidates: TopCandidates | None = None, record: bool = True) -> int:
         params = self.states.sampling[slot]
         position = int(self.states.num_computed_tokens_np[slot])  # where the token will sit
         ctx = SampleContext(
@@ -351,6 +351,7 @@ class ModelRunner:
             position=position,
             generator=make_generator(params.seed, position, logits.device),
             generated=self.states.generated[slot],  # live history: hooks must not mutate it
+            candidates=candidates,
         )
         token = sample_token(logits, params, ctx, self.states.hooks[slot])
         if record:

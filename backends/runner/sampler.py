@@ -86,10 +86,12 @@ def sample_token(
     row = logits.to(torch.float32).clone()
     apply_repetition_penalty(row, ctx.generated, params.repetition_penalty, params.penalty_window)
     forced = hook.before_sample(row, ctx) if hook is not None else None
-    token = forced if forced is not None else _draw(row, params, ctx.position)
+    token = forced if forced is not None else _draw(row, params, ctx)
     return hook.after_sample(token, ctx) if hook is not None else token
 
 
-def _draw(row: torch.Tensor, params: SamplingParams, position: int) -> int:
-    seed = step_seed(params.seed, position)
-    return filtered_draw(row, params.temperature, params.top_k, params.top_p, seed)
+def _draw(row: torch.Tensor, params: SamplingParams, ctx: SampleContext) -> int:
+    seed = step_seed(params.seed, ctx.position)
+    return filtered_draw(
+        row, params.temperature, params.top_k, params.top_p, seed, ctx.candidates
+    )

@@ -7,9 +7,12 @@ docs/internal_contracts.md. Fields may be added, never renamed.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import torch
+
+if TYPE_CHECKING:
+    from backends.runner.host_draws import TopCandidates
 
 
 class AdmissionError(RuntimeError):
@@ -52,6 +55,9 @@ class SampleContext:
     # this request's generated-token history (most recent last); the runner's live list, so
     # read it, never mutate it
     generated: list[int]
+    # the row's largest logits before any mask or penalty (`host_draws.TopCandidates`), where
+    # the runner took them on the device; pass it to `filtered_draw`
+    candidates: TopCandidates | None = None
 
 
 class SamplingHook(Protocol):

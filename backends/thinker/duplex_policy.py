@@ -245,7 +245,8 @@ class DuplexPolicy:
         apply_repetition_penalty(
             logits, list(self.latches.history), cfg.repetition_penalty, cfg.penalty_window
         )
-        return filtered_draw(logits, cfg.temperature, cfg.top_k, cfg.top_p, self._step_seed(ctx))
+        seed = self._step_seed(ctx)
+        return filtered_draw(logits, cfg.temperature, cfg.top_k, cfg.top_p, seed, ctx.candidates)
 
     def _step_seed(self, ctx: SampleContext) -> int:
         """The draws' key: RoPE positions repeat after a context-window cut or re-prefill, so

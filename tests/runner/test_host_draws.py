@@ -13,8 +13,15 @@ import math
 import pytest
 import torch
 
-from backends.runner.device_sampler import sample_on_device
-from backends.runner.host_draws import boundary_hit, filtered_draw
+from backends.runner.device_sampler import sample_on_device, uniform_at
+from backends.runner.host_draws import (
+    TopCandidates,
+    _hinted_top_k,
+    boundary_hit,
+    filtered_draw,
+    uniforms_at,
+)
+from backends.runner.sampler import apply_repetition_penalty
 
 VOCAB = 5000
 
@@ -76,3 +83,69 @@ def test_boundary_and_token_draws_use_different_noise() -> None:
     draws = [filtered_draw(row, 1.0, 2, 1.0, seed) == 0 for seed in range(2000)]
     agree = sum(a == b for a, b in zip(hits, draws)) / 2000
     assert 0.45 < agree < 0.55, agree  # independent fair coins agree half the time
+
+
+def test_host_uniforms_are_bitwise_the_device_sampler_noise() -> None:
+    """The numpy noise of a few candidates equals `uniform_at`'s torch noise bit for bit, for
+    seeds over the whole 63-bit range, the boundary key -1 and ids up to the Qwen3 vocabulary."""
+    gen = torch.Generator().manual_seed(5)
+    ids = torch.cat([torch.tensor([-1, 0, 1, 151935]), torch.randint(0, 151936, (60,), generator=gen)])
+    seeds = [0, 1, 2**62 + 12345, 2**63 - 1, *torch.randint(0, 2**62, (20,), generator=gen).tolist()]
+    for seed in seeds:
+        expected = uniform_at(torch.tensor(seed, dtype=torch.int64), ids)
+        got = torch.from_numpy(uniforms_at(seed, ids.numpy()))
+        assert torch.equal(got, expected), seed
+
+
+def _hint(row: torch.Tensor, n: int = 128) -> TopCandidates:
+    values, ids = torch.topk(row, n)
+    return TopCandidates(values.numpy(), ids.numpy())
+
+
+def _mask_and_penalise(row: torch.Tensor, gen: torch.Generator, top_ids: torch.Tensor) -> None:
+    """What a policy does to its row after the hint was taken: -inf on some ids (a few of the
+    top ones among them) and the repetition penalty on others (top ones too)."""
+    row[torch.randint(0, VOCAB, (200,), generator=gen)] = float("-inf")
+    row[top_ids[torch.randint(0, 30, (4,), generator=gen)]] = float("-inf")
+    history = torch.cat([torch.randint(0, VOCAB, (40,), generator=gen), top_ids[:6]]).tolist()
+    apply_repetition_penalty(row, history, 1.3, 512)
+
+
+@pytest.mark.parametrize(("temperature", "top_k", "top_p"), [(0.7, 20, 0.8), (1.0, 5, 1.0)])
+def test_a_hinted_draw_equals_the_unhinted_one(temperature, top_k, top_p) -> None:
+    """The raw row's top candidates, taken before the masks and penalties, give the very draw
+    the whole row gives; the hint is used in most cases, and left aside when it cannot be
+    sure (here: most of its candidates masked)."""
+    gen = torch.Generator().manual_seed(2)
+    used = 0
+    for case in range(80):
+        raw = torch.randn(VOCAB, generator=gen) * 2.0
+        raw[torch.randint(0, VOCAB, (40,), generator=gen)] = raw.max()  # ties at the top
+        hint = _hint(raw)
+        row = raw.clone()
+        _mask_and_penalise(row, gen, torch.from_numpy(hint.ids))
+        if case % 10 == 0:
+            row[torch.from_numpy(hint.ids[:125])] = float("-inf")  # the hint cannot decide
+        seed = 7919 * case + 3
+        expected = filtered_draw(row, temperature, top_k, top_p, seed)
+        assert filtered_draw(row, temperature, top_k, top_p, seed, hint) == expected, case
+        used += _hinted_top_k(row, top_k, hint) is not None
+        if case % 10 == 0:
+            assert _hinted_top_k(row, top_k, hint) is None
+    assert used >= 60, used
+
+
+def test_a_hint_keeps_every_tie_with_the_kth_value() -> None:
+    row = torch.full((VOCAB,), -5.0)
+    row[100:130] = 1.0  # 30 tokens tied, top_k 20: all 30 are candidates
+    hint = _hint(row)
+    values, ids = _hinted_top_k(row, 20, hint)
+    assert sorted(ids.tolist()) == list(range(100, 130)) and (values == 1.0).all()
+    for seed in range(50):
+        expected = filtered_draw(row, 1.0, 20, 1.0, seed)
+        assert filtered_draw(row, 1.0, 20, 1.0, seed, hint) == expected
+    # Top-p cuts through equal values: which of them stay depends on their order, which is by
+    # id on both paths (the lowest 15 of the 30 ids).
+    drawn = {filtered_draw(row, 1.0, 20, 0.5, seed, hint) for seed in range(300)}
+    assert drawn == {filtered_draw(row, 1.0, 20, 0.5, seed) for seed in range(300)}
+    assert drawn == set(range(100, 115))
