@@ -39,6 +39,7 @@ check bench_gemv_talker "$python" perf/bench_gemv.py --model talker --out "$out/
 check bench_gemv_prologue "$python" perf/bench_gemv_prologue.py --budget-s 240 --out "$out/gemv_prologue.md"
 # The Talker's fused draw against the torch draw; Code2Wav's HiFT with and without its fused kernels.
 check bench_talker_draw "$python" perf/bench_talker_draw.py --batches 1,16 --num-warps 4,8
+check bench_policy_draw "$python" perf/bench_policy_draw.py
 check profile_hift "$python" perf/profile_code2wav.py --hift-batches 1,16 --repeats 20
 check bench_code2wav "$python" perf/bench_audio_tail.py --stages code2wav --repeats 3 --batches 1,4,8,16 \
     --code2wav-modes on+bf16+pool --out "$out/audio_tail_code2wav.md" --commit "${COMMIT:-unknown}"
