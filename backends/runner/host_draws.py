@@ -81,7 +81,8 @@ def filtered_draw(
     hint: TopCandidates | None = None,
 ) -> int:
     """row: [vocab] float32 logits, masked and penalised -> one token (argmax when greedy).
-    hint: the row's raw top candidates (taken before the masks and penalties), if known."""
+    hint: the row's raw top candidates, taken before every change made to it since, all of
+    which must have lowered logits (masks, a repetition penalty >= 1): the caller vouches."""
     if temperature == 0.0:
         return int(torch.argmax(row))
     hinted = _hinted_top_k(row, top_k, hint) if hint is not None else None

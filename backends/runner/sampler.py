@@ -86,12 +86,14 @@ def sample_token(
     row = logits.to(torch.float32).clone()
     apply_repetition_penalty(row, ctx.generated, params.repetition_penalty, params.penalty_window)
     forced = hook.before_sample(row, ctx) if hook is not None else None
-    token = forced if forced is not None else _draw(row, params, ctx)
+    token = forced if forced is not None else _draw(row, params, ctx, hook is not None)
     return hook.after_sample(token, ctx) if hook is not None else token
 
 
-def _draw(row: torch.Tensor, params: SamplingParams, ctx: SampleContext) -> int:
+def _draw(row: torch.Tensor, params: SamplingParams, ctx: SampleContext, hooked: bool) -> int:
     seed = step_seed(params.seed, ctx.position)
-    return filtered_draw(
-        row, params.temperature, params.top_k, params.top_p, seed, ctx.candidates
-    )
+    # The raw top candidates hold only while every change to the row lowered logits: a hook
+    # may have raised one, and so does a repetition penalty below 1.
+    lowered = not hooked and params.repetition_penalty >= 1.0
+    hint = ctx.candidates if lowered else None
+    return filtered_draw(row, params.temperature, params.top_k, params.top_p, seed, hint)

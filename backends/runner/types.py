@@ -56,7 +56,8 @@ class SampleContext:
     # read it, never mutate it
     generated: list[int]
     # the row's largest logits before any mask or penalty (`host_draws.TopCandidates`), where
-    # the runner took them on the device; pass it to `filtered_draw`
+    # the runner took them on the device; a hook passes them to `filtered_draw` only if all
+    # it did to the row was lower logits (masks, a repetition penalty >= 1)
     candidates: TopCandidates | None = None
 
 

@@ -245,8 +245,9 @@ class DuplexPolicy:
         apply_repetition_penalty(
             logits, list(self.latches.history), cfg.repetition_penalty, cfg.penalty_window
         )
+        hint = ctx.candidates if cfg.repetition_penalty >= 1.0 else None  # masks only lower
         seed = self._step_seed(ctx)
-        return filtered_draw(logits, cfg.temperature, cfg.top_k, cfg.top_p, seed, ctx.candidates)
+        return filtered_draw(logits, cfg.temperature, cfg.top_k, cfg.top_p, seed, hint)
 
     def _step_seed(self, ctx: SampleContext) -> int:
         """The draws' key: RoPE positions repeat after a context-window cut or re-prefill, so

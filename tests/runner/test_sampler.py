@@ -7,6 +7,7 @@ so a wrong temperature or a biased noise fails with the measured value in the me
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -20,6 +21,7 @@ from backends.runner.sampler import (
     sample_token,
     step_seed,
 )
+from backends.runner.host_draws import TopCandidates
 from backends.runner.types import SampleContext, SamplingParams
 
 NUM_DRAWS = 4000
@@ -112,3 +114,28 @@ def test_hook_masks_forces_and_rewrites() -> None:
 def test_invalid_params_rejected(kwargs: dict[str, float]) -> None:
     with pytest.raises(ValueError, match=next(iter(kwargs))):
         SamplingParams(**kwargs)
+
+
+def test_top_candidates_are_ignored_where_a_logit_may_have_risen() -> None:
+    """The runner's raw top candidates are used by the runner's own draw only when nothing
+    could raise a logit: with a repetition penalty below 1 (a repeated negative logit rises)
+    or a hook that returned no token, the draw scans the row."""
+    logits = torch.full((200,), -3.0)
+    logits[:30] = torch.linspace(2.0, 1.0, 30)
+    logits[150] = 0.5  # outside the 25 candidates
+    values, ids = torch.topk(logits, 25)
+    hint = TopCandidates(values.numpy(), ids.numpy())
+    encourage = SamplingParams(temperature=1.0, top_k=1, repetition_penalty=0.01, seed=5)
+    ctx = dataclasses.replace(ctx_at(4, 5), generated=[150], candidates=hint)
+    assert sample_token(logits, encourage, ctx, None) == 150  # 0.5 / 0.01: now the largest
+    plain = SamplingParams(temperature=1.0, top_k=1, seed=5)
+    assert sample_token(logits, plain, ctx, None) == 0  # the hint serves a plain draw
+
+    class Raise:
+        def before_sample(self, row: torch.Tensor, ctx: SampleContext) -> None:
+            row[199] = 50.0  # far above every candidate
+
+        def after_sample(self, token: int, ctx: SampleContext) -> int:
+            return token
+
+    assert sample_token(logits, plain, ctx, Raise()) == 199

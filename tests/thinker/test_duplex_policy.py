@@ -8,6 +8,7 @@ several standard deviations, the measured value in the message.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable
 
@@ -15,6 +16,7 @@ import pytest
 import torch
 
 from backends.checkpoint.tokenizer import SpecialTokens, TextTokenizer
+from backends.runner.host_draws import TopCandidates
 from backends.runner.sampler import make_generator
 from backends.runner.types import SampleContext
 from backends.thinker.duplex_policy import DuplexPolicy, PolicyConfig
@@ -422,3 +424,21 @@ def test_force_listen_beats_the_reply_knob(tokenizer, special) -> None:
 def test_reply_knobs_are_validated(knobs: dict[str, int]) -> None:
     with pytest.raises(ValueError, match="reply"):
         PolicyConfig(**knobs)
+
+
+def test_runner_candidates_serve_the_draw_unless_the_penalty_raises(tokenizer, special) -> None:
+    """The runner's raw top candidates (`SampleContext.candidates`) give the draw the row
+    gives; a repetition penalty below 1 raises a repeated token (here 400, outside them) over
+    them, and then the policy must scan the row."""
+    favour = {300 + i: 10.0 - 0.001 * i for i in range(25)}
+    favour[400] = 6.0
+    raw = _logits(favour)
+    values, ids = torch.topk(raw, 25)
+    hint = TopCandidates(values.numpy(), ids.numpy())
+    for penalty, expected in ((1.05, 300), (0.5, 400)):
+        policy = _policy(tokenizer, special, seed=3, temperature=1.0, top_k=1,
+                         repetition_penalty=penalty)  # fmt: skip
+        policy.begin_unit(False, [True])
+        policy.latches.history.append(400)
+        ctx = dataclasses.replace(_ctx(3), candidates=hint)
+        assert policy.before_sample(raw.clone(), ctx) == expected, penalty
