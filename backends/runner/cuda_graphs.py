@@ -16,8 +16,9 @@ and rows sampled elsewhere point at the scratch slot) and writing a static token
 decode step's sampling costs one graph launch instead of ~80 eager kernel launches.
 
 `advance` turns a staged batch into its next decode step on the device (drawn tokens in,
-positions and lengths + 1, KV slots from the staged block-table rows): decode chains
-(`decode_chain`) run several steps over these buffers without the host.
+positions and lengths + 1, KV slots from the staged block-table rows; one kernel,
+`chain_advance`): decode chains (`decode_chain`) run several steps over these buffers without
+the host.
 
 Graphs are captured largest bucket first into one shared memory pool, after the KV cache
 exists (its address is baked in). Without CUDA (or with graphs off) `run` executes the same
@@ -164,16 +165,12 @@ class DecodeGraphs:
         each staged row (sampling slot not the scratch one) takes its drawn token (`tokens`
         [size] int64) as input, moves one position on and looks its KV slot up in its staged
         block-table row; padding rows stay as staged. Queues device work only."""
-        cap, bs = self.capacity, self.kv.block_size
-        live = self._i64[3, :size] != self.scratch_slot
-        step = live.to(torch.int64)
-        self._i64[0, :size] = torch.where(live, tokens, 0)
-        self._i64[1, :size] += step
-        self._i32[: 2 * cap].view(2, cap)[:, :size] += step.to(torch.int32)  # seq, context lens
-        positions = self._i64[1, :size]
-        tables = self._i32[2 * cap :].view(cap, self.max_blocks_per_req)[:size]
-        pages = tables.gather(1, (positions // bs)[:, None])[:, 0].to(torch.int64)
-        self._i64[2, :size] = torch.where(live, pages * bs + positions % bs, self._i64[2, :size])
+        from backends.runner.chain_advance import advance_rows  # Triton: fast path only
+
+        advance_rows(
+            self._i64, self._i32, tokens.contiguous(), size, self.scratch_slot,
+            self.kv.block_size, self.max_blocks_per_req,
+        )  # fmt: skip
         self.embeds[:size].copy_(self.model.embed_tokens(self._i64[0, :size]))
 
     def _stage_i64(
