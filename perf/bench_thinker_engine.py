@@ -9,6 +9,7 @@ the engine steps per unit and their wall time, and with `--profile` the function
 the host time (cProfile, cumulative).
 
     python3 perf/bench_thinker_engine.py --concurrency 1,8,32 --seconds 8 [--profile 8]
+    python3 perf/bench_thinker_engine.py --concurrency 1 --seconds 4 --torch-profile 1
     (CPU smoke test: --device cpu --checkpoint tiny --dtype float32)
 """
 
@@ -107,6 +108,22 @@ def _ms(value: float | None) -> str:
     return "-" if value is None else f"{value:.1f}"
 
 
+def _torch_profiled_level(engine, concurrency: int, args: argparse.Namespace) -> dict[str, object]:
+    """The level under torch.profiler; prints the host ops by self CPU time (the host work of
+    the steps: launches, copies, syncs) and the CUDA kernels by device time."""
+    import torch
+
+    activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+    with torch.profiler.profile(activities=activities) as prof:
+        result = _run_level(engine, concurrency, args)
+    table = prof.key_averages()
+    print(f"\ntorch.profiler at C={concurrency}, host ops by self CPU time:")
+    print(table.table(sort_by="self_cpu_time_total", row_limit=30, max_name_column_width=70))
+    print("CUDA kernels by device time:")
+    print(table.table(sort_by="self_device_time_total", row_limit=12, max_name_column_width=70))
+    return result
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--concurrency", default="1,8,32")
@@ -118,6 +135,8 @@ def main() -> None:
     parser.add_argument("--checkpoint", default="full-random")
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--profile", type=int, default=0, help="cProfile the level with this C")
+    parser.add_argument("--torch-profile", type=int, default=0,
+                        help="torch.profiler (host ops and CUDA kernels) over the level with this C")
     args = parser.parse_args()
     levels = [int(c) for c in args.concurrency.split(",")]
     params = {"device": args.device, "checkpoint": args.checkpoint, "dtype": args.dtype,
@@ -132,7 +151,10 @@ def main() -> None:
         profiler = cProfile.Profile() if c == args.profile else None
         if profiler is not None:
             profiler.enable()
-        result = _run_level(engine, c, args)
+        if c == args.torch_profile:
+            result = _torch_profiled_level(engine, c, args)
+        else:
+            result = _run_level(engine, c, args)
         if profiler is not None:
             profiler.disable()
         print(_row(result), flush=True)

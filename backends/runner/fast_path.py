@@ -215,7 +215,8 @@ class FastPath:
             rows = self._rows(forwarded.logits, plan.on_host, len(plan.sampled))
             outputs["host_logits"] = rows
             if device.type == "cuda":  # on a CPU row the draw's own top-k costs the same
-                top = torch.topk(rows, min(TOP_CANDIDATES, rows.shape[-1]))
+                limit = self.config.candidate_ids or rows.shape[-1]
+                top = torch.topk(rows[:, :limit], min(TOP_CANDIDATES, limit))
                 outputs["top_values"], outputs["top_ids"] = top.values, top.indices
         captured = [
             row
@@ -247,6 +248,14 @@ class FastPath:
         use_filters = any(p.top_k > 0 or p.top_p < 1.0 for p in params if not p.is_greedy)
         return self.sampling.sample(logits, index[0], index[1], use_filters)
 
+    def _hints(self, host: dict[str, torch.Tensor], rows: int) -> list[TopCandidates | None]:
+        """Each host-sampled row's top candidates, where the step took them."""
+        if "top_ids" not in host:
+            return [None] * rows
+        limit = self.config.candidate_ids or host["host_logits"].shape[-1]
+        values, ids = host["top_values"].numpy(), host["top_ids"].numpy()
+        return [TopCandidates(values[k], ids[k], limit) for k in range(rows)]
+
     def _finish(
         self,
         inputs: list[StepInput],
@@ -264,10 +273,8 @@ class FastPath:
             token = int(device_tokens[i if forwarded.tokens is not None else k])
             tokens[i] = token
             self.states.generated[slots[i]].append(token)
+        hints = self._hints(host, len(plan.on_host))
         for k, j in enumerate(plan.on_host):
             i = plan.sampled[j]
-            hint = None
-            if "top_ids" in host:
-                hint = TopCandidates(host["top_values"][k].numpy(), host["top_ids"][k].numpy())
-            tokens[i] = host_sampler(inputs[i], slots[i], host["host_logits"][k], hint)
+            tokens[i] = host_sampler(inputs[i], slots[i], host["host_logits"][k], hints[k])
         return step_results(inputs, forwarded.positions, tokens, host.get("hidden"))

@@ -39,10 +39,13 @@ _U64 = (1 << 64) - 1
 
 @dataclass(frozen=True, slots=True)
 class TopCandidates:
-    """The largest logits of a row before any mask or penalty, descending, with their ids."""
+    """The largest logits of a row's first `limit` ids before any mask or penalty, descending,
+    with their ids. Ids from `limit` on (a vocabulary's padding, which a policy masks) are not
+    among them: a draw checks them on the row, one max over them."""
 
     values: np.ndarray  # [n] float32
     ids: np.ndarray  # [n] int64
+    limit: int
 
 
 def _mix64(x: np.ndarray) -> np.ndarray:
@@ -125,13 +128,16 @@ def _hinted_top_k(
 ) -> tuple[np.ndarray, np.ndarray] | None:
     """`_candidates(row, top_k)` from the hint alone, or None where it cannot be sure: the
     (k+1)-th current value among the hint must exceed the hint's smallest raw value, which
-    bounds every token outside it."""
+    bounds every other id below the hint's limit, and every id past the limit."""
     if top_k < 1 or hint.ids.size <= top_k or row.device.type != "cpu":
         return None
     current = row.numpy()[hint.ids]
     order = np.lexsort((hint.ids, -current))  # value descending, ties by id as `_candidates`
     ranked = current[order]
     if not ranked[top_k] > hint.values[-1]:
+        return None
+    tail = row.numpy()[hint.limit :]
+    if tail.size and not tail.max() < ranked[top_k]:  # an id past the limit could compete
         return None
     tie = ranked[top_k] == ranked[top_k - 1]  # ties with the k-th stay candidates
     kept = order[ranked >= ranked[top_k - 1]] if tie else order[:top_k]

@@ -190,12 +190,18 @@ class RunnerConfig:
     # CUDA graph per (decode bucket, length); a stage chains only these. None: the stage's
     # default (the Talker's: backends.talker.chain_plan), the runner's none; () = off
     decode_chain_lengths: tuple[int, ...] | None = None
+    # fast path: the top candidates handed to host-sampled rows (`host_draws.TopCandidates`)
+    # are taken among ids below this (a tokenizer's vocabulary; its padding past it is what a
+    # policy masks); 0: the whole row
+    candidate_ids: int = 0
 
     def __post_init__(self) -> None:
         for name in ("num_blocks", "max_num_reqs", "max_model_len", "block_size"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"RunnerConfig.{name} must be a positive int, got {value!r}")
+        if not isinstance(self.candidate_ids, int) or self.candidate_ids < 0:
+            raise ValueError(f"RunnerConfig.candidate_ids must be >= 0, got {self.candidate_ids!r}")
         if not self.dtype.is_floating_point:
             raise ValueError(f"RunnerConfig.dtype must be a floating dtype, got {self.dtype}")
         sizes = self.cuda_graph_sizes

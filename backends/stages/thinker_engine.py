@@ -15,9 +15,10 @@ the KV in place on the runner, a `context` drop re-prefills a rebuilt prompt.
 
 from __future__ import annotations
 
+
 import logging
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 
 from backends.audio.encoder_model import AudioEncoderModel
@@ -78,6 +79,8 @@ class ThinkerEngine:
         self.tokenizer = tokenizer
         self.special = special_tokens
         self.config = config or ThinkerEngineConfig()
+        # host draws' top candidates among the ids the tokenizer has (the rest is masked)
+        runner_config = replace(runner_config, candidate_ids=tokenizer.vocab_size)
         self.runner = ModelRunner(model, runner_config)
         self.runner_config = runner_config
         self.layout = PromptLayout(tokenizer, special_tokens)

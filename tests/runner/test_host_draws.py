@@ -99,7 +99,7 @@ def test_host_uniforms_are_bitwise_the_device_sampler_noise() -> None:
 
 def _hint(row: torch.Tensor, n: int = 128) -> TopCandidates:
     values, ids = torch.topk(row, n)
-    return TopCandidates(values.numpy(), ids.numpy())
+    return TopCandidates(values.numpy(), ids.numpy(), row.shape[0])
 
 
 def _mask_and_penalise(row: torch.Tensor, gen: torch.Generator, top_ids: torch.Tensor) -> None:
@@ -149,3 +149,24 @@ def test_a_hint_keeps_every_tie_with_the_kth_value() -> None:
     drawn = {filtered_draw(row, 1.0, 20, 0.5, seed, hint) for seed in range(300)}
     assert drawn == {filtered_draw(row, 1.0, 20, 0.5, seed) for seed in range(300)}
     assert drawn == set(range(100, 115))
+
+
+def test_a_hint_below_a_limit_checks_the_ids_past_it() -> None:
+    """Candidates taken among the first ids only (a tokenizer's vocabulary; the padding past
+    it is what a policy masks): with the padding masked the hint serves the draw; an unmasked
+    id past the limit that could compete sends the draw back to the row."""
+    gen = torch.Generator().manual_seed(4)
+    limit = VOCAB // 5
+    for case in range(30):
+        row = torch.randn(VOCAB, generator=gen) * 2.0
+        values, ids = torch.topk(row[:limit], 64)
+        hint = TopCandidates(values.numpy(), ids.numpy(), limit)
+        row[limit:] = float("-inf")  # the policy's mask of the padding
+        seed = 31 * case + 1
+        assert _hinted_top_k(row, 20, hint) is not None
+        expected = filtered_draw(row, 0.8, 20, 0.9, seed)
+        assert filtered_draw(row, 0.8, 20, 0.9, seed, hint) == expected
+        row[limit + case] = 100.0  # one padding id left unmasked, above every candidate
+        assert _hinted_top_k(row, 20, hint) is None
+        unmasked = filtered_draw(row, 0.8, 20, 0.9, seed)
+        assert unmasked == limit + case and filtered_draw(row, 0.8, 20, 0.9, seed, hint) == unmasked

@@ -124,7 +124,7 @@ def test_top_candidates_are_ignored_where_a_logit_may_have_risen() -> None:
     logits[:30] = torch.linspace(2.0, 1.0, 30)
     logits[150] = 0.5  # outside the 25 candidates
     values, ids = torch.topk(logits, 25)
-    hint = TopCandidates(values.numpy(), ids.numpy())
+    hint = TopCandidates(values.numpy(), ids.numpy(), 200)
     encourage = SamplingParams(temperature=1.0, top_k=1, repetition_penalty=0.01, seed=5)
     ctx = dataclasses.replace(ctx_at(4, 5), generated=[150], candidates=hint)
     assert sample_token(logits, encourage, ctx, None) == 150  # 0.5 / 0.01: now the largest

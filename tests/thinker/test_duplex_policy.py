@@ -434,7 +434,7 @@ def test_runner_candidates_serve_the_draw_unless_the_penalty_raises(tokenizer, s
     favour[400] = 6.0
     raw = _logits(favour)
     values, ids = torch.topk(raw, 25)
-    hint = TopCandidates(values.numpy(), ids.numpy())
+    hint = TopCandidates(values.numpy(), ids.numpy(), VOCAB)
     for penalty, expected in ((1.05, 300), (0.5, 400)):
         policy = _policy(tokenizer, special, seed=3, temperature=1.0, top_k=1,
                          repetition_penalty=penalty)  # fmt: skip
