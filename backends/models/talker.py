@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -22,6 +23,7 @@ from backends.models.audio_projector import MultiModalProjector
 from backends.models.llama import LlamaBackbone, LlamaBackboneConfig
 from backends.models.weight_norm import fold_weight_norm_keys
 from backends.runner.attention import AttentionMetadata
+from backends.runner.host_staging import to_device
 from backends.runner.kv_cache import KVCache
 from backends.runner.rope import RotaryEmbedding
 
@@ -119,21 +121,19 @@ class TalkerModel(nn.Module):
         """token_ids: [n] int64 Thinker ids, hidden: [n, llm_dim] float32 Thinker rows ->
         [n + 1, hidden_size] in the model dtype: emb_text(t) + L2norm(projector(h)) per row,
         then one emb_text(audio_bos) row (the duplex `generate_chunk` layout)."""
-        rows = self._condition_rows(token_ids, hidden)
-        bos = self.config.audio_bos_token_id  # its table row as a view: no id tensor to copy in
-        return torch.cat([rows, self.emb_text.weight[bos : bos + 1]], dim=0)
+        return self.condition_embeds_many(token_ids, hidden, [token_ids.numel()])[0]
 
     def condition_embeds_many(
-        self, token_ids: torch.Tensor, hidden: torch.Tensor, order: torch.Tensor, counts: list[int]
+        self, token_ids: torch.Tensor, hidden: torch.Tensor, counts: list[int]
     ) -> list[torch.Tensor]:
         """Several conditions' `condition_embeds` in one pass (a launch-bound handful of
         kernels, not one handful per condition). token_ids/hidden: every condition's rows back
-        to back ([sum n] and [sum n, llm_dim]); order: [sum n + len(counts)] int64 rows of
-        [those rows; the audio_bos row] in output order (`talker.condition.condition_order`);
-        counts: n per condition -> one [n + 1, hidden_size] view per condition."""
+        to back ([sum n] and [sum n, llm_dim]); counts: n per condition -> one [n + 1,
+        hidden_size] view per condition."""
         rows = self._condition_rows(token_ids, hidden)
-        bos = self.config.audio_bos_token_id
+        bos = self.config.audio_bos_token_id  # its table row as a view: no id tensor to copy in
         table = torch.cat([rows, self.emb_text.weight[bos : bos + 1]], dim=0)
+        order = to_device(condition_order(counts), table.device)
         return list(table.index_select(0, order).split([n + 1 for n in counts]))
 
     def _condition_rows(self, token_ids: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
@@ -167,6 +167,15 @@ class TalkerModel(nn.Module):
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden: [n, hidden_size] -> [n, num_audio_tokens] float32."""
         return self.model.head_logits(self.head_code[0], hidden)
+
+
+def condition_order(counts: list[int]) -> np.ndarray:
+    """[sum n + len(counts)] int64: each condition's rows of the stacked [rows; audio_bos]
+    table of `TalkerModel.condition_embeds_many`, then the bos row (index sum n)."""
+    total, starts = sum(counts), np.cumsum([0, *counts[:-1]], dtype=np.int64)
+    return np.concatenate(
+        [np.append(np.arange(s, s + n, dtype=np.int64), total) for s, n in zip(starts, counts)]
+    )
 
 
 def load_talker_weights(model: TalkerModel, state_dict: Mapping[str, torch.Tensor]) -> list[str]:

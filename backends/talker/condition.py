@@ -99,16 +99,6 @@ def project_conditions(
         embeds = model.condition_embeds_many(
             to_device(np.concatenate(token_ids), device),  # [sum m] int64
             to_device(np.concatenate(hidden), device),  # [sum m, llm_dim] float32
-            to_device(condition_order(counts), device),
             counts,
         )
     return [replace(c, embeds=e) for c, e in zip(conditions, embeds)]
-
-
-def condition_order(counts: list[int]) -> np.ndarray:
-    """[sum n + len(counts)] int64: each condition's rows of the stacked [rows; bos] table of
-    `TalkerModel.condition_embeds_many`, then the bos row (index sum n)."""
-    total, starts = sum(counts), np.cumsum([0, *counts[:-1]], dtype=np.int64)
-    return np.concatenate(
-        [np.append(np.arange(s, s + n, dtype=np.int64), total) for s, n in zip(starts, counts)]
-    )

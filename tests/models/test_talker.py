@@ -16,11 +16,15 @@ import transformers
 from torch import nn
 from torch.nn.utils.parametrizations import weight_norm
 
-from backends.models.talker import TalkerConfig, TalkerModel, load_talker_weights
+from backends.models.talker import (
+    TalkerConfig,
+    TalkerModel,
+    condition_order,
+    load_talker_weights,
+)
 from backends.models.talker_policy import CODEC_EOS, ChunkKind, TalkerChunkPolicy
 from backends.runner.model_runner import ModelRunner
 from backends.runner.types import RunnerConfig, SamplingParams, StepInput
-from backends.talker.condition import condition_order
 
 CONFIG = TalkerConfig(
     llm_dim=24, hidden_size=32, intermediate_size=64, num_attention_heads=4,
@@ -118,10 +122,9 @@ def test_condition_embeds_many_equals_one_by_one(talker: TalkerModel) -> None:
     counts = [1, 4, 2]
     ids = [torch.randint(0, CONFIG.num_text_tokens, (n,)) for n in counts]
     hidden = [torch.randn(n, CONFIG.llm_dim) for n in counts]
-    order = torch.from_numpy(condition_order(counts))
-    assert order.tolist() == [0, 7, 1, 2, 3, 4, 7, 5, 6, 7]
+    assert condition_order(counts).tolist() == [0, 7, 1, 2, 3, 4, 7, 5, 6, 7]
     with torch.no_grad():
-        many = talker.condition_embeds_many(torch.cat(ids), torch.cat(hidden), order, counts)
+        many = talker.condition_embeds_many(torch.cat(ids), torch.cat(hidden), counts)
         for got, one_ids, one_hidden in zip(many, ids, hidden, strict=True):
             torch.testing.assert_close(got, talker.condition_embeds(one_ids, one_hidden))
 

@@ -20,6 +20,8 @@ import torch.nn.functional as F
 
 pytest.importorskip("triton")
 
+from test_triton_gemv import CONFIGS  # noqa: E402  (the sibling module's kernel configs)
+
 from backends.runner import fused_linears, gemv_configs  # noqa: E402
 from backends.runner.triton_gemv import (  # noqa: E402
     ADD_NORM,
@@ -32,12 +34,6 @@ from backends.runner.triton_gemv import (  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
-CONFIGS = [
-    GemvConfig(32, 64),  # FMA, one K slice, a partial last K tile
-    GemvConfig(8, 128, split_k=3, num_warps=8),  # FMA, split-K
-    GemvConfig(16, 64, use_dot=True),  # tensor cores
-    GemvConfig(64, 32, split_k=2, use_dot=True),  # tensor cores, split-K
-]
 IDS = ["fma", "fma-split", "dot", "dot-split"]
 EPS = 1e-6
 TOL = {torch.float32: 2e-5, torch.float16: 3e-3}  # relative to the largest |output|
