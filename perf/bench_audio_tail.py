@@ -110,7 +110,7 @@ def talker_model(tiny: bool, device: torch.device, dtype: torch.dtype) -> Talker
 
 def bench_talker(model: TalkerModel, batch: int, graphs: bool, repeats: int,
                  device: torch.device, dtype: torch.dtype, policy: str = "device",
-                 gemv: str = "triton") -> Row:
+                 gemv: str = "triton", chains: tuple[int, ...] | None = None) -> Row:
     _reset_peak(device)
     context = 4096 if device.type == "cuda" else 256
     config = RunnerConfig(num_blocks=(batch + 2) * context // 16, max_num_reqs=batch + 2,
@@ -118,7 +118,8 @@ def bench_talker(model: TalkerModel, batch: int, graphs: bool, repeats: int,
                           attention_backend="triton" if device.type == "cuda" else "reference",
                           use_cuda_graphs=graphs, gemv_backend=gemv)
     # On the CPU reference path the policy is always the host hook (no device sampler there).
-    engine = TalkerEngine(model, config, device_policy=policy == "device" and config.is_fast_path)
+    engine = TalkerEngine(model, config, device_policy=policy == "device" and config.is_fast_path,
+                          chain_lengths=chains)
     counter = iter(range(1_000_000))
     inputs = condition_inputs(model.config, batch)  # made once, outside the timing
 
@@ -141,6 +142,7 @@ def bench_talker(model: TalkerModel, batch: int, graphs: bool, repeats: int,
     median = timed(run, repeats, device)
     mode = ("on" if graphs else "off") + ("+host-policy" if policy == "host" else "")
     mode += "+cublas" if gemv == "cublas" and config.is_fast_path else ""
+    mode += "" if chains is None else "+chains=" + "/".join(map(str, chains))
     return Row("talker", batch, mode, median, "", _peak_gib(device))
 
 
@@ -279,6 +281,8 @@ def main() -> int:
                         help="Talker chunk policy: device tables (default) or the host hook")
     parser.add_argument("--gemv", default="triton", choices=("triton", "cublas"),
                         help="the Talker's decode matmuls (served: triton on CUDA)")
+    parser.add_argument("--talker-chains", default=None,
+                        help="decode chain lengths, e.g. 24,8 (default: the engine's choice)")
     parser.add_argument("--commit", default="unknown")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
@@ -315,7 +319,8 @@ def run_all(args: argparse.Namespace, device: torch.device, batches: list[int],
         for graphs in (False, True):
             for batch in batches:
                 record(guarded(lambda: bench_talker(model, batch, graphs, args.repeats, device, dtype,
-                                                    args.talker_policy, args.gemv),
+                                                    args.talker_policy, args.gemv,
+                                                    _chains(args.talker_chains)),
                                "talker", batch, "on" if graphs else "off"))
         del model
     if "code2wav" in stages:
@@ -324,6 +329,10 @@ def run_all(args: argparse.Namespace, device: torch.device, batches: list[int],
             for batch in batches:
                 record(guarded(lambda: bench_code2wav(model, batch, mode, args.repeats, device),
                                "code2wav", batch, mode))
+
+
+def _chains(text: str | None) -> tuple[int, ...] | None:
+    return None if text is None else tuple(int(n) for n in text.split(",") if n)
 
 
 if __name__ == "__main__":

@@ -160,8 +160,10 @@ def main() -> None:
         print(_row(result), flush=True)
         if profiler is not None:
             out = io.StringIO()
-            pstats.Stats(profiler, stream=out).sort_stats("cumulative").print_stats(45)
-            print(f"\ncProfile at C={c} (cumulative):\n{out.getvalue()}", flush=True)
+            stats = pstats.Stats(profiler, stream=out)
+            stats.sort_stats("cumulative").print_stats(45)
+            stats.sort_stats("tottime").print_stats(30)
+            print(f"\ncProfile at C={c} (cumulative, then own time):\n{out.getvalue()}", flush=True)
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@
 #   COMMIT=<sha> bash scripts/gpu_duplex_bench.sh pa          # optional: perf_analyzer, all models
 #   PA_MODELS="code2wav duplex" ... pa                          # or some of them
 #   STACK_SAMPLES=1 ... bench ...   # also a Python stack profile of every stage ($OUT/stacks)
+#   MPS=off ... bench ...           # the stage processes time-slice the GPU (default auto: MPS on)
 # On two H200s (kind nvidia-h200-x2), issue 9's placements: (a) `bench` as above (one GPU),
 #   (b) COMMIT=<sha> bash scripts/gpu_duplex_bench.sh bench-split 4,8,16,32 split
 #   (c) COMMIT=<sha> bash scripts/gpu_duplex_bench.sh bench-replicas 4,8,16,32 replicas
@@ -91,7 +92,7 @@ device_env() {
 start_server() {  # start_server NAME PORT_BASE [ENV=VALUE...]: one tritonserver, waits for readiness
   local name=$1 base=$2
   shift 2
-  env "$@" "$PYTHON" -m backends.serving.launcher --profile "$PROFILE" --http-port "$base" --grpc-port $((base + 1)) \
+  env "$@" "$PYTHON" -m backends.serving.launcher --profile "$PROFILE" --mps "${MPS:-auto}" --http-port "$base" --grpc-port $((base + 1)) \
     --metrics-port $((base + 2)) --log-file "$OUT/server_$name.log" > "$OUT/launcher_$name.log" 2>&1 &
   SERVER_PIDS+=($!)
   local pid=$! started=$SECONDS

@@ -20,6 +20,7 @@ from pathlib import Path
 from backends.serving.checkpoints import prepare_checkpoint
 from backends.serving.grpc_stages import STAGE_URL_ENV
 from backends.serving.health import HEALTH_MODEL, server_ready
+from backends.serving.mps import MODES as MPS_MODES, MpsDaemon, mps_daemon
 from backends.serving.profiles import Profile, get_profile
 from backends.serving.repository import render_repository
 from backends.serving.triton_install import find_triton
@@ -46,6 +47,7 @@ class ServerOptions:
     metrics_port: int = 0
     log_file: Path | None = None
     ready_timeout_s: float = 300.0
+    mps: str = "auto"  # CUDA MPS for the stage processes: auto | on | off (backends/serving/mps.py)
     extra_args: list[str] = field(default_factory=list)
 
 
@@ -55,6 +57,7 @@ class ServerProcess:
     def __init__(self, options: ServerOptions) -> None:
         self.options = options
         self.process: subprocess.Popen[bytes] | None = None
+        self.mps: MpsDaemon | None = None
         pick = lambda port: port or free_port(options.address)  # noqa: E731
         self.http_port, self.grpc_port = pick(options.http_port), pick(options.grpc_port)
         self.metrics_port = pick(options.metrics_port)
@@ -82,13 +85,36 @@ class ServerProcess:
         profile = opts.profile.with_overrides({"checkpoint": str(checkpoint)}) if checkpoint else opts.profile
         repo = render_repository(opts.repository, opts.workdir / "repos" / f"{profile.name}-{self.grpc_port}", profile)
         self.log_file.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.log_file, "wb") as log:
-            self.process = subprocess.Popen(
-                self._command(install.binary, install.backend_dir, repo), stdout=log, stderr=subprocess.STDOUT,
-                env={**install.environment(), STAGE_URL_ENV: self.stage_url}, start_new_session=True,
-            )
-        self._wait_ready()
+        try:
+            env = {**install.environment(), **self._start_mps(), STAGE_URL_ENV: self.stage_url}
+            with open(self.log_file, "wb") as log:
+                self.process = subprocess.Popen(
+                    self._command(install.binary, install.backend_dir, repo), stdout=log,
+                    stderr=subprocess.STDOUT, env=env, start_new_session=True,
+                )
+            self._wait_ready()
+        except BaseException:
+            self.stop()
+            raise
         return self
+
+    def _start_mps(self) -> dict[str, str]:
+        """Start this server's MPS daemon if its mode asks for one; `auto` falls back to
+        time-slicing (with a warning) when the daemon does not start."""
+        log_dir = self.log_file.parent / f"mps-{self.grpc_port}"
+        daemon = mps_daemon(self.options.mps, self.options.profile.device, log_dir)
+        if daemon is None:
+            return {}
+        try:
+            daemon.start()
+        except (OSError, RuntimeError, subprocess.TimeoutExpired) as err:
+            if self.options.mps == "on":
+                raise
+            print(f"MPS not started ({err}); the stage processes time-slice the GPU", file=sys.stderr)
+            return {}
+        self.mps = daemon
+        print(f"MPS daemon started for the stage processes (pipe {daemon.pipe_dir})", file=sys.stderr)
+        return daemon.environment()
 
     def _command(self, binary: Path, backend_dir: Path, repo: Path) -> list[str]:
         opts = self.options
@@ -132,16 +158,21 @@ class ServerProcess:
     def stop(self, timeout_s: float = 30.0) -> int | None:
         """SIGINT (graceful: finalize every model), then SIGKILL the group if it hangs."""
         proc, self.process = self.process, None
-        if proc is None:
-            return None
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGINT)
-            try:
-                proc.wait(timeout_s)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-        return proc.returncode
+        try:
+            if proc is None:
+                return None
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGINT)
+                try:
+                    proc.wait(timeout_s)
+                except subprocess.TimeoutExpired:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                    proc.wait()
+            return proc.returncode
+        finally:
+            if self.mps is not None:  # after its clients (the stage processes) are gone
+                self.mps.stop()
+                self.mps = None
 
     def __enter__(self) -> "ServerProcess":
         return self.start()
@@ -162,6 +193,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--repository", type=Path, default=DEFAULT_REPOSITORY)
     parser.add_argument("--workdir", type=Path, default=DEFAULT_WORKDIR)
     parser.add_argument("--log-file", type=Path)
+    parser.add_argument("--mps", default="auto", choices=MPS_MODES,
+                        help="CUDA MPS daemon for the stage processes sharing a GPU (auto: on for GPU profiles)")
     parser.add_argument("--server-id", default=None,
                         help="name of this replica (Triton --id; the `name` of server metadata)")
     return parser.parse_args(argv)
@@ -174,7 +207,7 @@ def main(argv: list[str] | None = None) -> int:
     server = ServerProcess(ServerOptions(
         profile=profile, repository=args.repository, workdir=args.workdir, address=args.address,
         http_port=args.http_port, grpc_port=args.grpc_port, metrics_port=args.metrics_port, log_file=args.log_file,
-        extra_args=[f"--id={args.server_id}"] if args.server_id else [],
+        mps=args.mps, extra_args=[f"--id={args.server_id}"] if args.server_id else [],
     ))
     stop_requested = []
     for sig in (signal.SIGINT, signal.SIGTERM):
