@@ -23,6 +23,7 @@ from client.demux import DOWNLINK_REQUEST_ID, Arrival, DownlinkDemux
 from client.errors import DuplexStateError, DuplexStreamError, DuplexTimeout
 from client.events import AudioDelta, DuplexEvent
 from client.params import SessionParams
+from client.stream_close import stop_stream
 
 MODEL_NAME = "duplex"
 # The header a session-affinity load balancer hashes on (deploy/README.md "Scale-out").
@@ -264,7 +265,7 @@ class DuplexSession:
             return
         try:
             # A graceful stop joins the stream thread, which waits for every FINAL.
-            self._client.stop_stream(cancel_requests=not self._demux.is_settled)
+            stop_stream(self._client, cancel=not self._demux.is_settled)
         finally:
             self._phase = _Phase.CLOSED
             self._client.close()

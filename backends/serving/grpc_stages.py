@@ -35,6 +35,7 @@ from backends.stages.contracts import (
 )
 from backends.stages.sink import StageError
 from backends.stages.tensor_codec import from_arrays, to_arrays
+from client.stream_close import stop_stream
 
 log = logging.getLogger(__name__)
 
@@ -105,7 +106,7 @@ class StageChannel:
 
     def _end_stream(self) -> None:
         try:  # cancel: after the FINAL there is nothing left; before it, nothing is wanted
-            self._client.stop_stream(cancel_requests=True)
+            stop_stream(self._client, cancel=True)
         except Exception as exc:
             log.debug("closing a stage stream failed: %r", exc)
             self.usable = False

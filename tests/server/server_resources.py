@@ -23,9 +23,10 @@ from session_probe import SessionProbe, silence_units
 from backends.serving.resource_gauges import parse_gauges
 
 # The counts that must return to their idle values after any mix of sessions. The orchestrator's
-# session threads included (two per session): a session whose loops never exit shows up here.
+# session threads included (two per session): a session whose loops never exit shows up here;
+# and all of its threads (a stage call's stream that leaves a thread behind: client/stream_close.py).
 TRACKED = (
-    ("sessions", "duplex"), ("session_threads", "duplex"),
+    ("sessions", "duplex"), ("session_threads", "duplex"), ("threads", "duplex"),
     ("requests", "thinker"), ("runner_requests", "thinker"), ("kv_free_blocks", "thinker"),
     ("requests", "talker"), ("runner_requests", "talker"), ("kv_free_blocks", "talker"),
     ("requests", "code2wav"), ("codec_states", "code2wav"), ("codec_sequences", "code2wav"),
