@@ -16,7 +16,7 @@ Talker decode chains (`ModelRunner.decode_chain`, what `TalkerEngine.step` runs 
 chunk is decoding), on a runner set up as the Talker engine's (device chunk policy, seeded
 sampling, chain graphs), per batch: the wall ms of one single step; per chain length K, the
 wall ms of one chain / K and its device ms (graph replay, restaged each time) / K; the wall ms
-of 25 decode draws single-stepped and chained as the engine chains them (8 + 8 + 8 + 1 for K 8).
+of 25 decode draws single-stepped and chained as the engine chains them (8 + 8 + 8 + 1 for K 8, 12 + 12 + 1 for the served K 12).
 
 Also writes per-kernel device-time profiles (`profile_*.txt`) of three configurations to DIR.
 

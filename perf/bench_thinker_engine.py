@@ -134,13 +134,15 @@ def main() -> None:
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--checkpoint", default="full-random")
     parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--max-sessions", type=int, default=0,
+                        help="runner sized for this many sessions (default: the largest C)")
     parser.add_argument("--profile", type=int, default=0, help="cProfile the level with this C")
     parser.add_argument("--torch-profile", type=int, default=0,
                         help="torch.profiler (host ops and CUDA kernels) over the level with this C")
     args = parser.parse_args()
     levels = [int(c) for c in args.concurrency.split(",")]
     params = {"device": args.device, "checkpoint": args.checkpoint, "dtype": args.dtype,
-              "max_sessions": str(max(levels)), "max_context_tokens": "8192"}
+              "max_sessions": str(args.max_sessions or max(levels)), "max_context_tokens": "8192"}
     started = time.perf_counter()
     engine = build_thinker_engine(params)
     print(f"engine built in {time.perf_counter() - started:.1f} s; warm-up level", flush=True)

@@ -8,10 +8,12 @@ longest configured one that at least one row can use whole (no chain of pure was
 every row has room for; rows that end earlier idle to the chain's end, so a condition that
 arrives or becomes startable meanwhile waits at most one chain.
 
-Why 8 by default: a Talker chunk is 1 prefill + 25 decode draws; 8 + 8 + 8 + 1 makes four
-host round trips instead of 25 while a new condition waits at most 8 decode steps, small
-against the 25-frame group a sink receives at once anyway. Conditions that became startable
-during a chain all start together in the next (ordinary, mixed) step.
+Why 12 by default: a Talker chunk is 1 prefill + 25 decode draws; 12 + 12 + 1 reaches the
+25th frame after three host round trips instead of four with chains of 8 (H200, 25 frames
+with `perf/bench_audio_tail.py --stages talker`: 17.0 -> 15.3 ms at batch 1, 25.5 -> 24.0 ms at
+16), while a new condition waits at most 12 decode steps (~6-10 ms), small against the 25-frame
+group a sink receives at once anyway. Conditions that became startable during a chain all start
+together in the next (ordinary, mixed) step.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from collections.abc import Sequence
 from backends.runner.types import RunnerConfig, StepInput
 from backends.talker.request_state import ActiveChunk
 
-DEFAULT_CHAIN_LENGTHS = (8,)
+DEFAULT_CHAIN_LENGTHS = (12,)
 
 
 def chain_config(

@@ -96,5 +96,5 @@ def test_chained_requests_admitted_together_cost_one_prefill_and_the_chains(
         return TalkerEngine(eos_unwanted_model, config)
 
     calls = check_batch_like_alone(make, 3)
-    # 1 prefill + chains of 8 + 8 + 8, then the forced EOS as one step
-    assert calls == {"launch_step": 2, "launch_chain": 3}
+    # 1 prefill + chains of 12 + 12 (the default length), then the forced EOS as one step
+    assert calls == {"launch_step": 2, "launch_chain": 2}

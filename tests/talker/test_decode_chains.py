@@ -28,6 +28,7 @@ from backends.runner.types import RunnerConfig  # noqa: E402
 from backends.stages.contracts import TalkerCodes, TalkerRequest  # noqa: E402
 from backends.stages.sink import ListSink  # noqa: E402
 from backends.stages.talker_engine import TalkerEngine  # noqa: E402
+from backends.talker.chain_plan import DEFAULT_CHAIN_LENGTHS  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "stages"))
 from test_talker_engine import (  # noqa: E402
@@ -137,7 +138,7 @@ def test_chains_stream_the_single_step_groups(eos_bias: float, plan_of) -> None:
 def test_chains_are_on_by_default_with_the_device_policy_only() -> None:
     model = build_model(-9.0)
     config = make_engine(model, None).runner.config
-    assert config.decode_chain_lengths == (8,)
+    assert config.decode_chain_lengths == DEFAULT_CHAIN_LENGTHS == (12,)
     host = TalkerEngine(model, config, device_policy=False)
     assert host.runner.chain_lengths == ()
     off = TalkerEngine(model, dataclasses.replace(config, decode_chain_lengths=()))
