@@ -21,6 +21,7 @@ class DecoderModel(Protocol):
 
     hidden_size: int
     num_layers: int
+    num_heads: int  # query heads
     num_kv_heads: int
     head_dim: int
     rotary: RotaryEmbedding  # used by the runner to re-rotate cached keys on re-anchor

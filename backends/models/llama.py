@@ -92,6 +92,7 @@ class LlamaWithHead(nn.Module):
         spec = backbone.spec
         self.hidden_size = spec.hidden_size
         self.num_layers = spec.num_layers
+        self.num_heads = spec.num_heads
         self.num_kv_heads = spec.num_kv_heads
         self.head_dim = spec.head_dim
 

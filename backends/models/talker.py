@@ -110,6 +110,7 @@ class TalkerModel(nn.Module):
         spec = self.model.spec
         self.hidden_size = spec.hidden_size
         self.num_layers = spec.num_layers
+        self.num_heads = spec.num_heads
         self.num_kv_heads = spec.num_kv_heads
         self.head_dim = spec.head_dim
 

@@ -87,6 +87,13 @@ class FastPath:
                 if self.mixed is not None:
                     self.mixed.capture(pool)
 
+    def warm_attention(self) -> int:
+        """Compile every attention kernel variant a step can launch (at load, not mid-reply)."""
+        from backends.runner.triton_paged_attention import warm_variants
+
+        return warm_variants(self.kv.key_cache(0), self.kv.value_cache(0), self.model.num_heads,
+                             self.config.max_blocks_per_req)
+
     def admit(self, slot: int, params: SamplingParams) -> None:
         """A request took `slot`: publish its sampling params to the device table."""
         self.sampling.set(slot, params)

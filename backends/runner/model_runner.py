@@ -91,6 +91,10 @@ class ModelRunner:
         self.chains = self._make_chains()
         self._pending: PendingStep | PendingChain = PendingStep.done([])
 
+    def warm_attention(self) -> int:
+        """Compile the fast path's attention kernel variants now; returns the launches."""
+        return 0 if self.fast_path is None else self.fast_path.warm_attention()
+
     def _make_chains(self) -> DecodeChains | None:
         """Decode chains run on the fast path (device sampling); graphs for the configured
         lengths are captured into the fast path's pool."""

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import torch
 import triton
 import triton.language as tl
@@ -55,7 +56,9 @@ def _load_kv_tile(
     return key, value
 
 
-@triton.jit
+# Batch-dependent ints (value classes == 1, % 16, other) and the merge's row-count pointer (a
+# slice: its alignment varies) are not specialised; `warm_variants` compiles the constexprs.
+@triton.jit(do_not_specialize=["num_q_tiles", "num_splits"])
 def _paged_attention_kernel(
     query_ptr,  # [num_tokens, num_heads, head_dim]
     key_cache_ptr,  # [num_blocks, page, num_kv_heads, head_dim]
@@ -144,7 +147,7 @@ def _online_softmax_step(acc, l_i, m_i, scores, value):
     return acc, l_new, m_new
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_splits"], do_not_specialize_on_alignment=["num_real_ptr"])
 def _merge_splits_kernel(
     partial_out_ptr,  # [num_tokens, num_heads, num_splits, head_dim] float32
     partial_lse_ptr,  # [num_tokens, num_heads, num_splits] float32
@@ -254,3 +257,43 @@ def _launch_shape(
     num_programs = meta.num_reqs * num_q_tiles * num_kv_heads
     splits = num_kv_splits(num_programs, int(meta.seq_lens_np.max()), _num_sms(device))
     return block_q, num_q_tiles, splits
+
+
+# Splits that reach every merge variant: unsplit, then each power-of-two SPLITS_PAD up to 64.
+WARM_SPLITS = (1, 2, 3, 5, 9, 17, 33)
+
+
+def warm_variants(
+    k_cache: torch.Tensor, v_cache: torch.Tensor, num_heads: int, blocks_per_req: int
+) -> int:
+    """Compile every variant serving can launch (decode and append row tiles x unsplit or each
+    merge width x with or without a padded graph tail) on one-request batches that read page
+    0 of the given caches and write only their own outputs; returns the launches made. An
+    eager prefill at a shape no warm-up request had compiled a variant inside a first reply
+    (~0.6 s on an H200)."""
+    device, head_dim = k_cache.device, k_cache.shape[3]
+    launches = 0
+    for rows in (1, 2):  # a decode tile, an append tile
+        query = torch.zeros((rows, num_heads, head_dim), dtype=k_cache.dtype, device=device)
+        for splits in WARM_SPLITS:
+            for pad_tail in (False, True):
+                meta = _one_request_meta(rows, blocks_per_req, k_cache.shape[1], device, pad_tail)
+                paged_attention_triton(query, k_cache, v_cache, meta, 1.0, splits=splits)
+                launches += 1
+    return launches
+
+
+def _one_request_meta(rows: int, blocks_per_req: int, page: int, device: torch.device,
+                      pad_tail: bool) -> AttentionMetadata:
+    """`rows` new tokens and no context, every block-table entry at page 0."""
+    def i32(values: list[int]) -> torch.Tensor:
+        return torch.tensor(values, dtype=torch.int32, device=device)
+
+    return AttentionMetadata(
+        query_start_loc=i32([0, rows]), seq_lens=i32([rows]), context_lens=i32([0]),
+        block_tables=torch.zeros((1, blocks_per_req), dtype=torch.int32, device=device),
+        slot_mapping=torch.arange(rows, dtype=torch.int64, device=device),
+        query_start_loc_np=np.array([0, rows], dtype=np.int32),
+        seq_lens_np=np.array([rows], dtype=np.int32), block_size=page, backend="triton",
+        pad_tail=pad_tail,
+    )  # fmt: skip

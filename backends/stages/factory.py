@@ -86,6 +86,7 @@ def build_thinker_engine(params: dict[str, str], device_id: str = "0"):
     if setup.device.type == "cuda":  # Triton kernels compile now, not inside the first replies
         from backends.stages.warmup import thinker_request, warm_up
 
+        engine.runner.warm_attention()  # variants no warm-up request may reach (prompt shapes)
         warm_up(engine, "thinker", thinker_request, setup.max_sessions)
     return engine
 
@@ -110,6 +111,7 @@ def build_talker_engine(params: dict[str, str], device_id: str = "0"):
     if setup.device.type == "cuda":  # as the Thinker's: compile before serving
         from backends.stages.warmup import talker_request_maker, warm_up
 
+        engine.runner.warm_attention()
         warm_up(engine, "talker", talker_request_maker(config.llm_dim, WARMUP_TEXT_TOKEN), setup.max_sessions)
     return engine
 
