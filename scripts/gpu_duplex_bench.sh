@@ -128,14 +128,17 @@ one_server_bench() {  # everything on one GPU (profile gpu) or split over two (p
   # STACK_SAMPLES=1: every stub samples its threads' Python stacks (backends/serving/stack_sampler.py)
   # into $OUT/stacks; `perf/stack_report.py $OUT/stacks` reads them.
   start_server main "$BASE" ${STACK_SAMPLES:+DUPLEX_STACK_SAMPLES_DIR=$OUT/stacks}
-  local compiled_at_ready
-  compiled_at_ready=$(triton_kernels)
+  touch /tmp/server_ready_marker
   bench "$1" "$2" "127.0.0.1:$((BASE + 1))" "http://127.0.0.1:$((BASE + 2))/metrics"
   # every variant should compile at load (backends/stages/warmup.py), none inside a reply
-  echo "Triton kernels compiled while serving: $(( $(triton_kernels) - compiled_at_ready ))" | tee "$OUT/compiled_while_serving.txt"
+  { echo "Triton kernels compiled while serving (count, kernel):"; compiled_since /tmp/server_ready_marker; } \
+    | tee "$OUT/compiled_while_serving.txt"
 }
 
-triton_kernels() { find "${TRITON_CACHE_DIR:-$HOME/.triton/cache}" -name '*.json' ! -name '__grp__*' 2>/dev/null | wc -l; }
+compiled_since() {  # compiled_since MARKER: the Triton kernel variants compiled after MARKER's mtime
+  find "${TRITON_CACHE_DIR:-$HOME/.triton/cache}" -name '*.json' ! -name '__grp__*' -newer "$1" \
+    -printf '%f\n' 2>/dev/null | sort | uniq -c
+}
 
 replicas_bench() {  # two full pipelines, one per GPU; the client splits the sessions between them
   start_server r0 "$BASE" CUDA_VISIBLE_DEVICES=0
