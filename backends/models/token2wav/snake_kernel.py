@@ -30,7 +30,7 @@ from triton.language.extra import libdevice
 
 from backends.models.token2wav.resblock import ALPHA_EPS
 
-_MAX_BLOCK = 1024
+_BLOCK = 1024
 _NO_ACT, _SNAKE, _LEAKY = 0, 1, 2
 
 
@@ -50,7 +50,9 @@ class MeanLeakyAct:
     slope: float
 
 
-@triton.jit
+# Not specialised on the sizes, one block width: a final window of a new length (a HiFT graph
+# captured in serving) then launches variants compiled at load, not new ones (~0.5 s each).
+@triton.jit(do_not_specialize=["n_channels", "n_cols"])
 def _epilogue_kernel(
     y_ptr, bias_ptr, res_ptr, extra_ptr, alpha_ptr, sum_ptr, act_ptr,  # [R, T], [C]
     n_channels, n_cols, scale, slope, eps,
@@ -104,7 +106,7 @@ def conv_epilogue(
     out = torch.empty_like(y) if act is not None else None
     alpha = act.alpha if isinstance(act, SnakeAct) else None
     scale, slope = _leaky_args(act)
-    block = min(_MAX_BLOCK, triton.next_power_of_2(cols))
+    block = _BLOCK
     grid = (batch * channels, triton.cdiv(cols, block))
     _epilogue_kernel[grid](
         y, _or(bias, y), _or(residual, y), _or(extra, y), _or(alpha, y), _or(summed, y),
