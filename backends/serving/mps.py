@@ -4,8 +4,8 @@ Every Triton Python-backend model instance is its own process with its own CUDA 
 Without MPS the GPU time-slices between those contexts, so a Thinker decode step waits behind
 a Code2Wav window of another process even though the two would fit on the GPU together (H200
 probe: an in-process Thinker unit at one session took 27 ms alone, 56 ms beside a busy
-Code2Wav process, 38 ms with MPS; perf/results/duplex_h200.md, run 9). An MPS control daemon
-lets the kernels of all stage processes run concurrently.
+Code2Wav process, 38 ms with MPS: perf/results/thinker_engine_h200.md; served, duplex_h200.md
+runs 9-10). An MPS control daemon lets the kernels of all stage processes run concurrently.
 
 The launcher starts a private daemon per server (its own pipe directory, so nothing else on the
 machine attaches to it; its log beside the server's) before tritonserver,
@@ -47,13 +47,15 @@ class MpsDaemon:
     def start(self, timeout_s: float = 20.0) -> None:
         self.pipe_dir = Path(tempfile.mkdtemp(prefix="minicpmo-mps-"))
         self.log_dir.mkdir(parents=True, exist_ok=True)
-        # -d daemonizes: the call returns once the control daemon listens on the pipe.
-        result = subprocess.run([self.binary, "-d"], env={**os.environ, **self.environment()},
-                                capture_output=True, timeout=timeout_s, check=False)
-        if result.returncode != 0:
+        try:  # -d daemonizes: the call returns once the control daemon listens on the pipe
+            result = subprocess.run([self.binary, "-d"], env={**os.environ, **self.environment()},
+                                    capture_output=True, timeout=timeout_s, check=False)
+            if result.returncode != 0:
+                output = (result.stderr or result.stdout).decode(errors="replace").strip()
+                raise RuntimeError(f"{self.binary} -d failed ({result.returncode}): {output}")
+        except BaseException:
             shutil.rmtree(self.pipe_dir, ignore_errors=True)
-            raise RuntimeError(f"{self.binary} -d failed ({result.returncode}): "
-                               f"{(result.stderr or result.stdout).decode(errors='replace').strip()}")
+            raise
         self.started = True
 
     def stop(self, timeout_s: float = 20.0) -> None:

@@ -101,3 +101,10 @@ def test_server_process_starts_its_daemon_for_gpu_profiles_and_stops_it(
     assert ServerProcess(ServerOptions(get_profile("gpu"), workdir=tmp_path))._start_mps() == {}
     with pytest.raises(RuntimeError, match="failed"):
         ServerProcess(ServerOptions(get_profile("gpu"), workdir=tmp_path, mps="on"))._start_mps()
+
+
+def test_a_start_that_cannot_run_the_binary_leaves_no_pipe_directory(tmp_path: Path) -> None:
+    daemon = MpsDaemon(tmp_path / "logs", str(tmp_path / "missing-binary"))
+    with pytest.raises(OSError):
+        daemon.start()
+    assert daemon.pipe_dir is not None and not daemon.pipe_dir.exists() and not daemon.started
