@@ -11,7 +11,8 @@ The launcher starts a private daemon per server (its own pipe directory, so noth
 machine attaches to it; its log beside the server's) before tritonserver,
 hands its pipe directory to the server's environment and quits it after the server exits.
 Modes: `off`; `on` (fail if the daemon cannot start); `auto` (on for GPU profiles when the
-daemon binary is found and no MPS is configured already, else off with a log line).
+daemon binary is found and no MPS runs already: none named by the environment, no host-wide
+daemon at the default pipe; else off, with a log line).
 """
 from __future__ import annotations
 
@@ -26,6 +27,8 @@ from pathlib import Path
 MODES = ("auto", "on", "off")
 CONTROL_BINARY = "nvidia-cuda-mps-control"
 PIPE_ENV = "CUDA_MPS_PIPE_DIRECTORY"
+# A host-wide daemon listens here; CUDA clients without PIPE_ENV attach to it on their own.
+DEFAULT_PIPE = Path("/tmp/nvidia-mps")
 LOG_ENV = "CUDA_MPS_LOG_DIRECTORY"
 
 logger = logging.getLogger(__name__)
@@ -80,7 +83,8 @@ def mps_daemon(mode: str, device: str, log_dir: Path) -> MpsDaemon | None:
     if mode == "off" or (mode == "auto" and device != "cuda"):
         return None
     binary = shutil.which(CONTROL_BINARY)
-    if mode == "auto" and (binary is None or PIPE_ENV in os.environ):
+    configured = PIPE_ENV in os.environ or (DEFAULT_PIPE / "control").exists()
+    if mode == "auto" and (binary is None or configured):
         reason = "MPS is configured already" if binary else f"{CONTROL_BINARY} not found"
         logger.info("MPS off (%s): the stage processes time-slice the GPU", reason)
         return None

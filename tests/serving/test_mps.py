@@ -29,6 +29,7 @@ def fake_binary(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     binary.chmod(binary.stat().st_mode | stat.S_IXUSR)
     monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
     monkeypatch.delenv(PIPE_ENV, raising=False)
+    monkeypatch.setattr(mps, "DEFAULT_PIPE", tmp_path / "no-host-daemon")
     return calls
 
 
@@ -48,6 +49,15 @@ def test_auto_leaves_an_mps_the_environment_configured(fake_binary: Path, tmp_pa
     monkeypatch.setenv(PIPE_ENV, "/somewhere/else")
     assert mps_daemon("auto", "cuda", tmp_path) is None
     assert mps_daemon("on", "cuda", tmp_path) is not None
+
+
+def test_auto_leaves_a_host_wide_daemon_alone(fake_binary: Path, tmp_path: Path,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(mps, "DEFAULT_PIPE", tmp_path / "nvidia-mps")
+    assert mps_daemon("auto", "cuda", tmp_path) is not None
+    (tmp_path / "nvidia-mps").mkdir()
+    (tmp_path / "nvidia-mps" / "control").touch()  # a running daemon's control socket
+    assert mps_daemon("auto", "cuda", tmp_path) is None
 
 
 def test_start_hands_out_a_private_pipe_and_stop_quits_and_removes_it(fake_binary: Path,
