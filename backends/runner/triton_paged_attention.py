@@ -275,9 +275,9 @@ def warm_variants(
     launches = 0
     for rows in (1, 2):  # a decode tile, an append tile
         query = torch.zeros((rows, num_heads, head_dim), dtype=k_cache.dtype, device=device)
-        for splits in WARM_SPLITS:
-            for pad_tail in (False, True):
-                meta = _one_request_meta(rows, blocks_per_req, k_cache.shape[1], device, pad_tail)
+        for pad_tail in (False, True):
+            meta = _one_request_meta(rows, blocks_per_req, k_cache.shape[1], device, pad_tail)
+            for splits in WARM_SPLITS:
                 paged_attention_triton(query, k_cache, v_cache, meta, 1.0, splits=splits)
                 launches += 1
     return launches

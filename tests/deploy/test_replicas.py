@@ -37,6 +37,7 @@ from backends.serving.launcher import PROJECT_ROOT, ServerOptions, ServerProcess
 from backends.serving.metrics_catalog import parse_samples, sample_sum
 from backends.serving.profiles import get_profile
 from client.session import AFFINITY_HEADER
+from client.stream_close import stop_stream
 
 NGINX = shutil.which("nginx") or shutil.which("nginx", path="/usr/sbin")
 EXAMPLE = PROJECT_ROOT / "deploy" / "nginx" / "minicpmo-grpc.conf"
@@ -206,7 +207,7 @@ class Stream:
                     return events, errors
 
     def close(self) -> None:
-        self.client.stop_stream(cancel_requests=True)
+        stop_stream(self.client, cancel=True)
         self.client.close()
 
 

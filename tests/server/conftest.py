@@ -14,6 +14,7 @@ import tritonclient.grpc as grpcclient
 
 from backends.serving.launcher import PROJECT_ROOT, ServerOptions, ServerProcess
 from backends.serving.profiles import get_profile
+from client.stream_close import stop_stream
 
 RESPONSE_TIMEOUT_S = 60.0
 
@@ -145,7 +146,7 @@ class RawStream:
                 self.collect_until_final(self.start_request_id, timeout_s=15)
             except queue.Empty:
                 pass
-        self.client.stop_stream(cancel_requests=True)
+        stop_stream(self.client, cancel=True)
         self.client.close()
 
 

@@ -17,6 +17,8 @@ import numpy as np
 
 from conftest import RawStream
 
+from client.stream_close import stop_stream
+
 UNIT = 16000  # samples per 1 s unit at 16 kHz
 WAIT_S = 60.0
 EventTest = Callable[[dict], bool]
@@ -54,7 +56,7 @@ class SessionProbe:
     def drop(self) -> None:
         """The client goes away mid-session: cancel the stream, send no END."""
         self._dropped = True
-        self.stream.client.stop_stream(cancel_requests=True)
+        stop_stream(self.stream.client, cancel=True)
         self.stream.client.close()
 
     def close(self) -> None:

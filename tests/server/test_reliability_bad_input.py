@@ -29,6 +29,7 @@ from tritonclient.utils import InferenceServerException
 from backends.checkpoint.tiny_config import TINY_HIDDEN
 from backends.stages.contracts import Code2WavRequest, TalkerRequest, ThinkerRequest, stop_request
 from backends.stages.tensor_codec import to_arrays
+from client.stream_close import stop_stream
 
 ANSWER_TIMEOUT_S = 30.0
 DUPLEX_EXAMPLES = 60
@@ -82,7 +83,7 @@ class AnswerStream:
                 return Answer(None, tuple(events))
 
     def close(self) -> None:
-        self.client.stop_stream(cancel_requests=True)
+        stop_stream(self.client, cancel=True)
         self.client.close()
 
 

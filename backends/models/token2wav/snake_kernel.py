@@ -106,14 +106,13 @@ def conv_epilogue(
     out = torch.empty_like(y) if act is not None else None
     alpha = act.alpha if isinstance(act, SnakeAct) else None
     scale, slope = _leaky_args(act)
-    block = _BLOCK
-    grid = (batch * channels, triton.cdiv(cols, block))
+    grid = (batch * channels, triton.cdiv(cols, _BLOCK))
     _epilogue_kernel[grid](
         y, _or(bias, y), _or(residual, y), _or(extra, y), _or(alpha, y), _or(summed, y),
         _or(out, y), channels, cols, scale, slope, ALPHA_EPS,
         HAS_BIAS=bias is not None, HAS_RES=residual is not None, HAS_EXTRA=extra is not None,
         STORE_SUM=keep_sum, ACT=_act_code(act), ACCURATE_SIN=not _interpreted(),
-        BLOCK=block, enable_fp_fusion=False,
+        BLOCK=_BLOCK, enable_fp_fusion=False,
     )
     return summed, out
 
