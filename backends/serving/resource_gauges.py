@@ -36,6 +36,7 @@ DESCRIPTIONS = {
     "session_threads": "worker threads of open duplex sessions (two per session)",
     "stranded_threads": "threads of force-finished sessions still blocked in a stage call",
     "stage_channels": "gRPC channels of the orchestrator to the stages (pooled or in a call)",
+    "stage_idle_streams": "open gRPC streams of pooled stage channels (closed after a few idle seconds)",
 }
 
 

@@ -5,7 +5,8 @@ shared-memory segments its processes map, and its stub processes.
 gauges are back at a baseline (they are published asynchronously: a stage after each engine
 round, the orchestrator every reaper period) and returns the last snapshot either way.
 `warm_baseline(server)` runs one short conversation first: a stage publishes its gauges only
-once it has handled a request, and the first session may grow the shared-memory pools.
+once it has handled a request, and the first session may grow the shared-memory pools; the
+baseline is taken once the orchestrator's pooled stage streams have closed.
 `orphan_segments(before)` lists the files that appeared in /dev/shm since `dev_shm()` was
 taken and that no process maps: segments somebody created and never unlinked (other servers
 on the machine may come and go meanwhile; theirs are mapped while they live).
@@ -24,9 +25,11 @@ from backends.serving.resource_gauges import parse_gauges
 
 # The counts that must return to their idle values after any mix of sessions. The orchestrator's
 # session threads included (two per session): a session whose loops never exit shows up here;
-# and all of its threads (a stage call's stream that leaves a thread behind: client/stream_close.py).
+# and all of its threads (a stage call's stream that leaves a thread behind: client/stream_close.py;
+# the pooled channels' streams, which close after a few idle seconds: backends/serving/grpc_stages.py).
 TRACKED = (
     ("sessions", "duplex"), ("session_threads", "duplex"), ("threads", "duplex"),
+    ("stage_idle_streams", "duplex"),
     ("requests", "thinker"), ("runner_requests", "thinker"), ("kv_free_blocks", "thinker"),
     ("requests", "talker"), ("runner_requests", "talker"), ("kv_free_blocks", "talker"),
     ("requests", "code2wav"), ("codec_states", "code2wav"), ("codec_sequences", "code2wav"),
@@ -68,8 +71,9 @@ def warm_baseline(server) -> ServerResources:
     while True:
         time.sleep(STABLE_GAP_S)
         now = ServerResources.take(server)
-        complete = None not in now.tracked().values()
-        if (complete and now.tracked() == previous.tracked()) or time.monotonic() > deadline:
+        tracked = now.tracked()
+        idle = None not in tracked.values() and tracked[("stage_idle_streams", "duplex")] == 0
+        if (idle and tracked == previous.tracked()) or time.monotonic() > deadline:
             return now
         previous = now
 

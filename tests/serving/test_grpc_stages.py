@@ -7,6 +7,9 @@ one. The real channel's stream handling runs in the server tests (every duplex s
 """
 from __future__ import annotations
 
+import threading
+import time
+
 import numpy as np
 import pytest
 
@@ -34,10 +37,16 @@ class FakeChannel:
     def __init__(self, url, timeout_s):
         self.calls, self.closed, self.usable = [], False, True
         self.answers = list(FakeChannel.script.pop(0)) if FakeChannel.script else []
+        self.has_stream, self.last_used, self.streams_ended = False, 0.0, 0
         FakeChannel.made.append(self)
+
+    def end_stream(self):
+        self.streams_ended += self.has_stream
+        self.has_stream = False
 
     def call(self, model, arrays):
         self.calls.append((model, arrays))
+        self.has_stream, self.last_used = True, time.monotonic()
         for answer in self.answers.pop(0):
             if isinstance(answer, StageCallError):
                 self.usable = answer.error.code != "unavailable"  # the channel itself broke
@@ -51,7 +60,9 @@ class FakeChannel:
 @pytest.fixture
 def clients():
     FakeChannel.made, FakeChannel.script = [], []
-    return GrpcStageClients("host:1", channel_factory=FakeChannel)
+    clients = GrpcStageClients("host:1", channel_factory=FakeChannel)
+    yield clients
+    clients.close()
 
 
 def _codes(seq, finished):
@@ -101,6 +112,30 @@ def test_concurrent_calls_get_channels_of_their_own_and_close_shuts_the_idle_one
     assert len(FakeChannel.made) == 2 and clients.open_channels() == 2
     clients.close()
     assert all(stream.closed for stream in FakeChannel.made) and clients.open_channels() == 0
+
+
+def test_idle_streams_are_closed_and_their_channels_stay_pooled(clients):
+    FakeChannel.script = [[[_codes(0, True)], [_codes(1, True)]]]
+    list(clients.talker(REQUEST))
+    channel = FakeChannel.made[0]
+    assert clients.idle_streams() == 1 and clients.close_idle_streams(idle_s=60.0) == 0
+    channel.last_used -= 61.0
+    assert clients.close_idle_streams(idle_s=60.0) == 1 and channel.streams_ended == 1
+    assert clients.idle_streams() == 0 and clients.open_channels() == 1 and not channel.closed
+    assert [g.condition_seq for g in clients.talker(REQUEST)] == [1] and len(FakeChannel.made) == 1
+
+
+def test_the_closer_thread_ends_idle_streams_on_its_own_and_stops_with_close():
+    FakeChannel.made, FakeChannel.script = [], [[[_codes(0, True)]]]
+    clients = GrpcStageClients("host:1", channel_factory=FakeChannel, stream_idle_s=0.05)
+    list(clients.talker(REQUEST))
+    deadline = time.monotonic() + 5.0
+    while clients.idle_streams() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert clients.idle_streams() == 0 and FakeChannel.made[0].streams_ended == 1
+    clients.close()
+    assert not any(t.name == "stage-stream-closer" and t.is_alive() for t in threading.enumerate())
+    assert FakeChannel.made[0].closed
 
 
 def test_stage_url_comes_from_the_parameter_then_the_environment(monkeypatch):
@@ -169,6 +204,35 @@ def channel(monkeypatch):
 def test_a_channel_yields_results_with_outputs_up_to_the_final(channel):
     FakeClient.answers = [(FakeResult(False, True), None), (FakeResult(True, False), None)]
     assert len(list(channel.call("talker", to_arrays(REQUEST)))) == 1 and channel.usable
+
+
+def test_a_finished_call_leaves_its_stream_open_for_the_next_call(channel):
+    FakeClient.answers = [(FakeResult(True, True), None)]
+    for _ in range(3):
+        assert len(list(channel.call("talker", to_arrays(REQUEST)))) == 1
+    assert channel._client.streams == 1 and channel.has_stream
+    channel.close()
+    assert not channel.has_stream and channel._client._callback is None
+
+
+def test_a_call_that_ends_early_closes_its_stream_and_the_next_call_opens_one(channel):
+    FakeClient.answers = [(FakeResult(False, True), None), (FakeResult(True, False), None)]
+    calls = channel.call("talker", to_arrays(REQUEST))
+    next(calls)
+    calls.close()  # the caller stopped before the FINAL: the request may still be live
+    assert not channel.has_stream and channel._client._callback is None
+    FakeClient.answers = [(None, FakeError("[cancelled] stopped"))]
+    with pytest.raises(StageCallError):
+        list(channel.call("talker", to_arrays(REQUEST)))
+    assert not channel.has_stream and channel._client.streams == 2 and channel.usable
+
+
+def test_an_answer_that_arrives_between_calls_retires_the_stream(channel):
+    FakeClient.answers = [(FakeResult(True, True), None)]
+    list(channel.call("talker", to_arrays(REQUEST)))
+    channel._client._callback(result=None, error=FakeError("Socket closed", status="StatusCode.UNAVAILABLE"))
+    assert len(list(channel.call("talker", to_arrays(REQUEST)))) == 1  # on a new stream
+    assert channel._client.streams == 2 and channel.usable
 
 
 def test_a_stage_error_keeps_its_code_and_a_stream_error_marks_the_channel_broken(channel):

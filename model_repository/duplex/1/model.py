@@ -29,7 +29,8 @@ class TritonPythonModel:
         params = model_parameters(args)
         self._stages = GrpcStageClients(stage_url(params))
         self._manager = SessionManager(manager_config(params), self._stages, observer=lambda counts: metrics.call(
-            gauges.publish, {**counts, "stage_channels": self._stages.open_channels()}))
+            gauges.publish, {**counts, "stage_channels": self._stages.open_channels(),
+                             "stage_idle_streams": self._stages.idle_streams()}))
 
     def execute(self, requests):
         for request in requests:
