@@ -25,6 +25,7 @@ import numpy as np
 
 from backends.audio.codec_windows import CodecWindow
 from backends.models.token2wav import StreamWindow, Token2Wav, Token2WavStream, Voice
+from backends.models.token2wav.batch_buckets import batch_bucket
 from backends.stages.contracts import ACTION_STOP, Code2WavRequest
 from backends.stages.voice_cache import DEFAULT_CAPACITY, VoiceCache, reference_error
 from backends.stages.window_schedule import Candidate, PlayoutClock, pick
@@ -254,7 +255,7 @@ class Code2WavEngine:
         candidates = [Candidate(request_id, queue[0][0],
                                 self._playout.get(request_id, no_audio).audio_end)
                       for request_id, queue in self._pending.items()]
-        return pick(candidates, self.clock(), self.max_batch)
+        return pick(candidates, self.clock(), self.max_batch, fill_to=batch_bucket)
 
     def _pop_oldest(self, request_id: str) -> Code2WavRequest:
         queue = self._pending[request_id]

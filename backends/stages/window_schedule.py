@@ -13,12 +13,17 @@ can still play before running dry, counted from now:
   arrived (for a reply's first window: since the reply could have started), so its slack is
   negative and the longer it waits the more urgent it gets.
 
-The `max_batch` smallest slacks are decoded (ties: the longer-pending stream first), so no stream
-starves: a stream with audio queued grows more urgent as its audio plays out.
+Streams with no slack left (due: a reply's first window, a client about to run dry) are
+decoded first, up to `max_batch`, and only they, apart from streams that ride along for free in
+the graph bucket the due ones fill anyway (`fill_to`): a forward's time grows with its batch
+(one window ~15 ms, eight ~22 ms on an H200), and a window with audio queued at its client can
+wait one more forward. With nothing due the `max_batch` smallest slacks go (ties: the longer-
+pending stream first). No stream starves: a stream with audio queued grows due as it plays out.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 LEAD_S = 0.5  # a stream's next window is due this long before its client runs dry
@@ -45,7 +50,11 @@ class Candidate:
         return max(self.audio_end - LEAD_S, self.waiting_since) - now
 
 
-def pick(candidates: list[Candidate], now: float, max_batch: int) -> list[str]:
-    """The request ids to decode now: up to `max_batch`, least slack first."""
+def pick(candidates: list[Candidate], now: float, max_batch: int,
+         fill_to: Callable[[int], int] = lambda rows: rows) -> list[str]:
+    """The request ids to decode now, least slack first: the due ones (up to `max_batch`) and
+    as many others as `fill_to(number due)` has room for; with none due, up to `max_batch`."""
     order = sorted(candidates, key=lambda c: (c.slack(now), c.waiting_since))
-    return [c.request_id for c in order[:max_batch]]
+    num_due = sum(c.slack(now) <= 0.0 for c in order[:max_batch])
+    size = max_batch if num_due == 0 else min(max_batch, max(num_due, fill_to(num_due)))
+    return [c.request_id for c in order[:size]]

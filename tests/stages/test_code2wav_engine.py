@@ -221,14 +221,16 @@ def test_a_failed_forward_answers_and_releases_every_window(token2wav: Token2Wav
 
 def test_max_batch_caps_a_forward_and_serves_requests_round_robin(token2wav: Token2Wav, voice: Voice) -> None:
     """Memory of a forward grows with its windows: at most `max_batch` per step, and a request
-    with more windows (audio already sent) waits behind first windows instead of starving them."""
-    engine = Code2WavEngine(token2wav, voice, max_batch=2)
+    with more windows (audio already sent) waits behind first windows instead of starving them;
+    a due first window goes alone rather than with a window whose client has audio queued (the
+    clock stands still: a's second of audio keeps it from being due)."""
+    engine = Code2WavEngine(token2wav, voice, max_batch=2, clock=lambda: 100.0)
     for chunk_seq in range(3):
         engine.submit(_request(chunk_seq, request_id="a", last=chunk_seq == 2))
     engine.submit(_request(0, request_id="b", last=True))
     engine.submit(_request(0, request_id="c", last=True))
     steps = [[(r.request_id, r.chunk_seq) for r in step] for step in _drain(engine)]
-    assert steps == [[("a", 0), ("b", 0)], [("c", 0), ("a", 1)], [("a", 2)]]
+    assert steps == [[("a", 0), ("b", 0)], [("c", 0)], [("a", 1)], [("a", 2)]]
     assert engine.num_states() == 0
 
 

@@ -20,7 +20,25 @@ def test_a_first_window_goes_before_streams_with_audio_queued() -> None:
     now = 100.0
     queued = [Candidate(f"busy{i}", waiting_since=99.0, audio_end=101.5 + i) for i in range(3)]
     first = Candidate("new", waiting_since=99.95, audio_end=NEVER)
-    assert pick(queued + [first], now, max_batch=2) == ["new", "busy0"]
+    assert pick(queued + [first], now, max_batch=2) == ["new"]  # alone: a smaller, faster forward
+    assert pick(queued, now, max_batch=2) == ["busy0", "busy1"]  # nothing due: a full batch
+
+
+def test_streams_with_audio_queued_ride_along_only_in_the_due_ones_graph_bucket() -> None:
+    now = 10.0
+    due = [Candidate(f"due{i}", waiting_since=9.9 - i, audio_end=NEVER) for i in range(3)]
+    queued = [Candidate(f"busy{i}", waiting_since=9.0, audio_end=12.0 + i) for i in range(3)]
+    buckets = {1: 1, 2: 2, 3: 4, 4: 4}.__getitem__
+    assert pick(due + queued, now, max_batch=8, fill_to=buckets) == ["due2", "due1", "due0", "busy0"]
+    assert pick(due + queued, now, max_batch=2, fill_to=buckets) == ["due2", "due1"]
+    assert pick(due[:1] + queued, now, max_batch=8, fill_to=buckets) == ["due0"]
+
+
+def test_a_client_about_to_run_dry_is_due() -> None:
+    now = 5.0
+    low = Candidate("low", waiting_since=4.0, audio_end=now + LEAD_S - 0.01)  # under the lead left
+    ample = Candidate("ample", waiting_since=3.0, audio_end=now + 2.0)
+    assert pick([ample, low], now, max_batch=8) == ["low"]
 
 
 def test_streams_with_nothing_to_play_go_longest_waiting_first() -> None:
