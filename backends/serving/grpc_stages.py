@@ -13,8 +13,8 @@ A tritonclient stream receives on grpcio's own thread, under the GIL, and gets e
 
 A stream carries one request at a time (tritonclient 2.51 drops the request id of in-band
 errors, so a stream must not carry two at once). It stays open after a call that got its FINAL,
-for the next call on its channel (a stream per call cost ~1.4 ms more per stage call on the CI
-machine: perf/results/duplex_h200.md, ninth session); a call that ends any other way (an error,
+for the next call on its channel (a stream per call cost 1.2-1.3 ms more per stage call on the
+2-core CI machine: `perf/bench_stage_calls.py`); a call that ends any other way (an error,
 a timeout, a caller that stopped reading) cancels and closes it, so no late answer can reach a
 later call. Channels are pooled per stage; a channel that broke is closed instead of returned,
 and a stream idle for `stream_idle_s` is closed (an open stream would keep the server's own

@@ -13,6 +13,10 @@ hands its pipe directory to the server's environment and quits it after the serv
 Modes: `off`; `on` (fail if the daemon cannot start); `auto` (on for GPU profiles when the
 daemon binary is found and no MPS runs already: none named by the environment, no host-wide
 daemon at the default pipe; else off, with a log line).
+
+`MINICPMO_MPS_LOW_PRIORITY` (an A/B switch, default none) names stages whose processes connect
+at MPS's below-normal client priority, so their kernels yield to the other stages' when both
+wait for the GPU (`apply_client_priority`, called first thing by each stage model).
 """
 from __future__ import annotations
 
@@ -21,6 +25,7 @@ import os
 import shutil
 import subprocess
 import tempfile
+from collections.abc import MutableMapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -91,3 +96,19 @@ def mps_daemon(mode: str, device: str, log_dir: Path) -> MpsDaemon | None:
     if binary is None:
         raise RuntimeError(f"--mps on: {CONTROL_BINARY} not found on PATH")
     return MpsDaemon(log_dir, binary)
+
+
+LOW_PRIORITY_ENV = "MINICPMO_MPS_LOW_PRIORITY"  # stages whose GPU work yields to the others
+CLIENT_PRIORITY_ENV = "CUDA_MPS_CLIENT_PRIORITY"  # the driver's: 0 normal, 1 below normal
+BELOW_NORMAL = "1"
+
+
+def apply_client_priority(stage: str, environ: MutableMapping[str, str] = os.environ) -> bool:
+    """Before this process first touches CUDA: if `stage` is listed in MINICPMO_MPS_LOW_PRIORITY
+    (comma-separated stage names), ask MPS to schedule its work below the other clients'.
+    Returns whether it did. Without an MPS server the driver ignores the variable."""
+    listed = {name.strip() for name in environ.get(LOW_PRIORITY_ENV, "").split(",") if name.strip()}
+    if stage not in listed:
+        return False
+    environ[CLIENT_PRIORITY_ENV] = BELOW_NORMAL
+    return True

@@ -118,3 +118,13 @@ def test_a_start_that_cannot_run_the_binary_leaves_no_pipe_directory(tmp_path: P
     with pytest.raises(OSError):
         daemon.start()
     assert daemon.pipe_dir is not None and not daemon.pipe_dir.exists() and not daemon.started
+
+
+def test_listed_stages_ask_for_below_normal_client_priority():
+    from backends.serving.mps import CLIENT_PRIORITY_ENV, LOW_PRIORITY_ENV, apply_client_priority
+
+    environ = {LOW_PRIORITY_ENV: " code2wav, talker "}
+    assert apply_client_priority("code2wav", environ) and environ[CLIENT_PRIORITY_ENV] == "1"
+    quiet = {LOW_PRIORITY_ENV: "code2wav"}
+    assert not apply_client_priority("thinker", quiet) and CLIENT_PRIORITY_ENV not in quiet
+    assert not apply_client_priority("code2wav", {})
