@@ -13,12 +13,6 @@ hands its pipe directory to the server's environment and quits it after the serv
 Modes: `off`; `on` (fail if the daemon cannot start); `auto` (on for GPU profiles when the
 daemon binary is found and no MPS runs already: none named by the environment, no host-wide
 daemon at the default pipe; else off, with a log line).
-
-With the private daemon, Code2Wav connects at MPS's below-normal client priority, so its kernels
-yield to the Thinker's and the Talker's when both wait for the GPU (H200, 16 sessions: first
-audio 126 ms against 142-144 at equal priority; perf/results/duplex_h200.md, ninth session).
-`MINICPMO_MPS_LOW_PRIORITY` (comma-separated stage names; `none` for equal priority) overrides
-which stages yield; each stage model calls `apply_client_priority` before CUDA starts in it.
 """
 from __future__ import annotations
 
@@ -27,7 +21,6 @@ import os
 import shutil
 import subprocess
 import tempfile
-from collections.abc import MutableMapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -37,12 +30,6 @@ PIPE_ENV = "CUDA_MPS_PIPE_DIRECTORY"
 # A host-wide daemon listens here; CUDA clients without PIPE_ENV attach to it on their own.
 DEFAULT_PIPE = Path("/tmp/nvidia-mps")
 LOG_ENV = "CUDA_MPS_LOG_DIRECTORY"
-LOW_PRIORITY_ENV = "MINICPMO_MPS_LOW_PRIORITY"  # stages whose GPU work yields to the others
-# Code2Wav's windows are the work that can wait (RTF ~0.6: its clients hold seconds of audio),
-# the Thinker's and Talker's steps are on every reply's path (duplex_h200.md, ninth session).
-DEFAULT_LOW_PRIORITY = "code2wav"
-CLIENT_PRIORITY_ENV = "CUDA_MPS_CLIENT_PRIORITY"  # the driver's: 0 normal, 1 below normal
-BELOW_NORMAL = "1"
 
 logger = logging.getLogger(__name__)
 
@@ -58,10 +45,7 @@ class MpsDaemon:
     started: bool = False
 
     def environment(self) -> dict[str, str]:
-        """The clients' pipe and log directories, and which stages connect at low priority
-        (the caller's MINICPMO_MPS_LOW_PRIORITY, else DEFAULT_LOW_PRIORITY)."""
-        low = os.environ.get(LOW_PRIORITY_ENV, DEFAULT_LOW_PRIORITY)
-        return {PIPE_ENV: str(self.pipe_dir), LOG_ENV: str(self.log_dir), LOW_PRIORITY_ENV: low}
+        return {PIPE_ENV: str(self.pipe_dir), LOG_ENV: str(self.log_dir)}
 
     def start(self, timeout_s: float = 20.0) -> None:
         self.pipe_dir = Path(tempfile.mkdtemp(prefix="minicpmo-mps-"))
@@ -107,15 +91,3 @@ def mps_daemon(mode: str, device: str, log_dir: Path) -> MpsDaemon | None:
     if binary is None:
         raise RuntimeError(f"--mps on: {CONTROL_BINARY} not found on PATH")
     return MpsDaemon(log_dir, binary)
-
-
-
-def apply_client_priority(stage: str, environ: MutableMapping[str, str] = os.environ) -> bool:
-    """Before this process first touches CUDA: if `stage` is listed in MINICPMO_MPS_LOW_PRIORITY
-    (comma-separated stage names), ask MPS to schedule its work below the other clients'.
-    Returns whether it did. Without an MPS server the driver ignores the variable."""
-    listed = {name.strip() for name in environ.get(LOW_PRIORITY_ENV, "").split(",") if name.strip()}
-    if stage not in listed:
-        return False
-    environ[CLIENT_PRIORITY_ENV] = BELOW_NORMAL
-    return True

@@ -29,7 +29,6 @@ def fake_binary(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     binary.chmod(binary.stat().st_mode | stat.S_IXUSR)
     monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
     monkeypatch.delenv(PIPE_ENV, raising=False)
-    monkeypatch.delenv(mps.LOW_PRIORITY_ENV, raising=False)
     monkeypatch.setattr(mps, "DEFAULT_PIPE", tmp_path / "no-host-daemon")
     return calls
 
@@ -69,7 +68,6 @@ def test_start_hands_out_a_private_pipe_and_stop_quits_and_removes_it(fake_binar
     env = daemon.environment()
     pipe = Path(env[PIPE_ENV])
     assert pipe.is_dir() and (tmp_path / "logs").is_dir()
-    assert env[mps.LOW_PRIORITY_ENV] == "code2wav"  # the vocoder's windows yield by default
     daemon.stop()
     daemon.stop()  # idempotent: one quit only
     calls = fake_binary.read_text().splitlines()
@@ -120,20 +118,3 @@ def test_a_start_that_cannot_run_the_binary_leaves_no_pipe_directory(tmp_path: P
     with pytest.raises(OSError):
         daemon.start()
     assert daemon.pipe_dir is not None and not daemon.pipe_dir.exists() and not daemon.started
-
-
-def test_listed_stages_ask_for_below_normal_client_priority():
-    from backends.serving.mps import CLIENT_PRIORITY_ENV, LOW_PRIORITY_ENV, apply_client_priority
-
-    environ = {LOW_PRIORITY_ENV: " code2wav, talker "}
-    assert apply_client_priority("code2wav", environ) and environ[CLIENT_PRIORITY_ENV] == "1"
-    quiet = {LOW_PRIORITY_ENV: "code2wav"}
-    assert not apply_client_priority("thinker", quiet) and CLIENT_PRIORITY_ENV not in quiet
-    assert not apply_client_priority("code2wav", {})
-    assert not apply_client_priority("code2wav", {LOW_PRIORITY_ENV: "none"})
-
-
-def test_the_callers_choice_of_low_priority_stages_wins(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    monkeypatch.setenv(mps.LOW_PRIORITY_ENV, "none")
-    daemon = MpsDaemon(log_dir=tmp_path, binary="unused", pipe_dir=tmp_path / "pipe")
-    assert daemon.environment()[mps.LOW_PRIORITY_ENV] == "none"

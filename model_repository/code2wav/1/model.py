@@ -1,7 +1,6 @@
 """Triton adapter of the code2wav stage: decode requests, hand them to the engine thread."""
 import triton_python_backend_utils as pb_utils
 
-from backends.serving.mps import apply_client_priority
 from backends.serving.triton_stage import StageAdapter, apply_memory_fraction, model_parameters
 from backends.stages.contracts import Code2WavRequest
 from backends.stages.factory import build_code2wav_engine
@@ -9,7 +8,6 @@ from backends.stages.factory import build_code2wav_engine
 
 class TritonPythonModel:
     def initialize(self, args):
-        apply_client_priority("code2wav")  # before CUDA starts in this process
         params = model_parameters(args)
         device_id = args.get("model_instance_device_id", "0")
         apply_memory_fraction(params, device_id)

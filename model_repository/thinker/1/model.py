@@ -1,7 +1,6 @@
 """Triton adapter of the thinker stage: decode requests, hand them to the engine thread."""
 import triton_python_backend_utils as pb_utils
 
-from backends.serving.mps import apply_client_priority
 from backends.serving.triton_stage import StageAdapter, apply_memory_fraction, model_parameters
 from backends.stages.contracts import ThinkerRequest
 from backends.stages.factory import build_thinker_engine
@@ -9,7 +8,6 @@ from backends.stages.factory import build_thinker_engine
 
 class TritonPythonModel:
     def initialize(self, args):
-        apply_client_priority("thinker")  # before CUDA starts in this process
         params = model_parameters(args)
         device_id = args.get("model_instance_device_id", "0")
         apply_memory_fraction(params, device_id)
