@@ -21,6 +21,7 @@ from backends.serving.checkpoints import prepare_checkpoint
 from backends.serving.grpc_stages import STAGE_URL_ENV
 from backends.serving.health import HEALTH_MODEL, server_ready
 from backends.serving.mps import MODES as MPS_MODES, MpsDaemon, mps_daemon
+from backends.serving.stub_priority import STUB_NAME, install_wrappers, low_priority_stages, stages_from_environment
 from backends.serving.profiles import Profile, get_profile
 from backends.serving.repository import render_repository
 from backends.serving.triton_install import find_triton
@@ -48,6 +49,7 @@ class ServerOptions:
     log_file: Path | None = None
     ready_timeout_s: float = 300.0
     mps: str = "auto"  # CUDA MPS for the stage processes: auto | on | off (backends/serving/mps.py)
+    mps_low_priority: tuple[str, ...] = ()  # stages whose stubs start at MPS below-normal priority
     extra_args: list[str] = field(default_factory=list)
 
 
@@ -84,6 +86,7 @@ class ServerProcess:
         checkpoint = prepare_checkpoint(opts.profile.checkpoint, opts.workdir / "checkpoints")
         profile = opts.profile.with_overrides({"checkpoint": str(checkpoint)}) if checkpoint else opts.profile
         repo = render_repository(opts.repository, opts.workdir / "repos" / f"{profile.name}-{self.grpc_port}", profile)
+        install_wrappers(repo, opts.mps_low_priority, install.backend_dir / "python" / STUB_NAME)
         self.log_file.parent.mkdir(parents=True, exist_ok=True)
         try:
             env = {**install.environment(), **self._start_mps(), STAGE_URL_ENV: self.stage_url}
@@ -195,6 +198,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--log-file", type=Path)
     parser.add_argument("--mps", default="auto", choices=MPS_MODES,
                         help="CUDA MPS daemon for the stage processes sharing a GPU (auto: on for GPU profiles)")
+    parser.add_argument("--mps-low-priority", type=low_priority_stages, default=None, metavar="STAGES",
+                        help="stages (comma-separated) whose processes start at MPS below-normal client "
+                             "priority (default: $MINICPMO_MPS_LOW_PRIORITY, else none; not yet measured)")
     parser.add_argument("--server-id", default=None,
                         help="name of this replica (Triton --id; the `name` of server metadata)")
     return parser.parse_args(argv)
@@ -208,6 +214,7 @@ def main(argv: list[str] | None = None) -> int:
         profile=profile, repository=args.repository, workdir=args.workdir, address=args.address,
         http_port=args.http_port, grpc_port=args.grpc_port, metrics_port=args.metrics_port, log_file=args.log_file,
         mps=args.mps, extra_args=[f"--id={args.server_id}"] if args.server_id else [],
+        mps_low_priority=stages_from_environment() if args.mps_low_priority is None else args.mps_low_priority,
     ))
     stop_requested = []
     for sig in (signal.SIGINT, signal.SIGTERM):

@@ -1,0 +1,60 @@
+"""Per-stage MPS client priority through a wrapper stub (an A/B switch, off by default).
+
+MPS takes a client's priority from the environment the client process starts with
+(`CUDA_MPS_CLIENT_PRIORITY`: 0 normal, 1 below normal), and a Python-backend stub connects to
+MPS when Triton starts it, before the model's `initialize` runs; every stub inherits
+tritonserver's one environment. Setting the variable in `initialize` therefore came too late
+(H200 runs, perf/results/duplex_h200.md, ninth session). Triton runs a model directory's own
+`triton_python_backend_stub` when there is one, so the launcher writes one there for each
+listed stage: a shell script that sets the variable and execs the real stub with the same
+arguments (with none, the real stub's usage exit, which Triton's startup probe expects).
+Without an MPS server the driver ignores the variable. Not yet measured on a GPU.
+"""
+from __future__ import annotations
+
+import os
+import shlex
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+
+LOW_PRIORITY_ENV = "MINICPMO_MPS_LOW_PRIORITY"  # comma-separated stage names
+STAGES = ("thinker", "talker", "code2wav")
+STUB_NAME = "triton_python_backend_stub"
+
+
+def low_priority_stages(value: str) -> tuple[str, ...]:
+    """'code2wav, talker' -> ('code2wav', 'talker'); ValueError on a name that is no stage."""
+    names = tuple(dict.fromkeys(name.strip() for name in value.split(",") if name.strip()))
+    unknown = [name for name in names if name not in STAGES]
+    if unknown:
+        raise ValueError(f"{LOW_PRIORITY_ENV}: {', '.join(unknown)} is not a stage (one of {', '.join(STAGES)})")
+    return names
+
+
+def stages_from_environment(environ: Mapping[str, str] = os.environ) -> tuple[str, ...]:
+    return low_priority_stages(environ.get(LOW_PRIORITY_ENV, ""))
+
+
+def wrapper_text(real_stub: Path) -> str:
+    return ("#!/bin/sh\n"
+            "# Written by the launcher (backends/serving/stub_priority.py): this model's stub process\n"
+            "# starts at MPS below-normal client priority.\n"
+            f"CUDA_MPS_CLIENT_PRIORITY=1 exec {shlex.quote(str(real_stub))} \"$@\"\n")
+
+
+def install_wrappers(repository: Path, stages: Iterable[str], real_stub: Path) -> list[Path]:
+    """Write the wrapper stub into each listed stage's model directory of a rendered repository;
+    returns the files written."""
+    stages = tuple(stages)
+    if stages and not real_stub.is_file():
+        raise ValueError(f"no Python backend stub at {real_stub} for the low-priority stages' wrappers")
+    written = []
+    for stage in stages:
+        model_dir = repository / stage
+        if not model_dir.is_dir():
+            raise ValueError(f"no model directory {model_dir} for low-priority stage {stage!r}")
+        path = model_dir / STUB_NAME
+        path.write_text(wrapper_text(real_stub))
+        path.chmod(0o755)
+        written.append(path)
+    return written

@@ -1,0 +1,48 @@
+"""The per-stage wrapper stub for MPS client priority (backends/serving/stub_priority.py)."""
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from backends.serving.stub_priority import (
+    LOW_PRIORITY_ENV, STUB_NAME, install_wrappers, low_priority_stages, stages_from_environment,
+)
+
+
+def test_stage_lists_are_parsed_and_checked():
+    assert low_priority_stages(" code2wav, talker,code2wav ") == ("code2wav", "talker")
+    assert low_priority_stages("") == () and stages_from_environment({}) == ()
+    assert stages_from_environment({LOW_PRIORITY_ENV: "code2wav"}) == ("code2wav",)
+    with pytest.raises(ValueError, match="vocoder is not a stage"):
+        low_priority_stages("code2wav,vocoder")
+
+
+def test_the_wrapper_runs_the_real_stub_with_its_arguments_at_below_normal_priority(tmp_path: Path):
+    real = tmp_path / "real_stub"
+    real.write_text('#!/bin/sh\necho "priority=$CUDA_MPS_CLIENT_PRIORITY args=$*"\nexit 1\n')
+    real.chmod(0o755)
+    repo = tmp_path / "repo"
+    for stage in ("thinker", "code2wav"):
+        (repo / stage).mkdir(parents=True)
+    (wrapper,) = install_wrappers(repo, ["code2wav"], real)
+    assert wrapper == repo / "code2wav" / STUB_NAME and not (repo / "thinker" / STUB_NAME).exists()
+    run = subprocess.run(["bash", "-c", f" exec {wrapper} /m/code2wav/1/model.py shm 1 2"],
+                         capture_output=True, text=True, check=False)
+    assert run.stdout.strip() == "priority=1 args=/m/code2wav/1/model.py shm 1 2"
+    assert run.returncode == 1  # Triton's startup probe runs the stub bare and expects 1
+    with pytest.raises(ValueError, match="no model directory"):
+        install_wrappers(repo, ["talker"], real)
+    with pytest.raises(ValueError, match="no Python backend stub"):
+        install_wrappers(repo, ["code2wav"], tmp_path / "missing_stub")
+    assert install_wrappers(repo, [], tmp_path / "missing_stub") == []  # nothing asked, nothing checked
+
+
+def test_the_launcher_takes_the_stages_on_its_command_line():
+    from backends.serving.launcher import parse_args
+
+    assert parse_args([]).mps_low_priority is None  # then the environment decides
+    assert parse_args(["--mps-low-priority", "code2wav,talker"]).mps_low_priority == ("code2wav", "talker")
+    with pytest.raises(SystemExit):
+        parse_args(["--mps-low-priority", "vocoder"])
