@@ -21,9 +21,9 @@ from backends.serving.checkpoints import prepare_checkpoint
 from backends.serving.grpc_stages import STAGE_URL_ENV
 from backends.serving.health import HEALTH_MODEL, server_ready
 from backends.serving.mps import MODES as MPS_MODES, MpsDaemon, mps_daemon
-from backends.serving.stub_priority import STUB_NAME, install_wrappers, low_priority_stages, stages_from_environment
 from backends.serving.profiles import Profile, get_profile
 from backends.serving.repository import render_repository
+from backends.serving.stub_priority import STUB_NAME, install_wrappers, low_priority_stages, stages_from_environment
 from backends.serving.triton_install import find_triton
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]

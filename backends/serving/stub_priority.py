@@ -45,11 +45,11 @@ def wrapper_text(real_stub: Path) -> str:
 def install_wrappers(repository: Path, stages: Iterable[str], real_stub: Path) -> list[Path]:
     """Write the wrapper stub into each listed stage's model directory of a rendered repository;
     returns the files written."""
-    stages = tuple(stages)
-    if stages and not real_stub.is_file():
+    names = tuple(stages)
+    if names and not real_stub.is_file():
         raise ValueError(f"no Python backend stub at {real_stub} for the low-priority stages' wrappers")
     written = []
-    for stage in stages:
+    for stage in names:
         model_dir = repository / stage
         if not model_dir.is_dir():
             raise ValueError(f"no model directory {model_dir} for low-priority stage {stage!r}")
