@@ -80,11 +80,10 @@ def main() -> None:
 
 
 def _tiny_server():
-    from backends.serving.launcher import PROJECT_ROOT, ServerOptions, ServerProcess
+    from backends.serving.launcher import ServerOptions, ServerProcess
     from backends.serving.profiles import get_profile
 
-    log = PROJECT_ROOT / "var" / "bench_stage_calls.log"
-    return ServerProcess(ServerOptions(profile=get_profile("cpu"), workdir=PROJECT_ROOT / "var", log_file=log))
+    return ServerProcess(ServerOptions(profile=get_profile("cpu")))
 
 
 if __name__ == "__main__":

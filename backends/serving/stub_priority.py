@@ -17,8 +17,9 @@ import shlex
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
+from backends.serving.profiles import STAGES
+
 LOW_PRIORITY_ENV = "MINICPMO_MPS_LOW_PRIORITY"  # comma-separated stage names
-STAGES = ("thinker", "talker", "code2wav")
 STUB_NAME = "triton_python_backend_stub"
 
 

@@ -9,6 +9,8 @@ from conftest import RELIABILITY_LOW_PRIORITY
 from server_resources import ServerResources
 from session_probe import silence_units
 
+from backends.serving.profiles import STAGES
+
 PRIORITY = b"CUDA_MPS_CLIENT_PRIORITY=1"
 
 
@@ -21,7 +23,7 @@ def _stub_environments(server) -> dict[str, list[bytes]]:
             environ = (Path("/proc") / str(pid) / "environ").read_bytes().split(b"\0")
         except OSError:  # exited meanwhile
             continue
-        for stage in ("thinker", "talker", "code2wav"):
+        for stage in STAGES:
             if any(arg.endswith(f"/{stage}/1/model.py".encode()) for arg in args):
                 found[stage] = environ
     return found
@@ -29,7 +31,7 @@ def _stub_environments(server) -> dict[str, list[bytes]]:
 
 def test_only_the_listed_stage_starts_at_low_priority_and_it_still_serves(reliability_server, probes):
     environments = _stub_environments(reliability_server)
-    assert set(environments) == {"thinker", "talker", "code2wav"}, environments.keys()
+    assert set(environments) == set(STAGES), environments.keys()
     for stage, environ in environments.items():
         assert (PRIORITY in environ) == (stage in RELIABILITY_LOW_PRIORITY), stage
     probe = probes()
