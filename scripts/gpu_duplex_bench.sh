@@ -15,7 +15,7 @@
 #   PA_MODELS="code2wav duplex" ... pa                          # or some of them
 #   STACK_SAMPLES=1 ... bench ...   # also a Python stack profile of every stage ($OUT/stacks)
 #   MPS=off ... bench ...           # the stage processes time-slice the GPU (default auto: MPS on)
-#   MINICPMO_MPS_LOW_PRIORITY=code2wav ... bench ...  # that stage's process at MPS below-normal priority
+#   MINICPMO_MPS_LOW_PRIORITY=none ... bench ...  # no stage at MPS below-normal priority (default: code2wav)
 # On two H200s (kind nvidia-h200-x2), issue 9's placements: (a) `bench` as above (one GPU),
 #   (b) COMMIT=<sha> bash scripts/gpu_duplex_bench.sh bench-split 4,8,16,32 split
 #   (c) COMMIT=<sha> bash scripts/gpu_duplex_bench.sh bench-replicas 4,8,16,32 replicas

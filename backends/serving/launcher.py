@@ -23,7 +23,9 @@ from backends.serving.health import HEALTH_MODEL, server_ready
 from backends.serving.mps import MODES as MPS_MODES, MpsDaemon, mps_daemon
 from backends.serving.profiles import Profile, get_profile
 from backends.serving.repository import render_repository
-from backends.serving.stub_priority import STUB_NAME, install_wrappers, low_priority_stages, stages_from_environment
+from backends.serving.stub_priority import (
+    DEFAULT_LOW_PRIORITY, STUB_NAME, install_wrappers, low_priority_stages, stages_from_environment,
+)
 from backends.serving.triton_install import find_triton
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
@@ -49,7 +51,8 @@ class ServerOptions:
     log_file: Path | None = None
     ready_timeout_s: float = 300.0
     mps: str = "auto"  # CUDA MPS for the stage processes: auto | on | off (backends/serving/mps.py)
-    mps_low_priority: tuple[str, ...] = ()  # stages whose stubs start at MPS below-normal priority
+    # Stages whose stubs start at MPS below-normal priority; None: Code2Wav's under MPS.
+    mps_low_priority: tuple[str, ...] | None = None
     extra_args: list[str] = field(default_factory=list)
 
 
@@ -86,10 +89,10 @@ class ServerProcess:
         checkpoint = prepare_checkpoint(opts.profile.checkpoint, opts.workdir / "checkpoints")
         profile = opts.profile.with_overrides({"checkpoint": str(checkpoint)}) if checkpoint else opts.profile
         repo = render_repository(opts.repository, opts.workdir / "repos" / f"{profile.name}-{self.grpc_port}", profile)
-        install_wrappers(repo, opts.mps_low_priority, install.backend_dir / "python" / STUB_NAME)
         self.log_file.parent.mkdir(parents=True, exist_ok=True)
         try:
             env = {**install.environment(), **self._start_mps(), STAGE_URL_ENV: self.stage_url}
+            install_wrappers(repo, self.low_priority_stages(), install.backend_dir / "python" / STUB_NAME)
             with open(self.log_file, "wb") as log:
                 self.process = subprocess.Popen(
                     self._command(install.binary, install.backend_dir, repo), stdout=log,
@@ -100,6 +103,13 @@ class ServerProcess:
             self.stop()
             raise
         return self
+
+    def low_priority_stages(self) -> tuple[str, ...]:
+        """The stages named in the options, else Code2Wav's when this server runs an MPS daemon
+        (call after `_start_mps`)."""
+        if self.options.mps_low_priority is not None:
+            return self.options.mps_low_priority
+        return DEFAULT_LOW_PRIORITY if self.mps is not None else ()
 
     def _start_mps(self) -> dict[str, str]:
         """Start this server's MPS daemon if its mode asks for one; `auto` falls back to
@@ -199,8 +209,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--mps", default="auto", choices=MPS_MODES,
                         help="CUDA MPS daemon for the stage processes sharing a GPU (auto: on for GPU profiles)")
     parser.add_argument("--mps-low-priority", type=low_priority_stages, default=None, metavar="STAGES",
-                        help="stages (comma-separated) whose processes start at MPS below-normal client "
-                             "priority (default: $MINICPMO_MPS_LOW_PRIORITY, else none; not yet measured)")
+                        help="stages (comma-separated, or none) whose processes start at MPS below-normal "
+                             "client priority (default: $MINICPMO_MPS_LOW_PRIORITY, else code2wav under MPS)")
     parser.add_argument("--server-id", default=None,
                         help="name of this replica (Triton --id; the `name` of server metadata)")
     return parser.parse_args(argv)

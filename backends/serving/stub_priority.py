@@ -1,4 +1,4 @@
-"""Per-stage MPS client priority through a wrapper stub (an A/B switch, off by default).
+"""Per-stage MPS client priority through a wrapper stub (Code2Wav's by default under MPS).
 
 MPS takes a client's priority from the environment the client process starts with
 (`CUDA_MPS_CLIENT_PRIORITY`: 0 normal, 1 below normal), and a Python-backend stub connects to
@@ -8,7 +8,14 @@ tritonserver's one environment. Setting the variable in `initialize` therefore c
 `triton_python_backend_stub` when there is one, so the launcher writes one there for each
 listed stage: a shell script that sets the variable and execs the real stub with the same
 arguments (with none, the real stub's usage exit, which Triton's startup probe expects).
-Without an MPS server the driver ignores the variable. Not yet measured on a GPU.
+Without an MPS server the driver ignores the variable.
+
+Measured on one H200 (perf/results/duplex_h200.md, tenth session: two server starts each, in
+the order none / code2wav / code2wav / none): Code2Wav below normal gave server TTFP 156 / 151
+ms at 16 sessions against 170 / 182 without, and 216 / 198 ms against 254 / 247 at 32: the
+vocoder's windows (deadlines ~1 s away) yield to the Thinker's and the Talker's kernels, which
+hold a reply's first audio. So a server whose stages share the GPU through MPS starts Code2Wav
+there by default (`DEFAULT_LOW_PRIORITY`); `none` turns it off.
 """
 from __future__ import annotations
 
@@ -19,12 +26,16 @@ from pathlib import Path
 
 from backends.serving.profiles import STAGES
 
-LOW_PRIORITY_ENV = "MINICPMO_MPS_LOW_PRIORITY"  # comma-separated stage names
+LOW_PRIORITY_ENV = "MINICPMO_MPS_LOW_PRIORITY"  # comma-separated stage names, or "none"
+DEFAULT_LOW_PRIORITY = ("code2wav",)  # under an MPS daemon, when neither option nor env says
 STUB_NAME = "triton_python_backend_stub"
 
 
 def low_priority_stages(value: str) -> tuple[str, ...]:
-    """'code2wav, talker' -> ('code2wav', 'talker'); ValueError on a name that is no stage."""
+    """'code2wav, talker' -> ('code2wav', 'talker'), 'none' -> (); ValueError on a name that
+    is no stage."""
+    if value.strip().lower() == "none":
+        return ()
     names = tuple(dict.fromkeys(name.strip() for name in value.split(",") if name.strip()))
     unknown = [name for name in names if name not in STAGES]
     if unknown:
@@ -32,8 +43,10 @@ def low_priority_stages(value: str) -> tuple[str, ...]:
     return names
 
 
-def stages_from_environment(environ: Mapping[str, str] = os.environ) -> tuple[str, ...]:
-    return low_priority_stages(environ.get(LOW_PRIORITY_ENV, ""))
+def stages_from_environment(environ: Mapping[str, str] = os.environ) -> tuple[str, ...] | None:
+    """The stages the environment names; None when it names none (the launcher's default)."""
+    value = environ.get(LOW_PRIORITY_ENV)
+    return None if value is None or not value.strip() else low_priority_stages(value)
 
 
 def wrapper_text(real_stub: Path) -> str:

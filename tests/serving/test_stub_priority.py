@@ -13,8 +13,10 @@ from backends.serving.stub_priority import (
 
 def test_stage_lists_are_parsed_and_checked():
     assert low_priority_stages(" code2wav, talker,code2wav ") == ("code2wav", "talker")
-    assert low_priority_stages("") == () and stages_from_environment({}) == ()
+    assert low_priority_stages("") == () and low_priority_stages(" None ") == ()
+    assert stages_from_environment({}) is None and stages_from_environment({LOW_PRIORITY_ENV: " "}) is None
     assert stages_from_environment({LOW_PRIORITY_ENV: "code2wav"}) == ("code2wav",)
+    assert stages_from_environment({LOW_PRIORITY_ENV: "none"}) == ()
     with pytest.raises(ValueError, match="vocoder is not a stage"):
         low_priority_stages("code2wav,vocoder")
 
@@ -46,3 +48,20 @@ def test_the_launcher_takes_the_stages_on_its_command_line():
     assert parse_args(["--mps-low-priority", "code2wav,talker"]).mps_low_priority == ("code2wav", "talker")
     with pytest.raises(SystemExit):
         parse_args(["--mps-low-priority", "vocoder"])
+
+
+def test_code2wav_is_below_normal_by_default_only_under_mps(tmp_path: Path):
+    """None (no option, no environment) means Code2Wav's stub when this server runs an MPS
+    daemon (measured on an H200), nothing without one; an explicit list, empty included, wins."""
+    from backends.serving.launcher import ServerOptions, ServerProcess
+    from backends.serving.profiles import get_profile
+    from backends.serving.stub_priority import DEFAULT_LOW_PRIORITY
+
+    def stages(option, with_mps: bool) -> tuple[str, ...]:
+        server = ServerProcess(ServerOptions(get_profile("cpu"), workdir=tmp_path, mps_low_priority=option))
+        server.mps = object() if with_mps else None  # type: ignore[assignment]
+        return server.low_priority_stages()
+
+    assert DEFAULT_LOW_PRIORITY == ("code2wav",)
+    assert stages(None, with_mps=True) == ("code2wav",) and stages(None, with_mps=False) == ()
+    assert stages((), with_mps=True) == () and stages(("talker",), with_mps=False) == ("talker",)
