@@ -15,9 +15,9 @@ the order none / code2wav / code2wav / none): Code2Wav below normal gave server 
 ms at 16 sessions against 170 / 182 without, and 216 / 198 ms against 254 / 247 at 32: the
 vocoder's windows (deadlines ~1 s away) yield to the Thinker's and the Talker's kernels, which
 hold a reply's first audio. So a server whose stages share the GPU through MPS starts Code2Wav
-there by default (`DEFAULT_LOW_PRIORITY`); `none` turns it off. A later full run with the
-default (run 14) sat inside the spread of earlier starts without it, with its C = 32 P99 at
-511 ms, the highest seen: the paired starts are the controlled comparison, not a settled one.
+there by default (`DEFAULT_LOW_PRIORITY`); `none` turns it off. Two later full runs with the
+default (runs 14 and 15: 140 / 132 ms at 16, 209 / 185 ms at 32) gained little against the
+full runs before it (142-149, 181-219): the paired starts are the controlled comparison.
 """
 from __future__ import annotations
 
