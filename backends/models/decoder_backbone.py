@@ -168,29 +168,24 @@ class PagedSelfAttention(nn.Module):
             self._qkv = fuse_linears([self.q_proj, self.k_proj, self.v_proj])
         return self._qkv  # type: ignore[return-value]
 
-    def attend_projected(
+    def qk_norm_weights(self) -> tuple[torch.Tensor, torch.Tensor, float] | None:
+        """(q weight, k weight, eps) of the per-head q/k RMSNorm (Qwen3), None without one."""
+        if self.q_norm is None or self.k_norm is None:
+            return None
+        return self.q_norm.weight, self.k_norm.weight, self.q_norm.eps
+
+    def attend_rotated(
         self,
-        qkv: torch.Tensor,
-        positions: torch.Tensor,
-        inv_freq: torch.Tensor,
+        query: torch.Tensor,
         meta: AttentionMetadata,
         k_cache: torch.Tensor,
         v_cache: torch.Tensor,
         linear: LinearFn = F.linear,
     ) -> torch.Tensor:
-        """The fast path after the q|k|v matmul. qkv: [num_tokens, (heads + 2 kv_heads) *
-        head_dim]; positions: [num_tokens] int64; inv_freq: [head_dim // 2] float32 ->
-        [num_tokens, hidden]. Writes this step's K/V."""
-        from backends.runner.triton_layer_ops import qk_norm_rope_store_kv
-
-        qk_norm = None
-        if self.q_norm is not None and self.k_norm is not None:
-            qk_norm = (self.q_norm.weight, self.k_norm.weight, self.q_norm.eps)
-        query = qk_norm_rope_store_kv(
-            qkv, positions, meta.slot_mapping, inv_freq, qk_norm, k_cache, v_cache, self.num_heads
-        )
+        """The fast path after q|k|v, RoPE and the KV write (`fused_linears.norm_qkv_rope`).
+        query: [num_tokens, heads, head_dim] (any row stride) -> [num_tokens, hidden]."""
         out = attend(query, k_cache, v_cache, meta, self.scale)
-        out = out.view(qkv.shape[0], self.num_heads * self.head_dim)
+        out = out.view(query.shape[0], self.num_heads * self.head_dim)
         return linear(out, self.o_proj.weight, self.o_proj.bias)
 
 
@@ -262,8 +257,10 @@ class DecoderBackbone(nn.Module):
         kv: KVCache,
     ) -> torch.Tensor:
         """The fast path: each norm fused with the residual add before it and, on the Triton
-        GEMV at decode sizes, into the matmul after it where measured faster (SwiGLU too)."""
-        from backends.runner.fused_linears import norm_linear, silu_linear
+        GEMV at decode sizes, into the matmul after it where measured faster (SwiGLU too; RoPE
+        and the KV write into the q|k|v matmul's epilogue where it fits)."""
+        from backends.runner.fused_linears import norm_linear, norm_qkv_rope, silu_linear
+        from backends.runner.gemv_rope import RopeEpilogue
         from backends.runner.triton_gemv import linear_for
         from backends.runner.triton_layer_ops import rms_norm
 
@@ -272,14 +269,13 @@ class DecoderBackbone(nn.Module):
         stream, branch = embeds, None  # the residual stream, and the branch output to add to it
         for layer_idx, layer in enumerate(self.layers):
             attn, mlp = layer.self_attn, layer.mlp
+            k_cache, v_cache = kv.key_cache(layer_idx), kv.value_cache(layer_idx)
+            rope = RopeEpilogue(positions, self.rotary.inv_freq, meta.slot_mapping, k_cache,
+                                v_cache, attn.num_heads)  # fmt: skip
             norm = layer.input_layernorm
-            qkv, stream = norm_linear(
-                branch, stream, norm.weight, norm.eps, *attn.qkv_weights(), backend
-            )
-            branch = attn.attend_projected(
-                qkv, positions, self.rotary.inv_freq, meta,
-                kv.key_cache(layer_idx), kv.value_cache(layer_idx), linear,
-            )  # fmt: skip
+            query, stream = norm_qkv_rope(branch, stream, norm.weight, norm.eps, attn.qkv_weights(),
+                                          backend, rope, attn.qk_norm_weights())  # fmt: skip
+            branch = attn.attend_rotated(query, meta, k_cache, v_cache, linear)
             norm = layer.post_attention_layernorm
             gate_up, stream = norm_linear(
                 branch, stream, norm.weight, norm.eps, *mlp.gate_up_weights(), backend

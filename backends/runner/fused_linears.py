@@ -1,10 +1,11 @@
 """The decoder fast path's matmuls with the elementwise kernel before each folded in.
 
 `norm_linear` is RMSNorm (after the residual add before it) then a linear; `silu_linear` is
-SwiGLU then a linear. With the Triton GEMV backend and a shape its kernel takes (a decode step:
-at most 16 rows), each is one kernel (`triton_gemv.Prologue`) where the prologue table says
-that measured faster: a decode step of a small batch is launch-bound, and this saves up to three
-of a layer's ten kernels. Otherwise they are the fused elementwise kernels of `triton_layer_ops`
+SwiGLU then a linear; `norm_qkv_rope` is `norm_linear` for a q|k|v projection followed by RoPE
+and the KV write (the GEMV's epilogue where it fits, `gemv_rope`). With the Triton GEMV backend
+and a shape its kernel takes (a decode step: at most 16 rows), each is one kernel
+(`gemv_inputs.Prologue`) where the prologue table says that measured faster: a decode step of a
+small batch is launch-bound, and this saves up to four of a layer's ten kernels. Otherwise they are the fused elementwise kernels of `triton_layer_ops`
 followed by the backend's linear, as before.
 """
 
@@ -15,6 +16,7 @@ import os
 import torch
 
 from backends.runner.gemv_configs import GemvConfig, kernel_takes, prologue_config
+from backends.runner.gemv_rope import RopeEpilogue, rope_epilogue_fits
 from backends.runner.triton_gemv import (
     ADD_NORM,
     NORM,
@@ -23,9 +25,11 @@ from backends.runner.triton_gemv import (
     linear_for,
     triton_linear,
 )
-from backends.runner.triton_layer_ops import rms_norm, silu_and_mul
+from backends.runner.triton_layer_ops import qk_norm_rope_store_kv, rms_norm, silu_and_mul
 
 PROLOGUES_ENV = "MINICPMO_GEMV_PROLOGUES"  # "0": never fold (A/B runs against the unfused path)
+ROPE_ENV = "MINICPMO_GEMV_ROPE"  # "0": never fold RoPE + the KV write into the q|k|v GEMV
+QkNorm = tuple[torch.Tensor, torch.Tensor, float]  # (q weight, k weight, eps) of a q/k RMSNorm
 
 
 def norm_linear(
@@ -40,21 +44,67 @@ def norm_linear(
     """rmsnorm(branch + residual) * norm_weight @ weight^T (+ bias), all [rows, K] -> ([rows, N],
     the residual stream branch + residual). Without a branch the residual itself is normed
     (the first layer's input) and returned as the stream."""
-    source = residual if branch is None else branch
-    kind = NORM if branch is None else ADD_NORM
-    cfg = _fused_config(source, weight, bias, kind) if backend == "triton" else None
-    if cfg is not None and _same_layout(source, residual, norm_weight):
-        if branch is None:
-            prologue = Prologue(NORM, norm_weight, eps)
-            return triton_linear(residual, weight, bias, config=cfg, prologue=prologue), residual
-        stream = torch.empty_like(residual)
-        prologue = Prologue(ADD_NORM, norm_weight, eps, residual, stream)
-        return triton_linear(branch, weight, bias, config=cfg, prologue=prologue), stream
+    folded = _folded_norm(branch, residual, norm_weight, eps, weight, bias, backend)
+    if folded is not None:
+        cfg, x, prologue, stream = folded
+        return triton_linear(x, weight, bias, config=cfg, prologue=prologue), stream
     if branch is None:
         normed, stream = rms_norm(residual, norm_weight, eps)
     else:
         normed, stream = rms_norm(branch, norm_weight, eps, residual=residual)
     return linear_for(backend)(normed, weight, bias), stream
+
+
+def norm_qkv_rope(
+    branch: torch.Tensor | None,
+    residual: torch.Tensor,
+    norm_weight: torch.Tensor,
+    eps: float,
+    qkv_weight: tuple[torch.Tensor, torch.Tensor | None],
+    backend: str,
+    rope: RopeEpilogue,
+    qk_norm: QkNorm | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`norm_linear` for a fused q|k|v weight, then (q/k RMSNorm and) RoPE on q and k, k and v
+    written into `rope`'s caches -> (query [rows, heads, head_dim], possibly a strided view;
+    the residual stream). One kernel where the GEMV's epilogue fits, else two."""
+    weight, bias = qkv_weight
+    fold_rope = qk_norm is None and os.environ.get(ROPE_ENV, "1") != "0"
+    folded = _folded_norm(branch, residual, norm_weight, eps, weight, bias, backend) if fold_rope else None
+    if folded is None:
+        qkv, stream = norm_linear(branch, residual, norm_weight, eps, weight, bias, backend)
+    else:
+        cfg, x, prologue, stream = folded
+        fits = rope_epilogue_fits(rope, cfg, weight.shape[0])
+        qkv = triton_linear(x, weight, bias, config=cfg, prologue=prologue, rope=rope if fits else None)
+        if fits:
+            q_width = rope.num_heads * rope.head_dim
+            return qkv[:, :q_width].view(qkv.shape[0], rope.num_heads, rope.head_dim), stream
+    query = qk_norm_rope_store_kv(qkv, rope.positions, rope.slot_mapping, rope.inv_freq, qk_norm,
+                                  rope.k_cache, rope.v_cache, rope.num_heads)  # fmt: skip
+    return query, stream
+
+
+def _folded_norm(
+    branch: torch.Tensor | None,
+    residual: torch.Tensor,
+    norm_weight: torch.Tensor,
+    eps: float,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    backend: str,
+) -> tuple[GemvConfig, torch.Tensor, Prologue, torch.Tensor] | None:
+    """(config, x, prologue, stream) to run the norm folded into the GEMV, or None where it
+    stays unfused; `stream` is the residual stream the kernel's prologue writes."""
+    source = residual if branch is None else branch
+    kind = NORM if branch is None else ADD_NORM
+    cfg = _fused_config(source, weight, bias, kind) if backend == "triton" else None
+    if cfg is None or not _same_layout(source, residual, norm_weight):
+        return None
+    if branch is None:
+        return cfg, residual, Prologue(NORM, norm_weight, eps), residual
+    stream = torch.empty_like(residual)
+    return cfg, branch, Prologue(ADD_NORM, norm_weight, eps, residual, stream), stream
 
 
 def silu_linear(

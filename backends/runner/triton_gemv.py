@@ -10,10 +10,10 @@ stays in registers). With SPLIT_K > 1 the float32 partial sums go to a workspace
 kernel adds them (and the bias). Rows and columns past M and N are clamped, not masked, on
 load, so the hot loop's loads stay unmasked (K is masked only when no block divides it).
 
-A `Prologue` folds the elementwise kernel before a matmul into its loads (a small batch's
-step is launch-bound, so a kernel saved is ~2-3 us): RMSNorm (after an optional residual add,
-whose sum the first column block writes out) as y = rsqrt(mean(x^2) + eps) * ((x * w) @ W^T),
-the row's sum of squares gathered along the K loop; or SwiGLU, silu(x[:, :K]) * x[:, K:].
+A `Prologue` (`gemv_inputs`) folds the elementwise kernel before a matmul into its loads (a
+small batch's step is launch-bound, so a kernel saved is ~2-3 us): RMSNorm (after an optional
+residual add) or SwiGLU. A `RopeEpilogue` (`gemv_rope`) rotates a q|k|v matmul's q and k heads
+and writes k and v into the paged KV cache as the tiles are stored.
 
 Configurations: `backends.runner.gemv_configs`. Nothing syncs with the host and outputs come from
 torch's caching allocator (CUDA-graph safe). Other calls (more rows, CPU, autograd) use F.linear.
@@ -22,7 +22,7 @@ torch's caching allocator (CUDA-graph safe). Other calls (more rows, CPU, autogr
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 import torch
 import torch.nn.functional as F
@@ -43,91 +43,11 @@ from backends.runner.gemv_configs import (  # noqa: F401 (re-exported)
     prefers_cublas,
     row_bucket,
 )
+from backends.runner.gemv_inputs import Prologue, _dot_rows, _fma_rows
+from backends.runner.gemv_rope import RopeEpilogue, _rope_kv_epilogue, rope_epilogue_fits
 
 GEMV_BACKENDS = ("cublas", "triton")
 LinearFn = Callable[..., torch.Tensor]  # (x, weight, bias=None) -> y, like F.linear
-
-
-@dataclass(frozen=True, slots=True)
-class Prologue:
-    """The elementwise op folded into a matmul's input loads (`kind`, one of the constants
-    above); the tensors are [M, K] contiguous like x, the norm weight [K]."""
-
-    kind: int = PLAIN
-    norm_weight: torch.Tensor | None = None
-    eps: float = 0.0
-    residual: torch.Tensor | None = None  # ADD_NORM: added to x before the norm
-    residual_out: torch.Tensor | None = None  # ADD_NORM: receives the rounded x + residual
-
-    @property
-    def is_norm(self) -> bool:
-        return self.kind in (NORM, ADD_NORM)
-
-
-@triton.jit
-def _input_tile(x_ptr, res_ptr, nw_ptr, res_out_ptr, row_offs, cols, mask, K, write,
-                PROLOGUE: tl.constexpr):  # fmt: skip
-    """The matmul input at row_offs + cols after the prologue, in float32, and its squares
-    (the RMSNorm's, zeros when there is none). `write` masks the residual sum's store."""
-    if PROLOGUE == 3:
-        gate = tl.load(x_ptr + row_offs + cols, mask=mask, other=0.0).to(tl.float32)
-        up = tl.load(x_ptr + row_offs + K + cols, mask=mask, other=0.0).to(tl.float32)
-        x = gate * tl.sigmoid(gate) * up
-        squares = tl.zeros_like(x)
-    else:
-        raw = tl.load(x_ptr + row_offs + cols, mask=mask, other=0.0)
-        if PROLOGUE == 2:  # the residual stream, rounded as the unfused add rounds it
-            res = tl.load(res_ptr + row_offs + cols, mask=mask, other=0.0)
-            raw = (raw.to(tl.float32) + res.to(tl.float32)).to(res.dtype)
-            tl.store(res_out_ptr + row_offs + cols, raw, mask=mask & write)
-        summed = raw.to(tl.float32)
-        squares = summed * summed
-        x = summed * tl.load(nw_ptr + cols, mask=mask, other=0.0).to(tl.float32)
-    return x, squares
-
-
-@triton.jit
-def _fma_rows(acc, sq_sum, w, x_ptr, res_ptr, nw_ptr, res_out_ptr, cols, k_mask, M, K,
-              stride_xm, write, BLOCK_M: tl.constexpr, EVEN_K: tl.constexpr,
-              PROLOGUE: tl.constexpr):  # fmt: skip
-    """acc[:, m] += w @ x[m, cols] for each row m, on the CUDA cores: the weight tile
-    [BLOCK_N, BLOCK_K] stays in registers; sq_sum[m] gathers the prologue's squares."""
-    w = w.to(tl.float32)
-    rm = tl.arange(0, BLOCK_M)
-    for m in tl.static_range(BLOCK_M):
-        row_offs = tl.minimum(m, M - 1) * stride_xm
-        if PROLOGUE == 0:
-            if EVEN_K:
-                x_m = tl.load(x_ptr + row_offs + cols).to(tl.float32)
-            else:
-                x_m = tl.load(x_ptr + row_offs + cols, mask=k_mask, other=0.0).to(tl.float32)
-        else:
-            x_m, squares = _input_tile(x_ptr, res_ptr, nw_ptr, res_out_ptr, row_offs, cols,
-                                       k_mask, K, write & (m < M), PROLOGUE)  # fmt: skip
-            sq_sum += tl.where(rm == m, tl.sum(squares, 0), 0.0)
-        col = tl.sum(w * x_m[None, :], axis=1)
-        acc += tl.where(rm[None, :] == m, col[:, None], 0.0)
-    return acc, sq_sum
-
-
-@triton.jit
-def _dot_rows(acc, sq_sum, w, x_ptrs, x_ptr, res_ptr, nw_ptr, res_out_ptr, cols, k_mask, rm,
-              rm_load, M, K, stride_xm, write, EVEN_K: tl.constexpr,
-              PROLOGUE: tl.constexpr):  # fmt: skip
-    """acc += w @ x[rows, cols]^T on the tensor cores (rows padded to BLOCK_M by clamping);
-    sq_sum gathers the prologue's squares per row."""
-    if PROLOGUE != 0:
-        row_offs = rm_load[:, None] * stride_xm
-        row_write = write & (rm < M)[:, None]
-        x, squares = _input_tile(x_ptr, res_ptr, nw_ptr, res_out_ptr, row_offs, cols[None, :],
-                                 k_mask[None, :], K, row_write, PROLOGUE)  # fmt: skip
-        sq_sum += tl.sum(squares, 1)
-        x = x.to(w.dtype)
-    elif EVEN_K:
-        x = tl.load(x_ptrs)
-    else:
-        x = tl.load(x_ptrs, mask=k_mask[None, :], other=0.0)
-    return acc + tl.dot(w, tl.trans(x), out_dtype=tl.float32), sq_sum
 
 
 @triton.jit
@@ -139,22 +59,17 @@ def _skinny_kernel(
     res_ptr,  # [M, K] residual in (ADD_NORM)
     nw_ptr,  # [K] RMSNorm weight (NORM, ADD_NORM)
     res_out_ptr,  # [M, K] x + residual out (ADD_NORM), written by column block 0
-    M,
-    N,
-    K,
-    stride_xm,
-    stride_wn,
+    # ROPE (`gemv_rope`): positions [M] int64, inv_freq [head_dim // 2] float32, each row's flat
+    # cache row [M] int64, k/v caches [cache rows, num_kv_heads, head_dim] and their row stride
+    positions_ptr, inv_freq_ptr, slot_ptr, k_cache_ptr, v_cache_ptr, stride_cache_tok,
+    M, N, K, stride_xm, stride_wn,
     stride_split,  # elements between partial-sum slices (0 without split-K)
     k_per_split,  # multiple of BLOCK_K; all of K for a norm prologue
     eps,
-    HAS_BIAS: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-    EVEN_K: tl.constexpr,
-    USE_DOT: tl.constexpr,
-    PROLOGUE: tl.constexpr,
-):
+    HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    EVEN_K: tl.constexpr, USE_DOT: tl.constexpr, PROLOGUE: tl.constexpr,
+    ROPE: tl.constexpr, NUM_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr,  # BLOCK_N = head
+):  # fmt: skip
     pid_n, pid_s = tl.program_id(0), tl.program_id(1)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     rm = tl.arange(0, BLOCK_M)
@@ -188,6 +103,10 @@ def _skinny_kernel(
         acc = acc * tl.rsqrt(sq_sum / K + eps)[None, :]
     if HAS_BIAS:
         acc += tl.load(bias_ptr + rn_load).to(tl.float32)[:, None]
+    if ROPE:
+        acc = _rope_kv_epilogue(acc, rm, M, pid_n, positions_ptr, inv_freq_ptr, slot_ptr,
+                                k_cache_ptr, v_cache_ptr, stride_cache_tok, NUM_HEADS,
+                                NUM_KV_HEADS, BLOCK_N, BLOCK_M)  # fmt: skip
     out_ptrs = out_ptr + pid_s * stride_split + rm[None, :] * N + rn[:, None]
     mask = (rn[:, None] < N) & (rm[None, :] < M)
     tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=mask)
@@ -221,19 +140,24 @@ def triton_linear(
     out_dtype: torch.dtype | None = None,
     config: GemvConfig | None = None,
     prologue: Prologue = Prologue(),
+    rope: RopeEpilogue | None = None,
 ) -> torch.Tensor:
     """x: [M, K] (M <= 16; [M, 2K] for SwiGLU), weight: [N, K], both with unit column stride
     -> [M, N] in `out_dtype` (default x's). Launches the kernels unconditionally (tests,
-    benchmarks). A norm prologue takes all of K in one program (no split-K)."""
+    benchmarks). A norm prologue takes all of K in one program (no split-K). With `rope` the
+    q and k heads come out rotated and k, v are written into its caches (ValueError where
+    the config cannot: `rope_epilogue_fits`)."""
     rows, (n, k) = x.shape[0], weight.shape
     cfg = config or config_for(rows, n, k, x.device)
     if prologue.is_norm:
         cfg = replace(cfg, split_k=1)
+    if rope is not None and not rope_epilogue_fits(rope, cfg, n):
+        raise ValueError(f"the RoPE epilogue needs one head per program on tensor cores, got {cfg}")
     out = torch.empty((rows, n), dtype=out_dtype or x.dtype, device=x.device)
     k_per_split = triton.cdiv(triton.cdiv(k, cfg.split_k), cfg.block_k) * cfg.block_k
     splits = triton.cdiv(k, k_per_split)
     if splits == 1:
-        _launch(x, weight, bias, out, cfg, k_per_split, prologue)
+        _launch(x, weight, bias, out, cfg, k_per_split, prologue, rope)
         return out
     partial = torch.empty((splits, rows, n), dtype=torch.float32, device=x.device)
     _launch(x, weight, None, partial, cfg, k_per_split, prologue)
@@ -253,22 +177,30 @@ def _launch(
     cfg: GemvConfig,
     k_per_split: int,
     prologue: Prologue,
+    rope: RopeEpilogue | None = None,
 ) -> None:
     """One `_skinny_kernel` launch; `out` is [M, N], or [splits, M, N] float32 partials."""
     rows, (n, k) = x.shape[0], weight.shape
     block_m = max(16, row_bucket(rows)) if cfg.use_dot else row_bucket(rows)
     grid = (triton.cdiv(n, cfg.block_n), triton.cdiv(k, k_per_split))
     unused = weight  # a valid pointer for arguments the constexprs never read
+    rope_ptrs = (
+        (rope.positions, rope.inv_freq, rope.slot_mapping, rope.k_cache, rope.v_cache)
+        if rope else (unused,) * 5
+    )  # fmt: skip
+    rope_heads = (rope.num_heads, rope.num_kv_heads) if rope else (0, 0)
     _skinny_kernel[grid](
         x, weight, bias if bias is not None else unused, out,
         prologue.residual if prologue.residual is not None else unused,
         prologue.norm_weight if prologue.norm_weight is not None else unused,
         prologue.residual_out if prologue.residual_out is not None else unused,
+        *rope_ptrs, rope.k_cache.stride(1) if rope else 0,
         rows, n, k, x.stride(0), weight.stride(0), rows * n if grid[1] > 1 else 0,
         k_per_split, prologue.eps,
         HAS_BIAS=bias is not None, BLOCK_M=block_m, BLOCK_N=cfg.block_n,
         BLOCK_K=cfg.block_k, EVEN_K=k % cfg.block_k == 0 and k % k_per_split == 0,
-        USE_DOT=cfg.use_dot, PROLOGUE=prologue.kind, num_warps=cfg.num_warps,
+        USE_DOT=cfg.use_dot, PROLOGUE=prologue.kind, ROPE=rope is not None,
+        NUM_HEADS=rope_heads[0], NUM_KV_HEADS=rope_heads[1], num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
     )  # fmt: skip
 

@@ -8,7 +8,9 @@ the kernel writes must be that rounded sum bit for bit. `norm_linear` / `silu_li
 decoder's fast path calls) must track their unfused fallback within the same bound, replay in
 a CUDA graph exactly as they run eagerly, and a runner on the Triton GEMV (now fused) queues a
 graphed decode without a host sync (test_triton_gemv_gpu.py checks its tokens and hidden
-states against the CPU reference). Skipped without CUDA.
+states against the CPU reference). The q|k|v GEMV with RoPE and the KV write as its epilogue
+(`gemv_rope`, the Talker's shape) must match its two-kernel fallback within the same bound and
+replay in a graph as it runs eagerly. Skipped without CUDA.
 """
 
 from __future__ import annotations
@@ -20,7 +22,8 @@ import torch.nn.functional as F
 if not torch.cuda.is_available():
     pytest.skip("needs CUDA", allow_module_level=True)
 
-from backends.runner.fused_linears import norm_linear, silu_linear  # noqa: E402
+from backends.runner.fused_linears import norm_linear, norm_qkv_rope, silu_linear  # noqa: E402
+from backends.runner.gemv_rope import RopeEpilogue  # noqa: E402
 from backends.runner.triton_gemv import (  # noqa: E402
     ADD_NORM,
     NORM,
@@ -113,4 +116,49 @@ def test_dispatch_tracks_the_unfused_path_and_replays_in_a_graph(name: str, rows
         with torch.no_grad():
             eager = layer("triton")
         for got, want in zip(static, eager):
+            torch.testing.assert_close(got, want, atol=0, rtol=0)
+
+
+def talker_rope(rows: int) -> RopeEpilogue:
+    cache = lambda: torch.zeros(8, 16, 12, 64, dtype=torch.bfloat16, device="cuda")  # noqa: E731
+    inv_freq = 10_000.0 ** (-torch.arange(0, 64, 2, dtype=torch.float32, device="cuda") / 64)
+    positions = torch.randint(0, 4000, (rows,), device="cuda")
+    slots = torch.randperm(128, device="cuda")[:rows]
+    return RopeEpilogue(positions, inv_freq, slots, cache(), cache(), 12)
+
+
+@pytest.mark.parametrize("rows", [4, 8, 16])
+def test_rope_epilogue_at_the_talker_qkv(rows: int) -> None:
+    n, k = SHAPES["talker_qkv"]
+    weight, norm_w = bf16(n, k, scale=k**-0.5), bf16(k, scale=0.1, shift=1.0)
+    branch, residual = bf16(rows, k), bf16(rows, k, scale=4.0)
+
+    def layer(backend: str, rope: RopeEpilogue) -> tuple[torch.Tensor, ...]:
+        query, stream = norm_qkv_rope(branch, residual, norm_w, EPS, (weight, None), backend, rope, None)
+        return query, stream, rope.k_cache, rope.v_cache
+
+    rope = talker_rope(rows)
+    fallback_rope = RopeEpilogue(rope.positions, rope.inv_freq, rope.slot_mapping,
+                                 torch.zeros_like(rope.k_cache), torch.zeros_like(rope.v_cache), 12)
+    fused, unfused = layer("triton", rope), layer("cublas", fallback_rope)
+    assert fused[0].stride(0) == n, "the query must be the GEMV's output, not the fallback's"
+    assert torch.equal(fused[1], unfused[1])
+    for got, want in zip(fused[:1] + fused[2:], unfused[:1] + unfused[2:]):
+        assert max_rel(got, want.float()) <= BF16_REL
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.no_grad(), torch.cuda.stream(side):
+        layer("triton", rope)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.no_grad(), torch.cuda.graph(graph):
+        static = layer("triton", rope)
+    for _ in range(2):
+        branch.copy_(bf16(rows, k))
+        rope.positions.random_(0, 4000)
+        graph.replay()
+        replayed = [t.clone() for t in static]
+        with torch.no_grad():
+            eager = layer("triton", rope)
+        for got, want in zip(replayed, eager):
             torch.testing.assert_close(got, want, atol=0, rtol=0)
