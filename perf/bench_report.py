@@ -52,7 +52,8 @@ def render_markdown(title: str, meta: dict[str, Any], levels: Sequence[Level]) -
     if server:
         lines += ["Server metrics over each level (`minicpmo_*` histograms: observations, mean per observation, "
                   "in the family's unit):", "",
-                  "| C | family | model | observations | mean |", "|---|---|---|---|---|", *server, ""]
+                  "| C | family | model | observations | mean | P99 under (bucket bound) |", "|---|---|---|---|---|---|",
+                  *server, ""]
     notes = [*meta.get("notes", []), *READING_NOTES]
     lines += ["## Notes", "", *[f"- {note}" for note in notes], ""]
     return "\n".join(lines)
@@ -120,8 +121,15 @@ def _stage_tables(levels: Sequence[Level]) -> list[str]:
 
 def _server_lines(level: Level) -> list[str]:
     c = level["summary"]["concurrency"]
-    return [f"| {c} | {s['family']} | {s['model']} | {s['observations']:.0f} | {_num(s['mean'])} |"
-            for s in level.get("server_metrics", [])]
+    return [f"| {c} | {s['family']} | {s['model']} | {s['observations']:.0f} | {_num(s['mean'])} "
+            f"| {_bound(s.get('p99_bound'))} |" for s in level.get("server_metrics", [])]
+
+
+def _bound(value: float | None) -> str:
+    """A histogram's P99 bucket bound: '-' for none (not a histogram), '> last bucket' beyond it."""
+    if value is None:
+        return "-"
+    return "> last bucket" if value == float("inf") else _num(value)
 
 
 def _trio(dist: dict[str, Any], fmt: Any) -> str:

@@ -25,7 +25,7 @@ from perf.turn import TurnRecord
 UNIT_SAMPLES = 16000  # one unit = 1 s at 16 kHz
 METRIC_PREFIX = "minicpmo_"
 
-SeriesKey = tuple[str, str]  # (family without _sum/_count, model label or "")
+SeriesKey = tuple[str, str]  # (family without _sum/_count, model label or "", "/stage" appended if any)
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,6 +44,7 @@ class ServerSeries:
     observations: float
     total: float  # delta sum, in the family's own unit
     mean: float | None  # delta sum / delta count
+    p99_bound: float | None = None  # histogram: the bucket bound under which 99% fell (inf: beyond the last)
 
 
 def estimate_units(records: Sequence[TurnRecord], append_ms: int) -> UnitEstimate:
@@ -121,24 +122,38 @@ def parse_samples(text: str) -> dict[str, float]:
 
 
 def server_series(before: dict[str, float], after: dict[str, float]) -> list[ServerSeries]:
-    """Mean per observation of every histogram/summary that was observed during the level."""
+    """Mean per observation of every histogram/summary that was observed during the level, and
+    for histograms the bucket bound under which 99% of those observations fell."""
     sums, counts = _split(after, before, "_sum"), _split(after, before, "_count")
+    buckets = _split(after, before, "_bucket", by_bound=True)
     series = []
     for key in sorted(sums.keys() & counts.keys()):
         count = counts[key]
         if count > 0:
-            series.append(ServerSeries(key[0], key[1], count, sums[key], sums[key] / count))
+            bound = _quantile_bound(buckets, key, 0.99 * count)
+            series.append(ServerSeries(key[0], key[1], count, sums[key], sums[key] / count, bound))
     return series
 
 
-def _split(after: dict[str, float], before: dict[str, float], suffix: str) -> dict[SeriesKey, float]:
-    """{(family, model): after - before} of the series named `<family><suffix>{...}`."""
-    deltas: dict[SeriesKey, float] = {}
+def _quantile_bound(buckets: dict, key: SeriesKey, rank: float) -> float | None:
+    """The smallest bucket bound whose cumulative count reaches `rank`; None without buckets."""
+    bounds = sorted((bound, n) for (k, bound), n in buckets.items() if k == key)
+    return next((bound for bound, n in bounds if n >= rank), None)
+
+
+def _split(after: dict[str, float], before: dict[str, float], suffix: str,
+           by_bound: bool = False) -> dict:  # fmt: skip
+    """{(family, model[/stage]): after - before} of the series named `<family><suffix>{...}`;
+    with `by_bound`, keyed ((family, model[/stage]), le) (Prometheus buckets are cumulative)."""
+    deltas: dict = {}
     for head, value in after.items():
         name, _, labels = head.partition("{")
         if not name.endswith(suffix):
             continue
-        key = (name[: -len(suffix)], _label(labels, "model"))
+        stage = _label(labels, "stage")
+        key: object = (name[: -len(suffix)], _label(labels, "model") + (f"/{stage}" if stage else ""))
+        if by_bound:
+            key = (key, float(_label(labels, "le") or "inf"))
         deltas[key] = deltas.get(key, 0.0) + value - before.get(head, 0.0)
     return deltas
 

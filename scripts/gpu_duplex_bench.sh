@@ -14,6 +14,8 @@
 #   COMMIT=<sha> bash scripts/gpu_duplex_bench.sh pa          # optional: perf_analyzer, all models
 #   PA_MODELS="code2wav duplex" ... pa                          # or some of them
 #   STACK_SAMPLES=1 ... bench ...   # also a Python stack profile of every stage ($OUT/stacks)
+#   MINICPMO_STAGE_CALL_METRICS=1 ... bench ...  # the orchestrator's per-stage call latency (and its
+#                                   # P99 bucket) in the report's server-metrics table
 #   MPS=off ... bench ...           # the stage processes time-slice the GPU (default auto: MPS on)
 #   MINICPMO_MPS_LOW_PRIORITY=none ... bench ...  # no stage at MPS below-normal priority (default: code2wav)
 # On two H200s (kind nvidia-h200-x2), issue 9's placements: (a) `bench` as above (one GPU),

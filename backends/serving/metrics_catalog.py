@@ -23,6 +23,9 @@ TTFP_BUCKETS_MS = (50.0, 100.0, 200.0, 300.0, 400.0, 500.0, 750.0, 1000.0, 1500.
 # playback starts to underrun a 200 ms client buffer.
 GAP_BUCKETS_MS = (10.0, 25.0, 50.0, 100.0, 200.0, 300.0, 500.0, 750.0, 1000.0, 1500.0, 2000.0, 5000.0)
 STEP_BUCKETS_MS = (1.0, 2.0, 5.0, 10.0, 20.0, 35.0, 50.0, 75.0, 100.0, 200.0, 500.0, 1000.0, 2000.0)
+# A stage call's first result: ~15-70 ms on an H200 when nothing queues, rare stalls of 250-600.
+CALL_BUCKETS_MS = (5.0, 10.0, 20.0, 35.0, 50.0, 75.0, 100.0, 150.0, 200.0, 300.0, 500.0, 1000.0, 2000.0,
+                   5000.0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,10 +66,16 @@ ERRORS = MetricSpec(
 STEP_TIME = MetricSpec(
     "minicpmo_stage_step_ms", HISTOGRAM, "Wall time of one engine step of a stage (one batched forward), ms",
     buckets=STEP_BUCKETS_MS)
+STAGE_CALL = MetricSpec(
+    "minicpmo_stage_call_ms", HISTOGRAM,
+    "Orchestrator: a stage call to its first result (a Thinker unit, a Talker request's first codes, "
+    "a Code2Wav window's audio), ms; only with MINICPMO_STAGE_CALL_METRICS=1", ("stage",),
+    buckets=CALL_BUCKETS_MS)
 KV_BLOCKS_IN_USE = MetricSpec(
     "minicpmo_kv_blocks_in_use", GAUGE, "KV-cache blocks held by live requests of a stage runner")
 
-ALL_METRICS = (ACTIVE_SESSIONS, SESSIONS_OPENED, RESPONSES, TTFP, CHUNK_GAP, ERRORS, STEP_TIME, KV_BLOCKS_IN_USE)
+ALL_METRICS = (ACTIVE_SESSIONS, SESSIONS_OPENED, RESPONSES, TTFP, CHUNK_GAP, ERRORS, STEP_TIME, STAGE_CALL,
+               KV_BLOCKS_IN_USE)
 
 # Error channels (the `channel` label of ERRORS).
 CHANNEL_DOWNLINK = "downlink"

@@ -23,7 +23,9 @@ def levels(record_factory):
         groups = [[record_factory(g, t, server_ttfp_ms=100.0 * concurrency) for t in range(2)] for g in range(2)]
         records = [r for group in groups for r in group]
         out.append(LevelResult(summarize(concurrency, groups, 10.0), estimate_units(records, 200),
-                               [ServerSeries("minicpmo_stage_step_ms", "thinker", 4, 40.0, 10.0)],
+                               [ServerSeries("minicpmo_stage_step_ms", "thinker", 4, 40.0, 10.0, 20.0),
+                                ServerSeries("minicpmo_stage_call_ms", "duplex/talker", 2, 9.0, 4.5, float("inf")),
+                                ServerSeries("minicpmo_stage_call_ms", "duplex/code2wav", 1, 3.0, 3.0)],
                                None, None, groups))
     return [level.to_json() for level in out]
 
@@ -33,7 +35,16 @@ def test_markdown_has_one_row_per_level_and_the_reference(levels):
     assert "| 1 | 2 (0) | 4 (0, 0) | 0 |" in text and "| 2 | 2 (0) | 4 (0, 0) | 0 |" in text
     assert f"{REFERENCE[1][0][0]} -> {REFERENCE[1][0][1]}" in text
     assert "| 2 | 200 / 775 -> 726 |" in text  # our server TTFP next to the reference
-    assert "minicpmo_stage_step_ms" in text
+    assert "| 1 | minicpmo_stage_step_ms | thinker | 4 | 10 | 20 |" in text
+    assert "| 2 | minicpmo_stage_call_ms | duplex/talker | 2 | 4.5 | > last bucket |" in text
+    assert "| 2 | minicpmo_stage_call_ms | duplex/code2wav | 1 | 3 | - |" in text  # an old file: no bound
+
+
+def test_an_older_json_without_p99_bounds_still_renders(levels):
+    for level in levels:
+        for series in level["server_metrics"]:
+            series.pop("p99_bound", None)
+    assert "| 1 | minicpmo_stage_step_ms | thinker | 4 | 10 | - |" in render_markdown("Bench", META, levels)
 
 
 def test_json_keeps_every_turn(levels, tmp_path):

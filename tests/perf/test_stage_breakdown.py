@@ -59,3 +59,37 @@ def test_scrape_sums_the_pages_of_replicas(monkeypatch):
     total = breakdown.scrape("http://a/metrics, http://b/metrics")
     assert total['minicpmo_stage_step_ms_sum{model="thinker"}'] == pytest.approx(120.0, abs=EXACT)
     assert total['minicpmo_stage_step_ms_count{model="talker"}'] == pytest.approx(10.0, abs=EXACT)
+
+
+CALLS_BEFORE = """minicpmo_stage_call_ms_bucket{model="duplex",stage="talker",le="20.0"} 1
+minicpmo_stage_call_ms_bucket{model="duplex",stage="talker",le="50.0"} 2
+minicpmo_stage_call_ms_bucket{model="duplex",stage="talker",le="+Inf"} 2
+minicpmo_stage_call_ms_sum{model="duplex",stage="talker"} 50
+minicpmo_stage_call_ms_count{model="duplex",stage="talker"} 2
+minicpmo_stage_call_ms_bucket{model="duplex",stage="code2wav",le="20.0"} 0
+minicpmo_stage_call_ms_bucket{model="duplex",stage="code2wav",le="50.0"} 0
+minicpmo_stage_call_ms_bucket{model="duplex",stage="code2wav",le="+Inf"} 0
+minicpmo_stage_call_ms_sum{model="duplex",stage="code2wav"} 0
+minicpmo_stage_call_ms_count{model="duplex",stage="code2wav"} 0
+"""
+
+
+def test_stage_labels_split_a_family_and_buckets_bound_its_p99():
+    """In the level: talker 100 calls, 98 under 20 ms, 2 in (20, 50] (P99 under 50); code2wav
+    10 calls, one beyond the last finite bucket (P99 beyond it)."""
+    after = CALLS_BEFORE
+    for old, new in (('talker",le="20.0"} 1', 'talker",le="20.0"} 99'), ('talker",le="50.0"} 2', 'talker",le="50.0"} 102'),
+                     ('talker",le="+Inf"} 2', 'talker",le="+Inf"} 102'), ('_sum{model="duplex",stage="talker"} 50', '_sum{model="duplex",stage="talker"} 1550'),
+                     ('_count{model="duplex",stage="talker"} 2', '_count{model="duplex",stage="talker"} 102'),
+                     ('code2wav",le="20.0"} 0', 'code2wav",le="20.0"} 5'), ('code2wav",le="50.0"} 0', 'code2wav",le="50.0"} 9'),
+                     ('code2wav",le="+Inf"} 0', 'code2wav",le="+Inf"} 10'),
+                     ('_sum{model="duplex",stage="code2wav"} 0', '_sum{model="duplex",stage="code2wav"} 900'),
+                     ('_count{model="duplex",stage="code2wav"} 0', '_count{model="duplex",stage="code2wav"} 10')):
+        after = after.replace(old, new)
+    series = {s.model: s for s in server_series(parse_samples(CALLS_BEFORE), parse_samples(after))}
+    assert sorted(series) == ["duplex/code2wav", "duplex/talker"]
+    talker, code2wav = series["duplex/talker"], series["duplex/code2wav"]
+    assert (talker.observations, talker.mean, talker.p99_bound) == (100, pytest.approx(15.0), 50.0)
+    assert (code2wav.observations, code2wav.mean, code2wav.p99_bound) == (10, pytest.approx(90.0), float("inf"))
+    plain = server_series(parse_samples(BEFORE), parse_samples(AFTER))[0]
+    assert plain.model == "thinker" and plain.p99_bound is None  # no bucket moved in BEFORE/AFTER: none seen

@@ -5,8 +5,8 @@ Strategy: every count that follows from the client's own events is checked exact
 difference between two scrapes (sessions opened, TTFP observations and their sum, inter-chunk
 gaps, responses by status, errors by code and channel); KV blocks in use are exact while the
 session is the only one open (one session's reservation) and zero after it; step times only
-have lower bounds (batching decides how many steps run). The health model must report every
-stage ready.
+have lower bounds (batching decides how many steps run), and so do the orchestrator's stage-call
+latencies (switched on for this server). The health model must report every stage ready.
 """
 from __future__ import annotations
 
@@ -45,11 +45,19 @@ def server(tmp_path_factory):
 
     from server_args import TEST_EXIT_ARGS
 
+    from backends.serving.metrics_stage_calls import CALL_METRICS_ENV
+
     options = ServerOptions(profile=get_profile("cpu").with_overrides({"idle_timeout_s": "20"}),
                             workdir=PROJECT_ROOT / "var", log_file=tmp_path_factory.mktemp("metrics") / "server.log",
                             extra_args=TEST_EXIT_ARGS)
-    with ServerProcess(options) as proc:
-        yield proc
+    env = pytest.MonkeyPatch()
+    env.setenv(CALL_METRICS_ENV, "1")  # the server's environment is taken when it starts
+    try:
+        with ServerProcess(options) as proc:
+            env.undo()
+            yield proc
+    finally:
+        env.undo()
 
 
 def _scrape(server) -> dict:
@@ -121,6 +129,13 @@ def test_a_session_shows_up_exactly_in_the_metrics(server):
     assert delta("minicpmo_stage_step_ms_count", model="thinker") >= len(decisions) > 0
     assert delta("minicpmo_stage_step_ms_count", model="talker") > 0
     assert delta("minicpmo_stage_step_ms_count", model="code2wav") > 0
+    calls = {stage: delta("minicpmo_stage_call_ms_count", model="duplex", stage=stage)
+             for stage in ("thinker", "talker", "code2wav")}
+    assert calls["thinker"] > 0 and calls["talker"] >= len(responses_with_audio), calls
+    assert calls["code2wav"] >= len(responses_with_audio), calls
+    for stage, count in calls.items():
+        assert delta("minicpmo_stage_call_ms_bucket", model="duplex", stage=stage, le="+Inf") == count
+        assert delta("minicpmo_stage_call_ms_sum", model="duplex", stage=stage) > 0
 
 
 def test_errors_count_by_code_and_channel(server, stream):

@@ -9,6 +9,7 @@ from backends.serving.triton_duplex import (
     TritonDownlink, TritonUplinkReply, is_sequence_release, manager_config, raw_uplink,
 )
 from backends.serving.metrics_duplex import DuplexMetrics
+from backends.serving.metrics_stage_calls import with_call_metrics
 from backends.serving.metrics_thread import MetricsThread
 from backends.serving.resource_gauges import ResourceGauges
 from backends.serving.stack_dump import enable_stack_dump
@@ -30,7 +31,8 @@ class TritonPythonModel:
         gauges = ResourceGauges(pb_utils, "duplex")
         params = model_parameters(args)
         self._stages = GrpcStageClients(stage_url(params))
-        self._manager = SessionManager(manager_config(params), self._stages, observer=lambda counts: metrics.call(
+        stages = with_call_metrics(self._stages, metrics)  # off unless MINICPMO_STAGE_CALL_METRICS=1
+        self._manager = SessionManager(manager_config(params), stages, observer=lambda counts: metrics.call(
             gauges.publish, {**counts, "stage_channels": self._stages.open_channels(),
                              "stage_idle_streams": self._stages.idle_streams()}))
 

@@ -1,0 +1,115 @@
+"""The orchestrator's stage-call latency (backends/serving/metrics_stage_calls.py).
+
+Strategy: a fake clock and fake stage clients whose results arrive at known times; each call
+must be observed once, at its first result, under its stage's label, and the results pass
+through unchanged; a caller that stops early must close the wrapped iterator (the gRPC
+clients end their stream there), a call that fails before its first result observes nothing,
+and the switch decides whether the orchestrator's clients are wrapped at all. On a real
+server: tests/server/test_metrics_server.py.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from backends.serving.metrics_catalog import STAGE_CALL
+from backends.serving.metrics_stage_calls import CALL_METRICS_ENV, MeteredStageClients, with_call_metrics
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.seen: list[tuple[str, float, dict]] = []
+
+    def observe(self, spec, value: float, **labels: str) -> None:
+        self.seen.append((spec.name, round(value, 6), labels))
+
+
+class FakeStages:
+    """Results that take 20 ms to the first and 5 ms to each next; records what happened."""
+
+    def __init__(self, clock: Clock, fail: bool = False) -> None:
+        self.clock, self.fail = clock, fail
+        self.closed: list[str] = []
+        self.stops: list[tuple[str, str]] = []
+
+    def _stream(self, stage: str, items: list) -> Iterator:
+        try:
+            for i, item in enumerate(items):
+                self.clock.now += 0.020 if i == 0 else 0.005
+                if self.fail:
+                    raise RuntimeError(f"{stage} failed")
+                yield item
+        finally:
+            self.closed.append(stage)
+
+    def thinker(self, request) -> Iterator:
+        return self._stream("thinker", ["unit0", "unit1"])
+
+    def talker(self, request) -> Iterator:
+        return self._stream("talker", ["codes0", "codes1", "codes2"])
+
+    def code2wav(self, request) -> list:
+        self.clock.now += 0.015
+        return ["audio"]
+
+    def stop(self, stage: str, request_id: str) -> None:
+        self.stops.append((stage, request_id))
+
+
+@pytest.fixture
+def parts():
+    clock = Clock()
+    stages, metrics = FakeStages(clock), Recorder()
+    return clock, stages, metrics, MeteredStageClients(stages, metrics, clock)
+
+
+def test_each_call_is_observed_once_at_its_first_result(parts):
+    clock, stages, metrics, metered = parts
+    assert list(metered.thinker(object())) == ["unit0", "unit1"]
+    assert list(metered.talker(object())) == ["codes0", "codes1", "codes2"]
+    assert metered.code2wav(object()) == ["audio"]
+    metered.stop("talker", "r1")
+    assert metrics.seen == [(STAGE_CALL.name, 20.0, {"stage": "thinker"}),
+                            (STAGE_CALL.name, 20.0, {"stage": "talker"}),
+                            (STAGE_CALL.name, 15.0, {"stage": "code2wav"})]
+    assert stages.stops == [("talker", "r1")] and stages.closed == ["thinker", "talker"]
+
+
+def test_the_clock_starts_when_the_call_is_made_not_when_it_is_read(parts):
+    clock, _, metrics, metered = parts
+    results = metered.talker(object())
+    clock.now += 0.100  # the caller reads its results later
+    next(results)
+    assert metrics.seen[0][1] == 120.0
+
+
+def test_stopping_early_closes_the_wrapped_iterator(parts):
+    _, stages, metrics, metered = parts
+    results = metered.talker(object())
+    assert next(results) == "codes0"
+    results.close()
+    assert stages.closed == ["talker"] and len(metrics.seen) == 1
+
+
+def test_a_call_that_fails_first_observes_nothing():
+    clock = Clock()
+    stages, metrics = FakeStages(clock, fail=True), Recorder()
+    with pytest.raises(RuntimeError, match="thinker failed"):
+        list(MeteredStageClients(stages, metrics, clock).thinker(object()))
+    assert metrics.seen == [] and stages.closed == ["thinker"]
+
+
+def test_the_switch_decides_whether_calls_are_metered():
+    stages, metrics = FakeStages(Clock()), Recorder()
+    assert with_call_metrics(stages, metrics, {}) is stages
+    assert with_call_metrics(stages, metrics, {CALL_METRICS_ENV: "0"}) is stages
+    assert isinstance(with_call_metrics(stages, metrics, {CALL_METRICS_ENV: "1"}), MeteredStageClients)
