@@ -194,25 +194,11 @@ def test_decoder_fast_path_with_folded_prologues_keeps_hidden_states(
     residual stream between them; hidden states must match the unfused path's and the greedy
     tokens be the same."""
     from backends.models.decoder_backbone import set_gemv_backend
-    from backends.runner.types import SamplingParams, StepInput
-
-    prompts = {"a": [5, 9, 11, 3], "b": [7, 2, 8]}
-
-    def decode(backend: str) -> list[list]:
-        runner = make_runner(attention_backend="triton", gemv_backend=backend)
-        for rid in prompts:
-            runner.add_request(rid, SamplingParams())
-        first = [StepInput(rid, ids, capture_hidden=True) for rid, ids in prompts.items()]
-        steps = [runner.step(first)]
-        for _ in range(2):
-            steps.append(runner.step([StepInput(r.request_id, [r.token], capture_hidden=True)
-                                      for r in steps[-1]]))  # fmt: skip
-        return steps
 
     try:
-        unfused = decode("cublas")
+        unfused = decode_steps(make_runner, "cublas")
         assert kernel_calls == []
-        fused = decode("triton")
+        fused = decode_steps(make_runner, "triton")
     finally:
         set_gemv_backend(qwen3, "cublas")
     layers = len(qwen3.model.layers)
@@ -223,3 +209,19 @@ def test_decoder_fast_path_with_folded_prologues_keeps_hidden_states(
         assert [r.token for r in step_fused] == [r.token for r in step_ref]
         for got, ref in zip(step_fused, step_ref):
             assert_close_rel(got.hidden, ref.hidden.double(), 1e-4)
+
+
+def decode_steps(make_runner, backend: str) -> list[list]:
+    """A prefill of two prompts, then two decode steps of both (2 rows), on the Triton attention
+    with `backend`'s matmuls; every step's hidden rows captured."""
+    from backends.runner.types import SamplingParams, StepInput
+
+    prompts = {"a": [5, 9, 11, 3], "b": [7, 2, 8]}
+    runner = make_runner(attention_backend="triton", gemv_backend=backend)
+    for rid in prompts:
+        runner.add_request(rid, SamplingParams())
+    steps = [runner.step([StepInput(rid, ids, capture_hidden=True) for rid, ids in prompts.items()])]
+    for _ in range(2):
+        steps.append(runner.step([StepInput(r.request_id, [r.token], capture_hidden=True)
+                                  for r in steps[-1]]))  # fmt: skip
+    return steps

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 
 pytest.importorskip("triton")
 
-from test_gemv_prologue import EPS, assert_close_rel, rms_normed  # noqa: E402
+from test_gemv_prologue import EPS, assert_close_rel, decode_steps, rms_normed  # noqa: E402
 
 from backends.runner import fused_linears, gemv_configs  # noqa: E402
 from backends.runner.gemv_rope import RopeEpilogue, rope_epilogue_fits  # noqa: E402
@@ -158,7 +158,6 @@ def test_decoder_fast_path_with_the_rope_epilogue_keeps_hidden_states(
     step's q|k|v on the one-head tile with the epilogue (forced on CPU): hidden states match
     the unfused path's and the greedy tokens are the same."""
     from backends.models.decoder_backbone import PagedSelfAttention, set_gemv_backend
-    from backends.runner.types import SamplingParams, StepInput
 
     calls: list = []
 
@@ -172,22 +171,10 @@ def test_decoder_fast_path_with_the_rope_epilogue_keeps_hidden_states(
     attn = qwen3.model.layers[0].self_attn
     n, k = attn.qkv_weights()[0].shape
     monkeypatch.setitem(gemv_configs.PROLOGUE_CONFIGS, (2, n, k, ADD_NORM), GemvConfig(HEAD_DIM, 32, 1, 4, 1, True))
-    prompts = {"a": [5, 9, 11, 3], "b": [7, 2, 8]}
-
-    def decode(backend: str) -> list[list]:
-        runner = make_runner(attention_backend="triton", gemv_backend=backend)
-        for rid in prompts:
-            runner.add_request(rid, SamplingParams())
-        steps = [runner.step([StepInput(rid, ids, capture_hidden=True) for rid, ids in prompts.items()])]
-        for _ in range(2):
-            steps.append(runner.step([StepInput(r.request_id, [r.token], capture_hidden=True)
-                                      for r in steps[-1]]))  # fmt: skip
-        return steps
-
     try:
-        unfused = decode("cublas")
+        unfused = decode_steps(make_runner, "cublas")
         assert calls == []
-        fused = decode("triton")
+        fused = decode_steps(make_runner, "triton")
     finally:
         set_gemv_backend(qwen3, "cublas")
     assert sum(c is not None for c in calls) == 2 * len(qwen3.model.layers)  # q|k|v of 2 decodes

@@ -12,17 +12,10 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
+from test_metrics_duplex import Clock  # the sibling module's scripted clock
 
 from backends.serving.metrics_catalog import STAGE_CALL
 from backends.serving.metrics_stage_calls import CALL_METRICS_ENV, MeteredStageClients, with_call_metrics
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 class Recorder:
