@@ -33,6 +33,9 @@ check gpu_tests_token2wav "$python" -m pytest -q -p no:cacheprovider -m gpu test
 check bench_runner "$python" perf/bench_runner.py --out "$out" --commit "${COMMIT:-unknown}"
 check bench_talker_chains "$python" perf/bench_runner.py --quick --talker-only --chain-lengths 4,8,16 \
     --out "$out/talker_chains" --commit "${COMMIT:-unknown}"
+# The same Talker forward without RoPE + the KV write in the q|k|v GEMV's epilogue (A/B).
+check bench_talker_no_rope_epilogue env MINICPMO_GEMV_ROPE=0 "$python" perf/bench_runner.py --quick \
+    --talker-only --chain-lengths 8 --out "$out/talker_no_rope_epilogue" --commit "${COMMIT:-unknown}"
 # The decode GEMV per shape (Thinker, Talker), and where folding the norms / SwiGLU into it pays.
 check bench_gemv "$python" perf/bench_gemv.py --out "$out/gemv_thinker.md"
 check bench_gemv_talker "$python" perf/bench_gemv.py --model talker --out "$out/gemv_talker.md"
