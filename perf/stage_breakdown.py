@@ -25,7 +25,8 @@ from perf.turn import TurnRecord
 UNIT_SAMPLES = 16000  # one unit = 1 s at 16 kHz
 METRIC_PREFIX = "minicpmo_"
 
-SeriesKey = tuple[str, str]  # (family without _sum/_count, model label or "", "/stage" appended if any)
+# (family without _sum/_count/_bucket, model label or "" with "/<stage>" when the series has a stage label)
+SeriesKey = tuple[str, str]
 
 
 @dataclass(frozen=True, slots=True)

@@ -44,15 +44,8 @@ def norm_linear(
     """rmsnorm(branch + residual) * norm_weight @ weight^T (+ bias), all [rows, K] -> ([rows, N],
     the residual stream branch + residual). Without a branch the residual itself is normed
     (the first layer's input) and returned as the stream."""
-    folded = _folded_norm(branch, residual, norm_weight, eps, weight, bias, backend)
-    if folded is not None:
-        cfg, x, prologue, stream = folded
-        return triton_linear(x, weight, bias, config=cfg, prologue=prologue), stream
-    if branch is None:
-        normed, stream = rms_norm(residual, norm_weight, eps)
-    else:
-        normed, stream = rms_norm(branch, norm_weight, eps, residual=residual)
-    return linear_for(backend)(normed, weight, bias), stream
+    out, stream, _ = _norm_linear(branch, residual, norm_weight, eps, weight, bias, backend, None)
+    return out, stream
 
 
 def norm_qkv_rope(
@@ -70,22 +63,17 @@ def norm_qkv_rope(
     the residual stream). One kernel where the GEMV's epilogue fits, else two."""
     weight, bias = qkv_weight
     fold_rope = qk_norm is None and os.environ.get(ROPE_ENV, "1") != "0"
-    folded = _folded_norm(branch, residual, norm_weight, eps, weight, bias, backend) if fold_rope else None
-    if folded is None:
-        qkv, stream = norm_linear(branch, residual, norm_weight, eps, weight, bias, backend)
-    else:
-        cfg, x, prologue, stream = folded
-        fits = rope_epilogue_fits(rope, cfg, weight.shape[0])
-        qkv = triton_linear(x, weight, bias, config=cfg, prologue=prologue, rope=rope if fits else None)
-        if fits:
-            q_width = rope.num_heads * rope.head_dim
-            return qkv[:, :q_width].view(qkv.shape[0], rope.num_heads, rope.head_dim), stream
+    qkv, stream, roped = _norm_linear(branch, residual, norm_weight, eps, weight, bias, backend,
+                                      rope if fold_rope else None)  # fmt: skip
+    if roped:
+        q_width = rope.num_heads * rope.head_dim
+        return qkv[:, :q_width].view(qkv.shape[0], rope.num_heads, rope.head_dim), stream
     query = qk_norm_rope_store_kv(qkv, rope.positions, rope.slot_mapping, rope.inv_freq, qk_norm,
                                   rope.k_cache, rope.v_cache, rope.num_heads)  # fmt: skip
     return query, stream
 
 
-def _folded_norm(
+def _norm_linear(
     branch: torch.Tensor | None,
     residual: torch.Tensor,
     norm_weight: torch.Tensor,
@@ -93,18 +81,27 @@ def _folded_norm(
     weight: torch.Tensor,
     bias: torch.Tensor | None,
     backend: str,
-) -> tuple[GemvConfig, torch.Tensor, Prologue, torch.Tensor] | None:
-    """(config, x, prologue, stream) to run the norm folded into the GEMV, or None where it
-    stays unfused; `stream` is the residual stream the kernel's prologue writes."""
+    rope: RopeEpilogue | None,
+) -> tuple[torch.Tensor, torch.Tensor, bool]:
+    """`norm_linear`, plus whether `rope`'s epilogue ran in the same kernel (only where the
+    norm is folded into the GEMV and `rope_epilogue_fits` its config)."""
     source = residual if branch is None else branch
     kind = NORM if branch is None else ADD_NORM
     cfg = _fused_config(source, weight, bias, kind) if backend == "triton" else None
-    if cfg is None or not _same_layout(source, residual, norm_weight):
-        return None
+    if cfg is not None and _same_layout(source, residual, norm_weight):
+        rope = rope if rope is not None and rope_epilogue_fits(rope, cfg, weight.shape[0]) else None
+        if branch is None:
+            prologue, stream = Prologue(NORM, norm_weight, eps), residual
+        else:
+            stream = torch.empty_like(residual)
+            prologue = Prologue(ADD_NORM, norm_weight, eps, residual, stream)
+        out = triton_linear(source, weight, bias, config=cfg, prologue=prologue, rope=rope)
+        return out, stream, rope is not None
     if branch is None:
-        return cfg, residual, Prologue(NORM, norm_weight, eps), residual
-    stream = torch.empty_like(residual)
-    return cfg, branch, Prologue(ADD_NORM, norm_weight, eps, residual, stream), stream
+        normed, stream = rms_norm(residual, norm_weight, eps)
+    else:
+        normed, stream = rms_norm(branch, norm_weight, eps, residual=residual)
+    return linear_for(backend)(normed, weight, bias), stream, False
 
 
 def silu_linear(
