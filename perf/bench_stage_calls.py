@@ -1,7 +1,7 @@
 """What one stage call of the orchestrator costs on top of the stage's own work.
 
 The `duplex` model calls the stages over gRPC streams to its own server
-(backends/serving/grpc_stages.py). This times `StageChannel.call` of a request each stage
+(backends/serving/stage_channel.py). This times `StageChannel.call` of a request each stage
 answers at once (a `stop` of an unknown id: no engine work), per stage, two ways in turns:
 `kept` (the served behaviour: the stream stays open between calls) and `fresh` (the stream is
 closed after every call, so each call opens one, as the orchestrator did before). Starts its own
@@ -23,7 +23,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from backends.duplex.stage_clients import STAGES  # noqa: E402
-from backends.serving.grpc_stages import StageChannel  # noqa: E402
+from backends.serving.stage_channel import StageChannel  # noqa: E402
 from backends.stages.contracts import stop_request  # noqa: E402
 from backends.stages.tensor_codec import to_arrays  # noqa: E402
 

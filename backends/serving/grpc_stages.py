@@ -11,37 +11,27 @@ binaries with a two-model repository (a decoupled child, a parent calling it fro
   iterator waits forever (backends/serving/triton_responses.py).
 A tritonclient stream receives on grpcio's own thread, under the GIL, and gets every response.
 
-A stream carries one request at a time (tritonclient 2.51 drops the request id of in-band
-errors, so a stream must not carry two at once). It stays open after a call that got its FINAL,
-for the next call on its channel (a stream per call cost 1.2-1.3 ms more per stage call on the
-2-core CI machine: `perf/bench_stage_calls.py`); a call that ends any other way (an error,
-a timeout, a caller that stopped reading) cancels and closes it, so no late answer can reach a
-later call. Channels are pooled per stage; a channel that broke is closed instead of returned,
-and a stream idle for `stream_idle_s` is closed (an open stream would keep the server's own
-gRPC frontend from shutting down).
+Each call runs on a pooled StageChannel (backends/serving/stage_channel.py: one request at a time
+per stream, streams reused across calls, never cancelled). Channels are pooled per stage; a
+channel that broke is closed instead of returned, one whose early-ended call is still draining
+waits in the pool until its FINAL arrives, and a stream idle for `stream_idle_s` is closed (an
+open stream would keep the server's own gRPC frontend from shutting down).
 """
 from __future__ import annotations
 
 import logging
 import os
-import queue
 import threading
 import time
-import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
 
-import numpy as np
-import tritonclient.grpc as grpcclient
-
-from backends.duplex.stage_clients import CODE2WAV, TALKER, THINKER, StageCallError
-from backends.serving.triton_responses import parse_error_message
+from backends.duplex.stage_clients import CODE2WAV, TALKER, THINKER
+from backends.serving.stage_channel import StageChannel
 from backends.stages.contracts import (
     Code2WavAudio, Code2WavRequest, TalkerCodes, TalkerRequest, ThinkerRequest, ThinkerUnitResult, stop_request,
 )
-from backends.stages.sink import StageError
 from backends.stages.tensor_codec import from_arrays, to_arrays
-from client.stream_close import stop_stream
 
 log = logging.getLogger(__name__)
 
@@ -49,104 +39,15 @@ STAGE_URL_ENV = "MINICPMO_STAGE_URL"  # set by the launcher: the server's own gR
 DEFAULT_STAGE_URL = "127.0.0.1:8001"
 DEFAULT_TIMEOUT_S = 60.0  # a call that hears nothing for this long fails (stage_timeout)
 DEFAULT_MAX_IDLE = 16  # idle channels kept per stage; more are closed when their call ends
+# (draining ones are kept beyond it: closing one would wait for its request)
 # An idle stream is closed after this long: above a session's ~1 s between calls to one stage,
 # so a lone session keeps reusing its streams, short enough for a prompt shutdown.
 DEFAULT_STREAM_IDLE_S = 2.0
-_TRITON_DTYPES = {np.float32: "FP32", np.float16: "FP16", np.int64: "INT64", np.int32: "INT32", np.int16: "INT16",
-                  np.int8: "INT8", np.uint8: "UINT8", np.bool_: "BOOL", np.object_: "BYTES"}
 
 
 def stage_url(params: dict[str, str]) -> str:
     """The model parameter `stage_url`, else the launcher's environment, else Triton's port."""
     return params.get("stage_url") or os.environ.get(STAGE_URL_ENV) or DEFAULT_STAGE_URL
-
-
-def infer_inputs(arrays: dict[str, np.ndarray]) -> list[grpcclient.InferInput]:
-    inputs = []
-    for name, array in arrays.items():
-        tensor = grpcclient.InferInput(name, list(array.shape), _TRITON_DTYPES[array.dtype.type])
-        tensor.set_data_from_numpy(array)
-        inputs.append(tensor)
-    return inputs
-
-
-class StageChannel:
-    """One gRPC channel and at most one open stream on it (see the module docstring); `call`
-    sends one request and yields the answers that carry outputs up to the FINAL."""
-
-    def __init__(self, url: str, timeout_s: float) -> None:
-        self._timeout_s = timeout_s
-        self._client = grpcclient.InferenceServerClient(url)
-        self._answers: queue.SimpleQueue[tuple[Any, Any]] | None = None  # the open stream's
-        self.usable = True  # cleared when the channel itself broke
-        self.last_used = time.monotonic()
-
-    @property
-    def has_stream(self) -> bool:
-        return self._answers is not None
-
-    def call(self, model: str, arrays: dict[str, np.ndarray]) -> Iterator[Any]:
-        """Results (tritonclient InferResult); raises StageCallError on the stage's error."""
-        answers = self._open_stream()
-        finished = False
-        try:
-            self._client.async_stream_infer(model, infer_inputs(arrays), request_id=uuid.uuid4().hex,
-                                            enable_empty_final_response=True)
-            while True:
-                result, error = self._next(model, answers)
-                if error is not None:
-                    raise StageCallError(model, self._stage_error(model, error))
-                response = result.get_response()
-                if response.outputs:
-                    yield result
-                if response.parameters["triton_final_response"].bool_param:
-                    finished = True
-                    return
-        finally:
-            self.last_used = time.monotonic()
-            if not finished:  # the request may still be live: cancel it with its stream
-                self.end_stream()
-
-    def _open_stream(self) -> queue.SimpleQueue[tuple[Any, Any]]:
-        if self._answers is not None and not self._answers.empty():
-            self.end_stream()  # an answer while idle: the stream itself failed (server stopping)
-        if self._answers is None:
-            answers: queue.SimpleQueue[tuple[Any, Any]] = queue.SimpleQueue()
-            self._client.start_stream(callback=lambda result, error: answers.put((result, error)))
-            self._answers = answers
-        return self._answers
-
-    def _stage_error(self, model: str, error: Any) -> StageError:
-        if error.status() is None:  # in-band: the stage's own answer, "[code] message"
-            return parse_error_message(error.message())
-        self.usable = False  # the stream itself failed (server stopping, connection lost)
-        return StageError("unavailable", f"{model} unreachable: {error.status()} {error.message()}")
-
-    def _next(self, model: str, answers: queue.SimpleQueue) -> tuple[Any, Any]:
-        try:
-            return answers.get(timeout=self._timeout_s)
-        except queue.Empty:
-            raise StageCallError(model, StageError("stage_timeout", f"no answer from {model} for "
-                                                                     f"{self._timeout_s:.0f} s")) from None
-
-    def end_stream(self) -> None:
-        """Cancel and close the open stream, if any (idle, nothing is lost; mid-call, nothing
-        more is wanted)."""
-        if self._answers is None:
-            return
-        self._answers = None
-        try:
-            stop_stream(self._client, cancel=True)
-        except Exception as exc:
-            log.debug("closing a stage stream failed: %r", exc)
-            self.usable = False
-
-    def close(self) -> None:
-        self.end_stream()
-        try:
-            self._client.close()
-        except Exception as exc:  # a broken channel: nothing more to free
-            log.debug("closing a stage channel failed: %r", exc)
 
 
 class GrpcStageClients:
@@ -175,18 +76,35 @@ class GrpcStageClients:
         with self._lock:
             return sum(c.has_stream for channels in self._idle.values() for c in channels)
 
+    def draining_streams(self) -> int:
+        """Pooled channels whose early-ended call's FINAL has not arrived yet."""
+        with self._lock:
+            return sum(c.draining for channels in self._idle.values() for c in channels)
+
+    def pool_gauges(self) -> dict[str, int]:
+        """The resource gauges of the pool (backends/serving/resource_gauges.py)."""
+        return {"stage_channels": self.open_channels(), "stage_idle_streams": self.idle_streams(),
+                "stage_draining_streams": self.draining_streams()}
+
     def close_idle_streams(self, idle_s: float) -> int:
-        """Close the streams of pooled channels unused for `idle_s` or more; returns how many."""
+        """Close the streams of pooled channels unused for `idle_s` or more, and of draining ones
+        whose request outlived the stage timeout; returns how many."""
         now = time.monotonic()
         with self._lock:  # taken out of the pool meanwhile, so no call can pick them up
             stale = [(model, c) for model, channels in self._idle.items() for c in channels
-                     if c.has_stream and now - c.last_used >= idle_s]
+                     if self._stale(c, now, idle_s)]
             for model, channel in stale:
                 self._idle[model].remove(channel)
         for model, channel in stale:
             channel.end_stream()
             self._checkin(model, channel)
         return len(stale)
+
+    def _stale(self, channel: StageChannel, now: float, idle_s: float) -> bool:
+        if not channel.has_stream:
+            return False
+        ready = channel.ready()  # reads a draining channel's late answers
+        return not channel.usable or now - channel.last_used >= (idle_s if ready else self._timeout_s)
 
     def _close_idle_loop(self) -> None:
         period = max(0.05, self._stream_idle_s / 4)
@@ -230,9 +148,10 @@ class GrpcStageClients:
 
     def _checkout(self, model: str) -> StageChannel:
         with self._lock:
-            idle = self._idle.get(model)
-            if idle:
-                return idle.pop()
+            idle = self._idle.get(model, [])
+            for index in range(len(idle) - 1, -1, -1):  # the most recently used first
+                if idle[index].ready():
+                    return idle.pop(index)
             self._open += 1
         try:
             return self._new_channel(self._url, self._timeout_s)
@@ -244,7 +163,7 @@ class GrpcStageClients:
     def _checkin(self, model: str, channel: StageChannel) -> None:
         with self._lock:
             idle = self._idle.setdefault(model, [])
-            if channel.usable and not self._closed and len(idle) < self._max_idle:
+            if channel.usable and not self._closed and (len(idle) < self._max_idle or channel.draining):
                 idle.append(channel)
                 return
         self._close(channel)

@@ -29,7 +29,7 @@ from backends.serving.resource_gauges import parse_gauges
 # the pooled channels' streams, which close after a few idle seconds: backends/serving/grpc_stages.py).
 TRACKED = (
     ("sessions", "duplex"), ("session_threads", "duplex"), ("threads", "duplex"),
-    ("stage_idle_streams", "duplex"),
+    ("stage_idle_streams", "duplex"), ("stage_draining_streams", "duplex"),
     ("requests", "thinker"), ("runner_requests", "thinker"), ("kv_free_blocks", "thinker"),
     ("requests", "talker"), ("runner_requests", "talker"), ("kv_free_blocks", "talker"),
     ("requests", "code2wav"), ("codec_states", "code2wav"), ("codec_sequences", "code2wav"),

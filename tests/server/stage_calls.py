@@ -13,24 +13,13 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
 import tritonclient.grpc as grpcclient
 
+from backends.serving.stage_channel import infer_inputs
 from backends.stages.contracts import stop_request
 from backends.stages.tensor_codec import from_arrays, to_arrays
 
 ANSWER_TIMEOUT_S = 60.0
-TRITON_DTYPES = {np.float32: "FP32", np.int32: "INT32", np.int64: "INT64", np.int16: "INT16", np.bool_: "BOOL",
-                 np.uint8: "UINT8", np.object_: "BYTES"}
-
-
-def infer_inputs(arrays: dict[str, np.ndarray]) -> list[grpcclient.InferInput]:
-    inputs = []
-    for name, array in arrays.items():
-        tensor = grpcclient.InferInput(name, list(array.shape), TRITON_DTYPES[array.dtype.type])
-        tensor.set_data_from_numpy(array)
-        inputs.append(tensor)
-    return inputs
 
 
 @dataclass

@@ -301,9 +301,11 @@ def test_edge_case_10_a_full_stage_refuses_instead_of_preempting(reliability_ser
         assert "resource_exhausted" in answers[-1].error
         calls = [StageCall(url, "talker", _condition(rid, 0, turn_start=True), TalkerCodes) for rid in talkers]
         chunks = [c.wait() for c in calls]  # sent together: the admitted ones share runner steps
-        assert [c.error for c in chunks[:-1]] == [None] * STAGE_CAPACITY
-        assert "resource_exhausted" in chunks[-1].error
-        assert _frames(chunks[0].results) == _frames(alone.results)
+        # Each rides its own stream, so they reach the Talker in any order: one is refused.
+        refused = [c for c in chunks if c.error is not None]
+        assert len(refused) == 1 and "resource_exhausted" in refused[0].error, [c.error for c in chunks]
+        admitted = [c for c in chunks if c.error is None]
+        assert all(_frames(c.results) == _frames(alone.results) for c in admitted)
     finally:
         for rid in thinkers:
             stop(url, "thinker", rid)

@@ -1,14 +1,22 @@
 """The orchestrator's stage streams on a real server (backends/serving/grpc_stages.py): a
-session's stage calls leave their streams open for the next call, and streams nobody uses close
-after the idle time, so an idle server holds none (what the leak tests' baselines rely on)."""
+session's stage calls leave their streams open for the next call, streams nobody uses close
+after the idle time, so an idle server holds none (what the leak tests' baselines rely on), and
+calls abandoned before their FINAL are drained, never cancelled (backends/serving/stage_channel.py).
+"""
 from __future__ import annotations
 
+import threading
 import time
 
-from server_resources import ServerResources, wait_for_gauges
+import numpy as np
+import pytest
+from server_resources import ServerResources, settled, wait_for_gauges
 from session_probe import silence_units
 
-from backends.serving.grpc_stages import DEFAULT_STREAM_IDLE_S
+from backends.checkpoint.tiny_config import TINY_HIDDEN
+from backends.duplex.stage_clients import StageCallError
+from backends.serving.grpc_stages import DEFAULT_STREAM_IDLE_S, GrpcStageClients
+from backends.stages.contracts import TalkerRequest, ThinkerRequest
 
 IDLE_STREAMS = ("stage_idle_streams", "duplex")
 REPLY = {"initial_user_text": "Hello.", "reply_units": 1, "reply_tokens_per_unit": 2}
@@ -35,3 +43,76 @@ def test_calls_leave_streams_open_and_idle_ones_close(reliability_server, probes
     # closed within the idle time, the closer's period and a gauge publication (0.5 s)
     closed = wait_for_gauges(reliability_server, {IDLE_STREAMS: 0.0}, timeout_s=DEFAULT_STREAM_IDLE_S + 8.0)
     assert closed == {IDLE_STREAMS: 0.0}
+
+
+WORKERS = 3  # below the reliability profile's 6 requests per stage: admission never refuses one
+ABANDONED_PER_WORKER = 12
+
+
+@pytest.fixture
+def live_cancels(monkeypatch):
+    """Cancellations of live gRPC streams in this process: each one is a request the server
+    sees cancelled while it may be completing (Triton 2.51 can crash on that race)."""
+    from tritonclient.grpc import _infer_stream
+
+    seen: list[bool] = []
+    close = _infer_stream._InferStream.close
+
+    def recording_close(stream, cancel_requests=False):
+        iterator = stream._response_iterator
+        if cancel_requests and iterator is not None and iterator.is_active():
+            seen.append(True)
+        return close(stream, cancel_requests)
+
+    monkeypatch.setattr(_infer_stream._InferStream, "close", recording_close)
+    return seen
+
+
+def _talker_turn(request_id: str) -> TalkerRequest:
+    tokens = np.arange(5, 9, dtype=np.int32)
+    hidden = np.random.default_rng(len(request_id)).standard_normal((tokens.size, TINY_HIDDEN)).astype(np.float32)
+    return TalkerRequest(request_id=request_id, condition_seq=0, token_ids=tokens, hidden=hidden, turn_start=True)
+
+
+def _abandon_calls(clients: GrpcStageClients, worker: int, errors: list[str]) -> None:
+    """The orchestrator's early end: stop reading after the first answer, then stop the request."""
+    for i in range(ABANDONED_PER_WORKER):
+        rid = f"ab{worker}-{i}.e0"
+        calls = [("talker", clients.talker(_talker_turn(rid))),
+                 ("thinker", clients.thinker(ThinkerRequest(request_id=rid, audio=np.zeros(16000, np.float32))))]
+        for stage, results in calls:
+            try:
+                next(results)
+            except (StageCallError, StopIteration) as exc:
+                errors.append(f"{stage} {rid}: {exc!r}")
+            results.close()
+            clients.stop(stage, rid)
+
+
+def test_abandoned_stage_calls_drain_without_a_cancel_and_leave_nothing(reliability_server, baseline, probes,
+                                                                        live_cancels):
+    clients = GrpcStageClients(reliability_server.grpc_url)
+    errors: list[str] = []
+    try:
+        workers = [threading.Thread(target=_abandon_calls, args=(clients, w, errors)) for w in range(WORKERS)]
+        for worker in workers:
+            worker.start()
+        for worker in workers:
+            worker.join(120.0)
+        assert errors == [] and not any(w.is_alive() for w in workers)
+        deadline = time.monotonic() + 10.0
+        while clients.draining_streams() and time.monotonic() < deadline:
+            clients.close_idle_streams(idle_s=60.0)  # reads the late FINALs of pooled channels
+            time.sleep(0.05)
+        assert clients.draining_streams() == 0, "an abandoned request never sent its FINAL"
+        # drained channels were reused: far fewer than the 2 x 36 abandoned calls
+        assert clients.open_channels() <= 4 * WORKERS
+    finally:
+        clients.close()
+    assert live_cancels == [], f"{len(live_cancels)} live stage streams were cancelled"
+    after = settled(reliability_server, baseline)
+    assert after.tracked() == baseline.tracked() and after.stubs == baseline.stubs
+    probe = probes()  # the server still holds a conversation
+    probe.start(**REPLY)
+    probe.append(silence_units(3))
+    probe.wait_type("response.done")

@@ -3,7 +3,7 @@
 Strategy: a fake StageChannel replays scripted answers (tritonclient-like results, or an
 error); the tests check what reaches the caller and which channels are reused or closed: a
 stage's own error keeps the channel, a broken channel is closed, concurrent calls never share
-one. The real channel's stream handling runs in the server tests (every duplex session).
+one, an abandoned call's channel drains in the pool (never cancelled) until its FINAL. The real channel's stream handling runs in the server tests (every duplex session).
 """
 from __future__ import annotations
 
@@ -35,23 +35,32 @@ class FakeChannel:
     script: list = []  # per new stream: the answers of its calls, in order
 
     def __init__(self, url, timeout_s):
-        self.calls, self.closed, self.usable = [], False, True
+        self.calls, self.closed, self.usable, self.draining, self.late_final = [], False, True, False, False
         self.answers = list(FakeChannel.script.pop(0)) if FakeChannel.script else []
         self.has_stream, self.last_used, self.streams_ended = False, 0.0, 0
         FakeChannel.made.append(self)
 
     def end_stream(self):
         self.streams_ended += self.has_stream
-        self.has_stream = False
+        self.has_stream = self.draining = False
 
     def call(self, model, arrays):
+        assert self.ready(), "a call on a channel whose last request is live"
         self.calls.append((model, arrays))
-        self.has_stream, self.last_used = True, time.monotonic()
-        for answer in self.answers.pop(0):
-            if isinstance(answer, StageCallError):
-                self.usable = answer.error.code != "unavailable"  # the channel itself broke
-                raise answer
-            yield Result(answer)
+        self.has_stream, self.last_used, finished = True, time.monotonic(), False
+        try:
+            for answer in self.answers.pop(0):
+                if isinstance(answer, StageCallError):
+                    finished, self.usable = True, answer.error.code != "unavailable"  # the channel broke
+                    raise answer
+                yield Result(answer)
+            finished = True
+        finally:
+            self.draining, self.late_final = not finished, False
+
+    def ready(self):
+        self.draining = self.draining and not self.late_final  # the late FINAL arrived
+        return self.usable and not self.draining
 
     def close(self):
         self.closed = True
@@ -93,13 +102,41 @@ def test_a_stage_error_keeps_the_channel_and_a_broken_channel_is_closed(clients)
     assert FakeChannel.made[0].closed and clients.open_channels() == 0
 
 
-def test_an_abandoned_call_returns_its_channel_for_the_next_call(clients):
-    FakeChannel.script = [[[_codes(0, False), _codes(0, True)], [_codes(1, True)]]]
+def test_an_abandoned_call_drains_in_the_pool_and_is_reused_after_its_final(clients):
+    FakeChannel.script = [[[_codes(0, False), _codes(0, True)], [_codes(2, True)]],
+                          [[_codes(1, True)], [_codes(3, False), _codes(3, True)]]]
     calls = clients.talker(REQUEST)
     next(calls)
-    calls.close()  # the consumer stopped; the channel's stream of that call is closed with it
-    assert [g.condition_seq for g in clients.talker(REQUEST)] == [1]
-    assert len(FakeChannel.made) == 1 and clients.open_channels() == 1
+    calls.close()  # the consumer stopped: the request runs on, nothing is cancelled
+    first = FakeChannel.made[0]
+    assert first.draining and not first.closed and first.has_stream
+    assert [g.condition_seq for g in clients.talker(REQUEST)] == [1]  # on a second channel
+    assert len(FakeChannel.made) == 2 and clients.open_channels() == 2
+    first.late_final = True
+    held = clients.talker(REQUEST)
+    assert next(held).condition_seq == 3  # the most recently used channel first ...
+    assert [g.condition_seq for g in clients.talker(REQUEST)] == [2]  # ... then the drained one
+    assert len(first.calls) == 2 and len(FakeChannel.made) == 2
+    list(held)
+
+
+def test_a_draining_channel_is_pooled_beyond_the_idle_cap_and_closed_after_the_timeout():
+    FakeChannel.made, FakeChannel.script = [], [[[_codes(0, False), _codes(0, True)]]]
+    clients = GrpcStageClients("host:1", channel_factory=FakeChannel, max_idle=0, timeout_s=30.0)
+    try:
+        calls = clients.talker(REQUEST)
+        next(calls)
+        calls.close()
+        channel = FakeChannel.made[0]
+        assert not channel.closed and clients.open_channels() == 1  # kept though the cap is 0
+        assert clients.pool_gauges() == {"stage_channels": 1, "stage_idle_streams": 1, "stage_draining_streams": 1}
+        channel.last_used -= 10.0
+        assert clients.close_idle_streams(idle_s=2.0) == 0, "closed while its request may still end"
+        channel.last_used -= 21.0
+        assert clients.close_idle_streams(idle_s=2.0) == 1 and channel.streams_ended == 1
+        assert channel.closed and clients.open_channels() == 0  # not draining any more: over the cap
+    finally:
+        clients.close()
 
 
 def test_concurrent_calls_get_channels_of_their_own_and_close_shuts_the_idle_ones(clients):
@@ -168,18 +205,19 @@ class FakeClient:
     answers: list = []  # (result, error) pairs the server sends for the next request
 
     def __init__(self, url: str) -> None:
-        self.streams = 0
+        self.streams, self.stops, self._stream = 0, [], None  # stops: cancel_requests of each stop
 
     def start_stream(self, callback) -> None:
         self.streams += 1
-        self._callback = callback
+        self._callback, self._stream = callback, object()
 
     def async_stream_infer(self, model, inputs, **kwargs) -> None:
         for result, error in FakeClient.answers:
             self._callback(result=result, error=error)
 
     def stop_stream(self, cancel_requests: bool = False) -> None:
-        self._callback = None
+        self.stops.append(cancel_requests)
+        self._callback = self._stream = None
 
     def close(self) -> None:
         pass
@@ -195,10 +233,10 @@ class FakeResult:
 
 @pytest.fixture
 def channel(monkeypatch):
-    from backends.serving import grpc_stages
+    from backends.serving import stage_channel
 
-    monkeypatch.setattr(grpc_stages.grpcclient, "InferenceServerClient", FakeClient)
-    return grpc_stages.StageChannel("host:1", timeout_s=0.2)
+    monkeypatch.setattr(stage_channel.grpcclient, "InferenceServerClient", FakeClient)
+    return stage_channel.StageChannel("host:1", timeout_s=0.2)
 
 
 def test_a_channel_yields_results_with_outputs_up_to_the_final(channel):
@@ -215,16 +253,34 @@ def test_a_finished_call_leaves_its_stream_open_for_the_next_call(channel):
     assert not channel.has_stream and channel._client._callback is None
 
 
-def test_a_call_that_ends_early_closes_its_stream_and_the_next_call_opens_one(channel):
-    FakeClient.answers = [(FakeResult(False, True), None), (FakeResult(True, False), None)]
+def test_a_call_that_ends_early_drains_on_its_stream_without_a_cancel(channel):
+    FakeClient.answers = [(FakeResult(False, True), None)]  # the FINAL comes later
     calls = channel.call("talker", to_arrays(REQUEST))
     next(calls)
-    calls.close()  # the caller stopped before the FINAL: the request may still be live
-    assert not channel.has_stream and channel._client._callback is None
-    FakeClient.answers = [(None, FakeError("[cancelled] stopped"))]
-    with pytest.raises(StageCallError):
-        list(channel.call("talker", to_arrays(REQUEST)))
-    assert not channel.has_stream and channel._client.streams == 2 and channel.usable
+    calls.close()  # the caller stopped before the FINAL: the request is still live
+    assert channel.draining and channel.has_stream and not channel.ready()
+    with pytest.raises(RuntimeError, match="still live"):
+        next(channel.call("talker", to_arrays(REQUEST)))
+    channel._client._callback(result=FakeResult(False, True), error=None)  # a late result: still live
+    assert not channel.ready()
+    channel._client._callback(result=FakeResult(True, False), error=None)  # its FINAL
+    assert channel.ready() and not channel.draining
+    FakeClient.answers = [(FakeResult(True, True), None)]
+    assert len(list(channel.call("talker", to_arrays(REQUEST)))) == 1
+    assert channel._client.streams == 1 and channel._client.stops == [], "the stream was ended or cancelled"
+
+
+def test_a_draining_stream_ends_with_the_stage_error_or_breaks_with_a_stream_error(channel):
+    for error, usable in ((FakeError("[cancelled] stopped"), True),
+                          (FakeError("Socket closed", status="StatusCode.UNAVAILABLE"), False)):
+        FakeClient.answers = [(FakeResult(False, True), None)]
+        calls = channel.call("talker", to_arrays(REQUEST))
+        next(calls)
+        calls.close()
+        channel._client._callback(result=None, error=error)
+        assert channel.ready() is usable and not channel.draining
+    channel.close()
+    assert channel._client.stops == [False], "the stream was cancelled instead of half-closed"
 
 
 def test_an_answer_that_arrives_between_calls_retires_the_stream(channel):
@@ -252,7 +308,9 @@ def test_a_stage_that_never_answers_times_out(channel):
     next(calls)
     with pytest.raises(StageCallError) as timeout:
         next(calls)
-    assert timeout.value.error.code == "stage_timeout"
+    assert timeout.value.error.code == "stage_timeout" and channel.draining and channel.usable
+    channel.close(wait_s=1.0)
+    assert not channel.has_stream and channel._client.stops == [False]
 
 
 def test_the_launcher_points_duplex_at_its_own_grpc_port_on_loopback():

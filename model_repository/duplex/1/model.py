@@ -33,8 +33,7 @@ class TritonPythonModel:
         self._stages = GrpcStageClients(stage_url(params))
         stages = with_call_metrics(self._stages, metrics)  # off unless MINICPMO_STAGE_CALL_METRICS=1
         self._manager = SessionManager(manager_config(params), stages, observer=lambda counts: metrics.call(
-            gauges.publish, {**counts, "stage_channels": self._stages.open_channels(),
-                             "stage_idle_streams": self._stages.idle_streams()}))
+            gauges.publish, {**counts, **self._stages.pool_gauges()}))
 
     def execute(self, requests):
         for request in requests:
