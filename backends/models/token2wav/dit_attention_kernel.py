@@ -7,17 +7,29 @@ rows: per (query block, row, head) it normalises its queries and, from the rows'
 its keys; writes this window's keys | values (the next cache entries); and runs an online
 softmax over the window's keys, then the cached ones, skipping keys the [window | cache] mask
 marks as padding. Output rows come out head-merged, ready for the output projection.
+
+While there are few programs (a batch of one to a few windows), the key tiles are split over
+more programs and a second kernel merges their partial softmax states (`key_splits`):
+a window's attention is latency-bound, one program walking every cached tile in turn.
+`MINICPMO_DIT_KEY_SPLITS=0` keeps one pass (the A/B switch).
 """
 
 from __future__ import annotations
 
 import math
+import os
 
 import torch
 import triton
 import triton.language as tl
 
 _BLOCK_N = 64  # keys per step of the online softmax
+# Below this many (query block, row, head) programs the keys are split over more programs (and
+# merged by a second kernel): a window of one stream has 64 programs for the H200's 132 SMs,
+# each walking every cached key tile in turn (~16 us per call in perf/profile_code2wav.py).
+_TARGET_PROGRAMS = 264
+_MERGE_BLOCK_R = 16
+KEY_SPLITS_ENV = "MINICPMO_DIT_KEY_SPLITS"  # "0": never split the keys
 
 
 @triton.jit
@@ -70,21 +82,38 @@ def _window_keys(qkv_ptr, row0, offs, n_frames, k_w, k_b, dims, eps, qkv_stride,
 
 
 @triton.jit
+def _cache_keys(cache_head, order_row, valid_row, offs_c, n_frames, n_cached, s_cache_l, dims,
+                dtype, INDEXED: tl.constexpr, HEAD_DIM: tl.constexpr):
+    """Cached keys and values [len(offs_c), HEAD_DIM] at cache positions `offs_c` (in cache
+    order) and which of them are real keys."""
+    in_cache = offs_c < n_cached
+    if INDEXED:  # the cache's frames in order, wherever they sit in the pooled row
+        pos = tl.load(order_row + offs_c, mask=in_cache, other=0).to(tl.int64)
+    else:
+        pos = offs_c
+    src = cache_head + pos[:, None] * s_cache_l + dims[None, :]
+    k = tl.load(src, mask=in_cache[:, None], other=0.0).to(dtype)
+    v = tl.load(src + HEAD_DIM, mask=in_cache[:, None], other=0.0).to(dtype)
+    ok = in_cache & (tl.load(valid_row + n_frames + offs_c, mask=in_cache, other=0) != 0)
+    return k, v, ok
+
+
+@triton.jit
 def _attention_kernel(
     qkv_ptr,  # [R T, 3 H D] q | k | v projection rows, frame-major per row
     q_w, q_b, k_w, k_b,  # [D] q and k LayerNorm affine
     cache_ptr,  # [R, H, L, 2 D] cached keys | values (INDEXED: [pool rows, H, slots, 2 D])
     rows_ptr, order_ptr,  # INDEXED: [R] pool row of each row, [R, L] its cache's slot positions
     valid_ptr,  # [R, T + L] uint8: 1 where a key of [window | cache] is real
-    out_ptr,  # [R T, H D]
+    out_ptr,  # [R T, H D]; SPLITS > 1: [SPLITS, R T, H, D + 2] float32 partials (acc | max | sum)
     kv_ptr,  # [R, H, T, 2 D] this window's keys | values (written)
-    n_frames, n_cached, eps, sm_scale,
+    n_frames, n_cached, total_rows, tiles_per_split, eps, sm_scale,
     s_cache_r, s_cache_h, s_cache_l, s_valid_r, s_kv_r, s_kv_h, s_kv_t, s_order_r,
     INDEXED: tl.constexpr, HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr, IEEE: tl.constexpr, DOT_F32: tl.constexpr,
+    BLOCK_N: tl.constexpr, SPLITS: tl.constexpr, IEEE: tl.constexpr, DOT_F32: tl.constexpr,
 ):
     INNER: tl.constexpr = HEADS * HEAD_DIM
-    rh = tl.program_id(1).to(tl.int64)
+    rh, split = tl.program_id(1).to(tl.int64), tl.program_id(2)
     r, h = rh // HEADS, rh % HEADS
     row0, qkv_stride, head_col = r * n_frames, 3 * INNER, h * HEAD_DIM
     dims = tl.arange(0, HEAD_DIM)
@@ -92,19 +121,21 @@ def _attention_kernel(
     q = tl.load(qkv_ptr + (row0 + offs_m)[:, None] * qkv_stride + head_col + dims[None, :],
                 mask=(offs_m < n_frames)[:, None], other=0.0)
     q = _head_norm(q.to(tl.float32), q_w, q_b, dims, eps, HEAD_DIM).to(q.dtype)
-    # distinct names per loop: compiled Triton carries a reused name through a loop, and the
-    # block shapes differ
-    k_own, v_own, own = _window_keys(qkv_ptr, row0, offs_m, n_frames, k_w, k_b, dims, eps,
-                                     qkv_stride, head_col, INNER, HEAD_DIM)
-    dst = kv_ptr + r * s_kv_r + h * s_kv_h + offs_m[:, None] * s_kv_t + dims[None, :]
-    tl.store(dst, k_own.to(kv_ptr.dtype.element_ty), mask=own[:, None])
-    tl.store(dst + HEAD_DIM, v_own.to(kv_ptr.dtype.element_ty), mask=own[:, None])
-    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
-    l_i = tl.zeros([BLOCK_M], tl.float32)
+    if split == 0:  # this window's cache entries, once
+        k_own, v_own, own = _window_keys(qkv_ptr, row0, offs_m, n_frames, k_w, k_b, dims, eps,
+                                         qkv_stride, head_col, INNER, HEAD_DIM)
+        dst = kv_ptr + r * s_kv_r + h * s_kv_h + offs_m[:, None] * s_kv_t + dims[None, :]
+        tl.store(dst, k_own.to(kv_ptr.dtype.element_ty), mask=own[:, None])
+        tl.store(dst + HEAD_DIM, v_own.to(kv_ptr.dtype.element_ty), mask=own[:, None])
+    m_i, l_i = tl.full([BLOCK_M], float("-inf"), tl.float32), tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
     valid_row = valid_ptr + r * s_valid_r
-    for start in range(0, n_frames, BLOCK_N):
-        offs_n = start + tl.arange(0, BLOCK_N)
+    # key tiles [window | cache]; this program takes tiles [first, last)
+    window_tiles = tl.cdiv(n_frames, BLOCK_N)
+    first = split * tiles_per_split
+    last = tl.minimum(first + tiles_per_split, window_tiles + tl.cdiv(n_cached, BLOCK_N))
+    for tile in range(first, tl.minimum(last, window_tiles)):
+        offs_n = tile * BLOCK_N + tl.arange(0, BLOCK_N)
         k_new, v_new, in_window = _window_keys(qkv_ptr, row0, offs_n, n_frames, k_w, k_b, dims,
                                                eps, qkv_stride, head_col, INNER, HEAD_DIM)
         use = in_window & (tl.load(valid_row + offs_n, mask=in_window, other=0) != 0)
@@ -114,27 +145,70 @@ def _attention_kernel(
     if INDEXED:
         cache_row = tl.load(rows_ptr + r).to(tl.int64)
     cache_head = cache_ptr + cache_row * s_cache_r + h * s_cache_h
-    for start_c in range(0, n_cached, BLOCK_N):
-        offs_c = start_c + tl.arange(0, BLOCK_N)
-        in_cache = offs_c < n_cached
-        if INDEXED:  # the cache's frames in order, wherever they sit in the pooled row
-            pos = tl.load(order_ptr + r * s_order_r + offs_c, mask=in_cache, other=0).to(tl.int64)
-        else:
-            pos = offs_c
-        src = cache_head + pos[:, None] * s_cache_l + dims[None, :]
-        k_old = tl.load(src, mask=in_cache[:, None], other=0.0).to(q.dtype)
-        v_old = tl.load(src + HEAD_DIM, mask=in_cache[:, None], other=0.0).to(q.dtype)
-        cached_ok = in_cache & (tl.load(valid_row + n_frames + offs_c, mask=in_cache, other=0) != 0)
+    for tile_c in range(tl.maximum(first, window_tiles), last):
+        offs_c = (tile_c - window_tiles) * BLOCK_N + tl.arange(0, BLOCK_N)
+        k_old, v_old, cached_ok = _cache_keys(cache_head, order_ptr + r * s_order_r, valid_row,
+                                              offs_c, n_frames, n_cached, s_cache_l, dims, q.dtype,
+                                              INDEXED, HEAD_DIM)  # fmt: skip
         m_i, l_i, acc = _softmax_step(q, k_old, v_old, cached_ok, m_i, l_i, acc, sm_scale, IEEE,
                                       DOT_F32)
-    out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
-    tl.store(out_ptr + (row0 + offs_m)[:, None] * INNER + head_col + dims[None, :],
-             out.to(out_ptr.dtype.element_ty), mask=(offs_m < n_frames)[:, None])
+    if SPLITS == 1:
+        out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
+        tl.store(out_ptr + (row0 + offs_m)[:, None] * INNER + head_col + dims[None, :],
+                 out.to(out_ptr.dtype.element_ty), mask=(offs_m < n_frames)[:, None])
+    else:
+        _store_partial(out_ptr, acc, m_i, l_i, (split * total_rows + row0 + offs_m) * HEADS + h,
+                       offs_m < n_frames, dims, HEAD_DIM)
+
+
+@triton.jit
+def _store_partial(part_ptr, acc, m_i, l_i, entry, ok, dims, HEAD_DIM: tl.constexpr):
+    """A split's online-softmax state at partial entries `entry` (acc | max | sum), for
+    _merge_kernel."""
+    base = entry * (HEAD_DIM + 2)
+    tl.store(part_ptr + base[:, None] + dims[None, :], acc, mask=ok[:, None])
+    tl.store(part_ptr + base + HEAD_DIM, m_i, mask=ok)
+    tl.store(part_ptr + base + HEAD_DIM + 1, l_i, mask=ok)
+
+
+@triton.jit
+def _merge_kernel(part_ptr, out_ptr, total_rows, SPLITS: tl.constexpr, HEADS: tl.constexpr,
+                  HEAD_DIM: tl.constexpr, BLOCK_R: tl.constexpr):
+    """out [R T, H D] from the splits' partials [SPLITS, R T, H, D + 2] (acc | max | sum): each
+    split's sum and output rescaled to the common max. A query no split saw a key for gets 0."""
+    h = tl.program_id(1)
+    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    ok = rows < total_rows
+    dims = tl.arange(0, HEAD_DIM)
+    m = tl.full([BLOCK_R], float("-inf"), tl.float32)
+    for s in tl.static_range(SPLITS):
+        base = ((s * total_rows + rows) * HEADS + h) * (HEAD_DIM + 2)
+        m = tl.maximum(m, tl.load(part_ptr + base + HEAD_DIM, mask=ok, other=float("-inf")))
+    m_safe = tl.where(m == float("-inf"), 0.0, m)
+    l_sum = tl.zeros([BLOCK_R], tl.float32)
+    acc = tl.zeros([BLOCK_R, HEAD_DIM], tl.float32)
+    for s in tl.static_range(SPLITS):
+        base = ((s * total_rows + rows) * HEADS + h) * (HEAD_DIM + 2)
+        weight = tl.exp(tl.load(part_ptr + base + HEAD_DIM, mask=ok, other=float("-inf")) - m_safe)
+        l_sum += weight * tl.load(part_ptr + base + HEAD_DIM + 1, mask=ok, other=0.0)
+        acc += weight[:, None] * tl.load(part_ptr + base[:, None] + dims[None, :], mask=ok[:, None],
+                                         other=0.0)
+    out = acc / tl.where(l_sum == 0.0, 1.0, l_sum)[:, None]
+    tl.store(out_ptr + (rows[:, None] * HEADS + h) * HEAD_DIM + dims[None, :],
+             out.to(out_ptr.dtype.element_ty), mask=ok[:, None])
 
 
 def _block_m(programs: int, n_frames: int) -> int:
     """Small query blocks while there are few (row, head) programs: more of the GPU busy."""
     return 16 if programs < 512 or n_frames <= 16 else 32
+
+
+def key_splits(programs: int, key_tiles: int) -> int:
+    """Key splits for `programs` programs over `key_tiles` tiles: 1 once the GPU is busy."""
+    if programs >= _TARGET_PROGRAMS or key_tiles <= 1 or os.environ.get(KEY_SPLITS_ENV, "1") == "0":
+        return 1
+    per_split = triton.cdiv(key_tiles, min(key_tiles, triton.cdiv(_TARGET_PROGRAMS, programs)))
+    return triton.cdiv(key_tiles, per_split)  # no split left without a tile
 
 
 def _cache_index(cache: torch.Tensor, index: tuple[torch.Tensor, torch.Tensor] | None,
@@ -157,6 +231,7 @@ def masked_attention(
     key_valid: torch.Tensor,  # [R, T + L] bool over [window | cache]
     new_kv: torch.Tensor,  # [R, H, T, 2 D] written: this window's keys | values
     index: tuple[torch.Tensor, torch.Tensor] | None = None,  # pooled cache: rows [R], order [R, L]
+    splits: int | None = None,  # key splits (None: `key_splits`); tests pick them
 ) -> torch.Tensor:
     """-> attention output [R T, H D] (SDPA's default scale 1 / sqrt(D)). With `index`,
     `cache` is a pool [rows, H, slots, 2 D] and row r's cache is its pool row rows[r] read at
@@ -171,14 +246,23 @@ def masked_attention(
     block_m = _block_m(rows_b * heads, n_frames)
     if q_norm.eps != k_norm.eps:
         raise ValueError(f"q and k norms differ in eps: {q_norm.eps} vs {k_norm.eps}")
-    grid = (triton.cdiv(n_frames, block_m), rows_b * heads)
     rows, order, n_cached = _cache_index(cache, index, rows_b)
-    _attention_kernel[grid](
+    q_blocks = triton.cdiv(n_frames, block_m)
+    key_tiles = triton.cdiv(n_frames, _BLOCK_N) + triton.cdiv(n_cached, _BLOCK_N)
+    splits = key_splits(q_blocks * rows_b * heads, key_tiles) if splits is None else splits
+    total_rows = rows_b * n_frames
+    target = out if splits == 1 else torch.empty(splits, total_rows, heads, head_dim + 2,
+                                                 dtype=torch.float32, device=qkv.device)
+    _attention_kernel[(q_blocks, rows_b * heads, splits)](
         qkv, q_norm.weight, q_norm.bias, k_norm.weight, k_norm.bias, cache, rows, order,
-        key_valid.view(torch.uint8), out, new_kv, n_frames, n_cached, q_norm.eps,
-        1.0 / math.sqrt(head_dim), *cache.stride()[:3], key_valid.stride(0),
-        *new_kv.stride()[:3], order.stride(0), INDEXED=index is not None, HEADS=heads,
-        HEAD_DIM=head_dim, BLOCK_M=block_m,
-        BLOCK_N=_BLOCK_N, IEEE=qkv.dtype == torch.float32, DOT_F32=not qkv.is_cuda, num_warps=4,
+        key_valid.view(torch.uint8), target, new_kv, n_frames, n_cached, total_rows,
+        triton.cdiv(key_tiles, splits), q_norm.eps, 1.0 / math.sqrt(head_dim), *cache.stride()[:3],
+        key_valid.stride(0), *new_kv.stride()[:3], order.stride(0), INDEXED=index is not None,
+        HEADS=heads, HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=_BLOCK_N, SPLITS=splits,
+        IEEE=qkv.dtype == torch.float32, DOT_F32=not qkv.is_cuda, num_warps=4,
     )  # fmt: skip
+    if splits > 1:
+        _merge_kernel[(triton.cdiv(total_rows, _MERGE_BLOCK_R), heads)](
+            target, out, total_rows, SPLITS=splits, HEADS=heads, HEAD_DIM=head_dim,
+            BLOCK_R=_MERGE_BLOCK_R, num_warps=4)
     return out

@@ -20,7 +20,7 @@ pytest.importorskip("triton")
 from backends.models.token2wav import Token2WavConfig  # noqa: E402
 from backends.models.token2wav.assets import random_token2wav  # noqa: E402
 from backends.models.token2wav.dit import _last_two  # noqa: E402
-from backends.models.token2wav.dit_attention_kernel import masked_attention  # noqa: E402
+from backends.models.token2wav.dit_attention_kernel import key_splits, masked_attention  # noqa: E402
 from backends.models.token2wav.dit_fused import packed_qkv  # noqa: E402
 from backends.models.token2wav.dit_norm_kernels import (  # noqa: E402
     norm_mish_taps,
@@ -96,8 +96,10 @@ def test_conv_taps_and_next_caches(dtype: torch.dtype) -> None:
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("cached", [0, 70])
-def test_masked_attention(dtype: torch.dtype, cached: int) -> None:
+@pytest.mark.parametrize(("cached", "splits"), [(0, None), (70, None), (70, 1), (70, 2), (70, 3), (70, 5)])
+def test_masked_attention(dtype: torch.dtype, cached: int, splits: int | None) -> None:
+    """Window tile + 2 cache tiles: split 1 (one pass), 2 (window + a cache tile | the other), 3
+    (a tile each), 5 (two splits without keys)."""
     gen = torch.Generator().manual_seed(2)
     rows, heads, dim, frames = 2, 2, 16, 21  # 21 frames: two query blocks
     qkv = _randn(gen, rows * frames, 3 * heads * dim, dtype=dtype)
@@ -110,7 +112,7 @@ def test_masked_attention(dtype: torch.dtype, cached: int) -> None:
     valid[1, 13:frames] = False  # row 1: a 13-frame window padded to 21
     valid[:, 0] = True
     new_kv = torch.empty(rows, heads, frames, 2 * dim, dtype=dtype)
-    out = masked_attention(qkv, norms[0], norms[1], cache, valid, new_kv)
+    out = masked_attention(qkv, norms[0], norms[1], cache, valid, new_kv, splits=splits)
     with torch.no_grad():
         q, k, v = (part.transpose(1, 2) for part in qkv.view(rows, frames, 3, heads, dim).unbind(2))
         expected_kv = torch.cat([norms[1](k), v], dim=-1)
@@ -119,6 +121,14 @@ def test_masked_attention(dtype: torch.dtype, cached: int) -> None:
                                                   attn_mask=valid[:, None, None, :])
     _close(new_kv, expected_kv, dtype)
     _close(out.view(rows, frames, heads, dim), expected.transpose(1, 2), dtype)
+
+
+def test_key_splits_fill_the_gpu_only_while_programs_are_few(monkeypatch) -> None:
+    assert key_splits(64, 8) == 4  # a window of one stream: 4 splits of 2 tiles
+    assert key_splits(64, 7) == 4 and key_splits(64, 3) == 3 and key_splits(64, 1) == 1
+    assert key_splits(128, 8) == 3 and key_splits(264, 8) == 1 and key_splits(1024, 8) == 1
+    monkeypatch.setenv("MINICPMO_DIT_KEY_SPLITS", "0")
+    assert key_splits(64, 8) == 1
 
 
 def _dit_inputs(dit, gen: torch.Generator, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
