@@ -19,7 +19,7 @@ pytest.importorskip("triton")
 
 from backends.models.token2wav import Token2WavConfig  # noqa: E402
 from backends.models.token2wav.assets import random_token2wav  # noqa: E402
-from backends.models.token2wav.dit import _last_two  # noqa: E402
+from backends.models.token2wav.dit import _last_two, gather_cache  # noqa: E402
 from backends.models.token2wav.dit_attention_kernel import key_splits, masked_attention  # noqa: E402
 from backends.models.token2wav.dit_fused import packed_qkv  # noqa: E402
 from backends.models.token2wav.dit_norm_kernels import (  # noqa: E402
@@ -129,6 +129,36 @@ def test_key_splits_fill_the_gpu_only_while_programs_are_few(monkeypatch) -> Non
     assert key_splits(128, 8) == 3 and key_splits(264, 8) == 1 and key_splits(1024, 8) == 1
     monkeypatch.setenv("MINICPMO_DIT_KEY_SPLITS", "0")
     assert key_splits(64, 8) == 1
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_split_keys_equal_one_pass_at_the_served_shape_on_cuda() -> None:
+    """One stream's window in bfloat16 (2 CFG rows, 8 heads of 64, 56 frames, 300 cached
+    frames read through the pool): the split path against one pass and against SDPA."""
+    gen = torch.Generator().manual_seed(3)
+    rows, heads, dim, frames, cached = 2, 8, 64, 56, 300
+    dtype, device = torch.bfloat16, "cuda"
+    qkv = _randn(gen, rows * frames, 3 * heads * dim, dtype=dtype).to(device)
+    norms = [torch.nn.LayerNorm(dim, eps=1e-6).to(device, dtype) for _ in range(2)]
+    pool = _randn(gen, 4, heads, cached + 1, 2 * dim, dtype=dtype).to(device)
+    pool_rows = torch.tensor([2, 1], device=device)
+    order = torch.stack([torch.randperm(cached, generator=gen) for _ in range(rows)]).to(device)
+    valid = (torch.rand(rows, frames + cached, generator=gen) > 0.2).to(device)
+    outputs, kvs = [], []
+    for splits in (None, 1):
+        kvs.append(torch.empty(rows, heads, frames, 2 * dim, dtype=dtype, device=device))
+        outputs.append(masked_attention(qkv, norms[0], norms[1], pool, valid, kvs[-1], (pool_rows, order),
+                                        splits=splits))
+    assert key_splits(-(-frames // 16) * rows * heads, 1 + -(-cached // 64)) > 1  # the split path ran
+    assert torch.equal(kvs[0], kvs[1])
+    torch.testing.assert_close(outputs[0].float(), outputs[1].float(), atol=2e-2, rtol=0)
+    with torch.no_grad():
+        q = qkv.view(rows, frames, 3, heads, dim)[:, :, 0].transpose(1, 2)
+        keys, values = torch.cat([kvs[1], gather_cache(pool, pool_rows, order)], 2).chunk(2, -1)
+        expected = F.scaled_dot_product_attention(norms[0](q), keys, values, attn_mask=valid[:, None, None, :])
+    torch.testing.assert_close(outputs[0].view(rows, frames, heads, dim).float(),
+                               expected.transpose(1, 2).float(), atol=3e-2, rtol=0)
 
 
 def _dit_inputs(dit, gen: torch.Generator, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
