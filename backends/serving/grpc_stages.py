@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from backends.duplex.stage_clients import CODE2WAV, TALKER, THINKER
-from backends.serving.stage_channel import StageChannel
+from backends.serving.stage_channel import DEFAULT_CLOSE_WAIT_S, StageChannel
 from backends.stages.contracts import (
     Code2WavAudio, Code2WavRequest, TalkerCodes, TalkerRequest, ThinkerRequest, ThinkerUnitResult, stop_request,
 )
@@ -43,6 +43,8 @@ DEFAULT_MAX_IDLE = 16  # idle channels kept per stage; more are closed when thei
 # An idle stream is closed after this long: above a session's ~1 s between calls to one stage,
 # so a lone session keeps reusing its streams, short enough for a prompt shutdown.
 DEFAULT_STREAM_IDLE_S = 2.0
+# At close, a draining stream waits this long for its FINAL (each in turn) before it is cancelled.
+SHUTDOWN_CLOSE_WAIT_S = 1.0
 
 
 def stage_url(params: dict[str, str]) -> str:
@@ -135,7 +137,7 @@ class GrpcStageClients:
             self._closed = True
             idle, self._idle = self._idle, {}
         for channel in (c for channels in idle.values() for c in channels):
-            self._close(channel)
+            self._close(channel, SHUTDOWN_CLOSE_WAIT_S)
 
     def _results(self, model: str, request: Any, result_cls: type | None) -> Iterator[Any]:
         channel = self._checkout(model)
@@ -168,7 +170,7 @@ class GrpcStageClients:
                 return
         self._close(channel)
 
-    def _close(self, channel: StageChannel) -> None:
-        channel.close()
+    def _close(self, channel: StageChannel, wait_s: float = DEFAULT_CLOSE_WAIT_S) -> None:
+        channel.close(wait_s)
         with self._lock:
             self._open -= 1

@@ -62,8 +62,8 @@ class FakeChannel:
         self.draining = self.draining and not self.late_final  # the late FINAL arrived
         return self.usable and not self.draining
 
-    def close(self):
-        self.closed = True
+    def close(self, wait_s=5.0):
+        self.closed, self.close_wait_s = True, wait_s
 
 
 @pytest.fixture
@@ -149,6 +149,7 @@ def test_concurrent_calls_get_channels_of_their_own_and_close_shuts_the_idle_one
     assert len(FakeChannel.made) == 2 and clients.open_channels() == 2
     clients.close()
     assert all(stream.closed for stream in FakeChannel.made) and clients.open_channels() == 0
+    assert {stream.close_wait_s for stream in FakeChannel.made} == {1.0}, "close waited the long bound"
 
 
 def test_idle_streams_are_closed_and_their_channels_stay_pooled(clients):
