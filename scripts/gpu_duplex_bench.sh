@@ -132,10 +132,20 @@ one_server_bench() {  # everything on one GPU (profile gpu) or split over two (p
   # into $OUT/stacks; `perf/stack_report.py $OUT/stacks` reads them.
   start_server main "$BASE" ${STACK_SAMPLES:+DUPLEX_STACK_SAMPLES_DIR=$OUT/stacks}
   touch /tmp/server_ready_marker
-  bench "$1" "$2" "127.0.0.1:$((BASE + 1))" "http://127.0.0.1:$((BASE + 2))/metrics"
-  # every variant should compile at load (backends/stages/warmup.py), none inside a reply
-  { echo "Triton kernels compiled while serving (count, kernel):"; compiled_since /tmp/server_ready_marker; } \
-    | tee "$OUT/compiled_while_serving.txt"
+  local metrics="http://127.0.0.1:$((BASE + 2))/metrics" at_ready
+  at_ready=$(graph_gauges "$metrics")
+  bench "$1" "$2" "127.0.0.1:$((BASE + 1))" "$metrics"
+  # every variant should compile at load (backends/stages/warmup.py), none inside a reply; and
+  # every Code2Wav graph be captured at load: a capture or an eager call in a reply is a stall
+  { echo "Triton kernels compiled while serving (count, kernel):"; compiled_since /tmp/server_ready_marker || true
+    echo "Code2Wav CUDA graphs and eager CUDA calls, when ready:"; echo "$at_ready"
+    echo "after the benchmark:"; graph_gauges "$metrics"; } | tee "$OUT/compiled_while_serving.txt"
+}
+
+graph_gauges() {  # graph_gauges METRICS_URL: code2wav's graph gauges (backends/models/token2wav/graphs.py)
+  "$PYTHON" -c 'import sys, urllib.request
+for line in urllib.request.urlopen(sys.argv[1], timeout=10).read().decode().splitlines():
+    if line.startswith(("minicpmo_cuda_graphs", "minicpmo_graph_eager_calls")): print(line)' "$1" || true
 }
 
 compiled_since() {  # compiled_since MARKER: the Triton kernel variants compiled after MARKER's mtime

@@ -176,7 +176,7 @@ class Code2WavEngine:
         """What the engine holds (leak checks; published as gauges by the serving layer)."""
         return {"codec_states": len(self._states), "codec_sequences": len(self._sequences),
                 "codec_pending": self.num_pending(), "voice_cache": len(self.voices),
-                "voice_users": self.voices.num_users()}
+                "voice_users": self.voices.num_users(), **self.token2wav.graph_counts()}
 
     def release(self, request_id: str) -> None:
         """Drop the request's state and pending windows (idempotent)."""

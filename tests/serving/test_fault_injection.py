@@ -38,6 +38,9 @@ class _Vocoder:
     def decode(self, windows: list) -> list[np.ndarray]:
         return [np.ones(SAMPLES_PER_WINDOW, np.float32) for _ in windows]
 
+    def graph_counts(self) -> dict[str, int]:
+        return {"cuda_graphs": 0, "graph_eager_calls": 0}
+
 
 def _window(request_id: str, chunk_seq: int = 0) -> Code2WavRequest:
     return Code2WavRequest(request_id, 0, chunk_seq, np.arange(28, dtype=np.int32), 3, False)
@@ -78,7 +81,8 @@ def test_a_faulty_window_fails_its_request_only_and_frees_its_state():
     assert results[bad].error.startswith(f"{ERROR_INTERNAL}: InjectedFault")
     assert results["good.e0"].error is None and results["good.e0"].audio.size == SAMPLES_PER_WINDOW
     assert engine.resource_counts() == {"codec_states": 1, "codec_sequences": 1, "codec_pending": 0,
-                                        "voice_cache": 0, "voice_users": 0}
+                                        "voice_cache": 0, "voice_users": 0, "cuda_graphs": 0,
+                                        "graph_eager_calls": 0}  # fmt: skip
 
 
 def test_service_answers_an_internal_fault_as_internal_and_ends_the_other_windows():

@@ -71,6 +71,7 @@ class GraphRunner:
         self.fn = fn
         self.max_graphs = max_graphs
         self._graphs: dict[tuple, _Graph] = {}
+        self.eager_calls = 0  # CUDA calls that ran without a graph (budget spent, capture failed)
         # One memory pool for all of this runner's graphs: they replay one at a time and their
         # callers copy what they keep before the next call (as with one graph replayed twice).
         # A pool per graph held every batch x length bucket's activations at once, and under
@@ -87,6 +88,7 @@ class GraphRunner:
         entry = self._graphs.get(key)
         if entry is None:
             if len(self._graphs) >= self.max_graphs:
+                self.eager_calls += 1
                 return self.fn(*inputs)  # beyond the budget: eager, same result
             try:
                 entry = self._graphs[key] = self._capture(inputs)
@@ -94,6 +96,7 @@ class GraphRunner:
                 log.warning("CUDA graph capture for %s failed (%s); eager from now on", key, exc)
                 self.max_graphs = len(self._graphs)
                 torch.cuda.synchronize()
+                self.eager_calls += 1
                 return self.fn(*inputs)
         for static, value in zip(entry.inputs, inputs):
             static.copy_(value)

@@ -31,6 +31,7 @@ from backends.models.token2wav.flow import CausalMaskedDiffWithXvec, FlowCache
 from backends.models.token2wav.graphs import (
     DEFAULT_MAX_GRAPHS,
     EncoderGraphs,
+    GraphRunner,
     HiFTGraphs,
     PooledSolverGraphs,
     SolverGraphs,
@@ -121,6 +122,16 @@ class Token2Wav(nn.Module):
         The stream takes no more windows."""
         if stream.cache_slot is not None and self._pool is not None:
             self._pool.release(stream.cache_slot)
+
+    def graph_counts(self) -> dict[str, int]:
+        """CUDA graphs captured so far and calls that ran eagerly on CUDA for want of one (the
+        graph budget spent or a capture failed): a capture or an eager call while serving is a
+        latency spike, so the serving layer publishes both."""
+        runners = [getattr(r, "runner", None) for r in (self.flow.encoder.runner, self.flow.decoder.solver,
+                                                         self._pool and self._pool.solver, self._hift_graphs)]
+        runners = [r for r in runners if isinstance(r, GraphRunner)]
+        return {"cuda_graphs": sum(r.num_graphs() for r in runners),
+                "graph_eager_calls": sum(r.eager_calls for r in runners)}
 
     def set_fused_kernels(self, enabled: bool | None = None) -> None:
         """The fused Triton kernels of the DiT (`dit_fused`) and the HiFT (`snake_kernel`):

@@ -96,6 +96,30 @@ def test_enabling_graphs_on_cpu_changes_nothing(voice: Voice) -> None:
         np.testing.assert_allclose(a, b, atol=PAD_ATOL, rtol=0)
 
 
+def test_graph_counts_cover_every_graphed_part() -> None:
+    """The served gauges: graphs and eager CUDA calls of the encoder, the solve (dense and
+    pooled) and the HiFT; nothing before graphs are enabled, nothing captured on CPU."""
+    model = random_token2wav(Token2WavConfig.tiny(), seed=0)
+    model.enable_cache_pool(max_streams=2)
+    assert model.graph_counts() == {"cuda_graphs": 0, "graph_eager_calls": 0}
+    model.enable_cuda_graphs()
+    runners = [model.flow.encoder.runner.runner, model.flow.decoder.solver.runner,
+               model.cache_pool.solver.runner, model._hift_graphs.runner]
+    for weight, runner in enumerate(runners):
+        runner.eager_calls = 10**weight
+    assert model.graph_counts() == {"cuda_graphs": 0, "graph_eager_calls": 1111}
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_a_runner_past_its_graph_budget_counts_eager_calls_on_cuda() -> None:
+    runner = GraphRunner(lambda x: (x * 2,), max_graphs=1)
+    for size in (4, 4, 8, 8):
+        (out,) = runner(torch.ones(size, device="cuda"))
+        assert torch.equal(out, torch.full((size,), 2.0, device="cuda"))
+    assert runner.num_graphs() == 1 and runner.eager_calls == 2
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_graphed_decoding_equals_eager_on_cuda() -> None:
