@@ -151,4 +151,5 @@ def build_code2wav_engine(params: dict[str, str], device_id: str = "0") -> Code2
         from backends.stages.warmup import warm_up_code2wav
 
         warm_up_code2wav(service, setup.max_sessions, max_batch, pool_streams)
+        token2wav.seal_hift_graphs()
     return service

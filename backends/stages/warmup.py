@@ -39,10 +39,10 @@ WARMUP_PROMPT = "Warm-up: say a few words about the weather."
 # resource counts that must be back to zero after a warm-up (each engine has some of them)
 HELD_COUNTS = ("requests", "runner_requests", "codec_states", "codec_sequences", "codec_pending")
 CODE2WAV_WINDOWS = 5  # first, second (cache growing), two steady (cache cut) and a final window
-# New codes in a warm-up stream's final window: a partial window, and the look-ahead flush alone
-# (a turn that ends on a window boundary, as every 25-frame Talker chunk does): its frame bucket
-# is another graph shape, which was otherwise captured mid-run on its first use.
-CODE2WAV_FINAL_FRAMES = (10, 0)
+# New codes in a warm-up stream's final window: 24, the frame bucket (56) that no other window
+# has; final windows of 0-22 new codes share the steady windows' graphs
+# (backends/models/token2wav/graphs.py FRAME_BUCKETS).
+CODE2WAV_FINAL_FRAMES = (24,)
 
 CODE2WAV_CODEBOOK = 6561  # speech codes (the vocoder's vocabulary; the Talker adds EOS ids)
 RequestMaker = Callable[[str, int], Any]  # (request id, append index) -> a stage request

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 
+from backends.models.token2wav.graphs import frame_bucket
 from backends.stages.factory import (
     WARMUP_TEXT_TOKEN, build_code2wav_engine, build_talker_engine, build_thinker_engine,
 )
@@ -83,10 +84,16 @@ def test_code2wav_warm_up_runs_each_bucket_through_a_whole_stream() -> None:
     assert token2wav.cache_pool.num_free() == 2 * 4  # two slots per session
 
 
-def test_code2wav_warm_up_ends_streams_both_ways() -> None:
-    """The served warm-up (`warm_up_code2wav`) runs every bucket's streams twice: ending on a
-    10-code final window, then on the 3 look-ahead codes alone (a turn that ends on a window
-    boundary), each stream's windows in order and nothing held after either pass."""
+def test_code2wav_warm_up_covers_every_final_window_bucket() -> None:
+    """Every final window (3 context + 0-24 new codes: 6-54 mel frames) lands in a frame bucket
+    the warm-up captures: the 50 of every full window, or the 56 of its 24-code final window."""
+    warmed = {frame_bucket(50)} | {frame_bucket(2 * (3 + new)) for new in CODE2WAV_FINAL_FRAMES}
+    assert {frame_bucket(2 * (3 + new)) for new in range(25)} <= warmed
+
+
+def test_code2wav_warm_up_ends_its_streams_on_a_final_window() -> None:
+    """The served warm-up (`warm_up_code2wav`) runs every bucket's streams, ending on a
+    24-code final window, each stream's windows in order and nothing held after it."""
     service = build_code2wav_engine({**TINY, "max_batch": "4"})
     token2wav = service.engine.token2wav
     token2wav.enable_cuda_graphs()
@@ -99,10 +106,10 @@ def test_code2wav_warm_up_ends_streams_both_ways() -> None:
         return decode(windows, *args, **kwargs)
 
     token2wav.decode = record
-    assert CODE2WAV_FINAL_FRAMES == (10, 0)
+    assert CODE2WAV_FINAL_FRAMES == (24,)
     warm_up_code2wav(service, max_sessions=4, max_batch=4, pool_streams=8)
     sizes = code2wav_warmup_sizes(4, 8)
-    assert finals == [(3 + 10,)] * len(sizes) + [(3,)] * len(sizes)
+    assert finals == [(3 + 24,)] * len(sizes)
     counts = service.resource_counts()
     assert counts["codec_states"] == counts["codec_sequences"] == counts["codec_pending"] == 0, counts
     assert token2wav.cache_pool.num_free() == 8

@@ -50,7 +50,11 @@ from backends.models.token2wav.encoder_packing import (
 from backends.models.token2wav.hift import HiFTGenerator
 from backends.runner.host_staging import to_device
 
-FRAME_BUCKETS = (8, 16, 24, 32, 40, 50, 56)  # 50: steady windows; 56: a 28-code final window
+# Mel frames: 50 for every first, growing and steady window, 6-54 for a turn's final window (3
+# context + 0-24 new codes). A solve is bound by its kernel count, not its frames, so a final
+# window pads to 50 and replays a steady window's graph (captured at load) instead of capturing
+# one of its own mid-reply; 56 holds the 23-24-code final windows.
+FRAME_BUCKETS = (50, 56)
 log = logging.getLogger(__name__)
 CACHE_STEP = 50  # one window's mel frames: first, second and steady windows hit exact sizes
 DEFAULT_MAX_GRAPHS = 48
@@ -71,7 +75,8 @@ class GraphRunner:
         self.fn = fn
         self.max_graphs = max_graphs
         self._graphs: dict[tuple, _Graph] = {}
-        self.eager_calls = 0  # CUDA calls that ran without a graph (budget spent, capture failed)
+        self.eager_calls = 0  # CUDA calls that ran without a graph (budget spent, capture failed, sealed)
+        self.sealed = False  # no more captures: a new shape runs eagerly (see `seal`)
         # One memory pool for all of this runner's graphs: they replay one at a time and their
         # callers copy what they keep before the next call (as with one graph replayed twice).
         # A pool per graph held every batch x length bucket's activations at once, and under
@@ -81,13 +86,18 @@ class GraphRunner:
     def num_graphs(self) -> int:
         return len(self._graphs)
 
+    def seal(self) -> None:
+        """Capture nothing more: shapes seen so far replay, others run eagerly. For a part whose
+        eager run costs less than a capture's stall (two eager runs and the capture)."""
+        self.sealed = True
+
     def __call__(self, *inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
         if inputs[0].device.type != "cuda":
             return self.fn(*inputs)
         key = tuple((tuple(t.shape), t.dtype) for t in inputs)
         entry = self._graphs.get(key)
         if entry is None:
-            if len(self._graphs) >= self.max_graphs:
+            if len(self._graphs) >= self.max_graphs or self.sealed:
                 self.eager_calls += 1
                 return self.fn(*inputs)  # beyond the budget: eager, same result
             try:
@@ -192,6 +202,16 @@ class HiFTGraphs:
         cache = right_pad(source_cache, dim=0)
         speech, source = self.runner(*(pad_rows(t, bucket) for t in (mel, cache, noise, lengths)))
         return speech[:rows], source[:rows]
+
+
+def graph_counts(*parts: object) -> dict[str, int]:
+    """CUDA graphs captured by the parts' GraphRunners and their calls that ran eagerly on CUDA
+    (the graph budget spent, a capture failed, or sealed): a capture or an eager call while
+    serving is a latency spike, so the serving layer publishes both. Parts without a runner
+    (plain callables, None) count nothing."""
+    runners = [r for r in (getattr(p, "runner", None) for p in parts) if isinstance(r, GraphRunner)]
+    return {"cuda_graphs": sum(r.num_graphs() for r in runners),
+            "graph_eager_calls": sum(r.eager_calls for r in runners)}
 
 
 def _round_up(length: int, step: int) -> int:

@@ -31,10 +31,10 @@ from backends.models.token2wav.flow import CausalMaskedDiffWithXvec, FlowCache
 from backends.models.token2wav.graphs import (
     DEFAULT_MAX_GRAPHS,
     EncoderGraphs,
-    GraphRunner,
     HiFTGraphs,
     PooledSolverGraphs,
     SolverGraphs,
+    graph_counts,
 )
 from backends.models.token2wav.hift import HiFTGenerator
 from backends.models.token2wav.stream import Token2WavStream, emit_rows, flush, to_host
@@ -123,15 +123,16 @@ class Token2Wav(nn.Module):
         if stream.cache_slot is not None and self._pool is not None:
             self._pool.release(stream.cache_slot)
 
+    def seal_hift_graphs(self) -> None:
+        """After the warm-up: the HiFT keeps its graphs but captures no new mel length (a final
+        window's length is one of ~25, each run eagerly in a few ms instead of a capture)."""
+        if self._hift_graphs is not None:
+            self._hift_graphs.runner.seal()
+
     def graph_counts(self) -> dict[str, int]:
-        """CUDA graphs captured so far and calls that ran eagerly on CUDA for want of one (the
-        graph budget spent or a capture failed): a capture or an eager call while serving is a
-        latency spike, so the serving layer publishes both."""
-        runners = [getattr(r, "runner", None) for r in (self.flow.encoder.runner, self.flow.decoder.solver,
-                                                         self._pool and self._pool.solver, self._hift_graphs)]
-        runners = [r for r in runners if isinstance(r, GraphRunner)]
-        return {"cuda_graphs": sum(r.num_graphs() for r in runners),
-                "graph_eager_calls": sum(r.eager_calls for r in runners)}
+        """Graphs captured and eager CUDA calls (`graphs.graph_counts`) of every graphed part."""
+        return graph_counts(self.flow.encoder.runner, self.flow.decoder.solver,
+                            self._pool and self._pool.solver, self._hift_graphs)
 
     def set_fused_kernels(self, enabled: bool | None = None) -> None:
         """The fused Triton kernels of the DiT (`dit_fused`) and the HiFT (`snake_kernel`):

@@ -29,7 +29,7 @@ GPU_ATOL = 5e-4
 
 
 def test_buckets() -> None:
-    assert [frame_bucket(n) for n in (1, 8, 9, 50, 51, 56, 70)] == [8, 8, 16, 50, 56, 56, 70]
+    assert [frame_bucket(n) for n in (1, 6, 26, 50, 52, 56, 70)] == [50, 50, 50, 50, 56, 56, 70]
     assert [cache_bucket(n) for n in (0, 1, 50, 300, 301, 400)] == [0, 50, 50, 300, 350, 400]
     with pytest.raises(ValueError, match="max_graphs"):
         GraphRunner(lambda x: (x,), -1)
@@ -112,12 +112,19 @@ def test_graph_counts_cover_every_graphed_part() -> None:
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_a_runner_past_its_graph_budget_counts_eager_calls_on_cuda() -> None:
+def test_a_runner_past_its_graph_budget_or_sealed_counts_eager_calls_on_cuda() -> None:
     runner = GraphRunner(lambda x: (x * 2,), max_graphs=1)
     for size in (4, 4, 8, 8):
         (out,) = runner(torch.ones(size, device="cuda"))
         assert torch.equal(out, torch.full((size,), 2.0, device="cuda"))
     assert runner.num_graphs() == 1 and runner.eager_calls == 2
+    sealed = GraphRunner(lambda x: (x + 1,), max_graphs=8)
+    sealed(torch.ones(4, device="cuda"))
+    sealed.seal()
+    for size in (4, 8):
+        (out,) = sealed(torch.ones(size, device="cuda"))
+        assert torch.equal(out, torch.full((size,), 2.0, device="cuda"))
+    assert sealed.num_graphs() == 1 and sealed.eager_calls == 1  # 4 replays, 8 runs eagerly
 
 
 @pytest.mark.gpu
