@@ -99,7 +99,7 @@ class GraphRunner:
         if entry is None:
             if len(self._graphs) >= self.max_graphs or self.sealed:
                 self.eager_calls += 1
-                return self.fn(*inputs)  # beyond the budget: eager, same result
+                return self.fn(*inputs)  # beyond the budget or sealed: eager, same result
             try:
                 entry = self._graphs[key] = self._capture(inputs)
             except RuntimeError as exc:  # e.g. no cuDNN workspace under the memory cap
