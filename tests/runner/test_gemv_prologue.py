@@ -20,7 +20,7 @@ import torch.nn.functional as F
 
 pytest.importorskip("triton")
 
-from test_triton_gemv import CONFIGS  # noqa: E402  (the sibling module's kernel configs)
+from test_triton_gemv import CONFIGS, assert_close_rel  # noqa: E402  (the sibling module's)
 
 from backends.runner import fused_linears, gemv_configs  # noqa: E402
 from backends.runner.triton_gemv import (  # noqa: E402
@@ -52,11 +52,6 @@ def tensors(rows: int, n: int, k: int, dtype: torch.dtype, seed: int = 0) -> dic
 def rms_normed(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     x = x.double()
     return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + EPS) * w.double()
-
-
-def assert_close_rel(got: torch.Tensor, ref: torch.Tensor, tol: float) -> None:
-    err = float((got.double() - ref).abs().max() / ref.abs().max())
-    assert err <= tol, f"max relative error {err:.2e} > {tol:.0e}"
 
 
 @pytest.mark.parametrize("cfg", CONFIGS, ids=IDS)
@@ -193,18 +188,29 @@ def test_decoder_fast_path_with_folded_prologues_keeps_hidden_states(
     kernels (the prefills, 3+ rows, stay unfused as the table leaves them), threading the
     residual stream between them; hidden states must match the unfused path's and the greedy
     tokens be the same."""
-    from backends.models.decoder_backbone import set_gemv_backend
-
-    try:
-        unfused = decode_steps(make_runner, "cublas")
-        assert kernel_calls == []
-        fused = decode_steps(make_runner, "triton")
-    finally:
-        set_gemv_backend(qwen3, "cublas")
+    fused, unfused = fused_and_unfused_steps(make_runner, qwen3, kernel_calls)
     layers = len(qwen3.model.layers)
     kinds = [p.kind for p in kernel_calls]
     assert kinds.count(SILU_MUL) == 2 * layers and kinds.count(ADD_NORM) == 2 * 2 * layers - 2
     assert kinds.count(NORM) == 2  # the first layer's input norm, once per decode step
+    assert_same_steps(fused, unfused)
+
+
+def fused_and_unfused_steps(make_runner, model, calls: list) -> tuple[list[list], list[list]]:
+    """`decode_steps` on cuBLAS (which must record no call of the folded kernel into `calls`),
+    then on the Triton GEMV; the model's backend is reset to cuBLAS either way."""
+    from backends.models.decoder_backbone import set_gemv_backend
+
+    try:
+        unfused = decode_steps(make_runner, "cublas")
+        assert calls == []
+        return decode_steps(make_runner, "triton"), unfused
+    finally:
+        set_gemv_backend(model, "cublas")
+
+
+def assert_same_steps(fused: list[list], unfused: list[list]) -> None:
+    """The same greedy tokens and hidden rows within 1e-4 relative, step by step."""
     for step_fused, step_ref in zip(fused, unfused):
         assert [r.token for r in step_fused] == [r.token for r in step_ref]
         for got, ref in zip(step_fused, step_ref):

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 
 pytest.importorskip("triton")
 
-from test_gemv_prologue import EPS, assert_close_rel, decode_steps, rms_normed  # noqa: E402
+from test_gemv_prologue import EPS, assert_close_rel, assert_same_steps, fused_and_unfused_steps, rms_normed  # noqa: E402
 
 from backends.runner import fused_linears, gemv_configs  # noqa: E402
 from backends.runner.gemv_rope import RopeEpilogue, rope_epilogue_fits  # noqa: E402
@@ -157,7 +157,7 @@ def test_decoder_fast_path_with_the_rope_epilogue_keeps_hidden_states(
     """The tiny Qwen3 without its q/k norm (a Llama layer, as the Talker's), each 2-row decode
     step's q|k|v on the one-head tile with the epilogue (forced on CPU): hidden states match
     the unfused path's and the greedy tokens are the same."""
-    from backends.models.decoder_backbone import PagedSelfAttention, set_gemv_backend
+    from backends.models.decoder_backbone import PagedSelfAttention
 
     calls: list = []
 
@@ -171,14 +171,6 @@ def test_decoder_fast_path_with_the_rope_epilogue_keeps_hidden_states(
     attn = qwen3.model.layers[0].self_attn
     n, k = attn.qkv_weights()[0].shape
     monkeypatch.setitem(gemv_configs.PROLOGUE_CONFIGS, (2, n, k, ADD_NORM), GemvConfig(HEAD_DIM, 32, 1, 4, 1, True))
-    try:
-        unfused = decode_steps(make_runner, "cublas")
-        assert calls == []
-        fused = decode_steps(make_runner, "triton")
-    finally:
-        set_gemv_backend(qwen3, "cublas")
+    fused, unfused = fused_and_unfused_steps(make_runner, qwen3, calls)
     assert sum(c is not None for c in calls) == 2 * len(qwen3.model.layers)  # q|k|v of 2 decodes
-    for step_fused, step_ref in zip(fused, unfused):
-        assert [r.token for r in step_fused] == [r.token for r in step_ref]
-        for got, ref in zip(step_fused, step_ref):
-            assert_close_rel(got.hidden, ref.hidden.double(), 1e-4)
+    assert_same_steps(fused, unfused)
