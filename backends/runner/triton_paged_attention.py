@@ -16,6 +16,7 @@ captured graph the mirrors hold upper bounds (see `cuda_graphs` and `mixed_layou
 from __future__ import annotations
 
 import math
+import os
 
 import numpy as np
 import torch
@@ -23,10 +24,21 @@ import triton
 import triton.language as tl
 
 from backends.runner.attention import AttentionMetadata
+from backends.runner.split_merge import merge_splits
 
 DECODE_ROWS = 16  # BLOCK_Q * GROUP_PAD for single-token queries (tl.dot needs >= 16 rows)
 APPEND_ROWS = 64  # rows per tile when some request has several query tokens
 TILE_N = 64  # key tokens per inner iteration
+# Decode batches of at least a fifth of a wave of (request, kv head) programs read keys in
+# tiles of WIDE_TILE_N (half the iterations per split, more bytes in flight) while their split
+# grid stays within WIDE_MAX_WAVES programs per SM. H200 sweep of attention time, 128 over 64
+# (perf/results/runner_h200.md, twelfth session): at 1-4k keys the Thinker 0.88-0.98x at
+# batch 4, 0.91x at 8, 0.95x at 16, the Talker 0.81x at 16; batches 1-2 lose 1.1-1.2x (wide
+# tiles leave splits idle), and so does the Thinker at 32 (1.1-1.17x: 128-dim heads in wide
+# tiles halve the programs an SM holds); at 256 keys batches of 4-8 lose 8-20%.
+WIDE_TILE_N = 128
+WIDE_MAX_WAVES = 3
+WIDE_TILES_ENV = "MINICPMO_ATTN_WIDE_TILES"  # "0": always TILE_N (the A/B switch)
 MAX_SPLITS = 64
 # Split target: enough programs in flight to cover HBM latency. Even one key tile per split
 # pays off here: on the H200 a Talker layer (12 heads, 256 keys) took 4.4 us as 5 one-tile
@@ -147,47 +159,11 @@ def _online_softmax_step(acc, l_i, m_i, scores, value):
     return acc, l_new, m_new
 
 
-@triton.jit(do_not_specialize=["num_splits"], do_not_specialize_on_alignment=["num_real_ptr"])
-def _merge_splits_kernel(
-    partial_out_ptr,  # [num_tokens, num_heads, num_splits, head_dim] float32
-    partial_lse_ptr,  # [num_tokens, num_heads, num_splits] float32
-    out_ptr,  # [num_tokens, num_heads, head_dim]
-    num_real_ptr,  # [1] int32 rows that belong to a request (read when ZERO_TAIL)
-    num_heads,
-    num_splits,
-    stride_o_tok,
-    stride_o_head,
-    SPLITS_PAD: tl.constexpr,
-    HEAD_DIM: tl.constexpr,
-    ZERO_TAIL: tl.constexpr,
-):
-    tok = tl.program_id(0).to(tl.int64)
-    head = tl.program_id(1)
-    offs_s = tl.arange(0, SPLITS_PAD)
-    s_ok = offs_s < num_splits
-    if ZERO_TAIL:  # a padding row of a graphed batch reads no split (none wrote it): zeros
-        s_ok = s_ok & (tok < tl.load(num_real_ptr))
-    base = (tok * num_heads + head) * num_splits
-    lse = tl.load(partial_lse_ptr + base + offs_s, mask=s_ok, other=float("-inf"))
-    m = tl.max(lse, 0)
-    weight = tl.exp2(lse - tl.where(m == float("-inf"), 0.0, m))
-    offs_d = tl.arange(0, HEAD_DIM)
-    parts = tl.load(
-        partial_out_ptr + (base + offs_s)[:, None] * HEAD_DIM + offs_d[None, :],
-        mask=s_ok[:, None],
-        other=0.0,
-    )
-    total = tl.sum(weight, 0)
-    out = tl.sum(parts * weight[:, None], 0) / tl.where(total > 0.0, total, 1.0)
-    o_offs = tok * stride_o_tok + head * stride_o_head + offs_d
-    tl.store(out_ptr + o_offs, out.to(out_ptr.dtype.element_ty))
-
-
-def num_kv_splits(num_programs: int, max_seq_len: int, num_sms: int) -> int:
+def num_kv_splits(num_programs: int, max_seq_len: int, num_sms: int, tile: int = TILE_N) -> int:
     """Splits per (query tile, kv head) so that about PROGRAMS_PER_SM programs run per SM,
     never more splits than key tiles of the longest sequence."""
     wanted = -(-PROGRAMS_PER_SM * num_sms // max(num_programs, 1))
-    return max(1, min(wanted, MAX_SPLITS, -(-max_seq_len // TILE_N)))
+    return max(1, min(wanted, MAX_SPLITS, -(-max_seq_len // tile)))
 
 
 def _num_sms(device: torch.device) -> int:
@@ -203,20 +179,24 @@ def paged_attention_triton(
     meta: AttentionMetadata,
     scale: float,
     splits: int | None = None,
+    tile: int | None = None,
 ) -> torch.Tensor:
     """query: [num_tokens, num_heads, head_dim] -> [num_tokens, num_heads, head_dim].
 
     Same contract as `paged_attention_reference`: the step's K/V are already in the cache.
     k_cache/v_cache: [num_blocks, page, num_kv_heads, head_dim], contiguous per page.
-    `splits` overrides the split heuristic (tests force the merge path with it). With
-    `meta.pad_tail` the merge always runs and writes zeros into the padding rows.
+    `splits` and `tile` override the heuristics (tests force the merge path and the key tile
+    with them). With `meta.pad_tail` the merge always runs and writes zeros into the padding
+    rows.
     """
     num_tokens, num_heads, head_dim = query.shape
     num_kv_heads, page = k_cache.shape[2], k_cache.shape[1]
     group = num_heads // num_kv_heads
     group_pad = triton.next_power_of_2(group)
-    block_q, num_q_tiles, heuristic = _launch_shape(meta, group_pad, num_kv_heads, query.device)
+    block_q, num_q_tiles, heuristic, wide = _launch_shape(meta, group_pad, num_kv_heads,
+                                                          query.device)  # fmt: skip
     splits = heuristic if splits is None else splits
+    tile = (WIDE_TILE_N if wide else TILE_N) if tile is None else tile
     is_split = splits > 1 or meta.pad_tail
     out = torch.empty(query.shape, dtype=query.dtype, device=query.device)
     partial_shape = (num_tokens, num_heads, splits) if is_split else (1, 1, 1)
@@ -230,33 +210,35 @@ def paged_attention_triton(
         query.stride(0), query.stride(1), k_cache.stride(1), k_cache.stride(2),
         meta.block_tables.stride(0), out.stride(0), out.stride(1),
         num_heads, num_q_tiles, splits,
-        GROUP=group, GROUP_PAD=group_pad, BLOCK_Q=block_q, TILE=TILE_N,
+        GROUP=group, GROUP_PAD=group_pad, BLOCK_Q=block_q, TILE=tile,
         HEAD_DIM=head_dim, PAGE=page, IS_SPLIT=is_split,
         num_warps=4, num_stages=2,
     )  # fmt: skip
     if is_split:
-        _merge_splits_kernel[(num_tokens, num_heads)](
-            partial_out, partial_lse, out, meta.query_start_loc[meta.num_reqs:],
-            num_heads, splits, out.stride(0), out.stride(1),
-            SPLITS_PAD=triton.next_power_of_2(splits), HEAD_DIM=head_dim,
-            ZERO_TAIL=meta.pad_tail, num_warps=4,
-        )  # fmt: skip
+        merge_splits(partial_out, partial_lse, out, meta.query_start_loc[meta.num_reqs :],
+                     meta.pad_tail)  # fmt: skip
     return out
 
 
 def _launch_shape(
     meta: AttentionMetadata, group_pad: int, num_kv_heads: int, device: torch.device
-) -> tuple[int, int, int]:
-    """(query rows per tile, query tiles per request, heuristic split count), all from the
-    host mirrors (upper bounds for a graphed batch) so a graph's grid never depends on
-    device values."""
+) -> tuple[int, int, int, bool]:
+    """(query rows per tile, query tiles per request, heuristic split count, wide key tiles),
+    all from the host mirrors (upper bounds for a graphed batch) so a graph's grid never
+    depends on device values."""
     max_query_len = int((meta.query_start_loc_np[1:] - meta.query_start_loc_np[:-1]).max())
     rows = DECODE_ROWS if max_query_len <= 1 else APPEND_ROWS
     block_q = max(1, rows // group_pad)
     num_q_tiles = -(-max_query_len // block_q)
     num_programs = meta.num_reqs * num_q_tiles * num_kv_heads
-    splits = num_kv_splits(num_programs, int(meta.seq_lens_np.max()), _num_sms(device))
-    return block_q, num_q_tiles, splits
+    max_seq_len, num_sms = int(meta.seq_lens_np.max()), _num_sms(device)
+    splits = num_kv_splits(num_programs, max_seq_len, num_sms)
+    wide = (rows == DECODE_ROWS and os.environ.get(WIDE_TILES_ENV, "1") != "0"
+            and 5 * num_programs >= num_sms
+            and num_programs * splits <= WIDE_MAX_WAVES * num_sms)  # fmt: skip
+    if wide:
+        splits = num_kv_splits(num_programs, max_seq_len, num_sms, WIDE_TILE_N)
+    return block_q, num_q_tiles, splits, wide
 
 
 # Splits that reach every merge variant: unsplit, then each power-of-two SPLITS_PAD up to 64.
@@ -267,10 +249,10 @@ def warm_variants(
     k_cache: torch.Tensor, v_cache: torch.Tensor, num_heads: int, blocks_per_req: int
 ) -> int:
     """Compile every variant serving can launch (decode and append row tiles x unsplit or each
-    merge width x with or without a padded graph tail) on one-request batches that read page
-    0 of the given caches and write only their own outputs; returns the launches made. An
-    eager prefill at a shape no warm-up request had compiled a variant inside a first reply
-    (~0.6 s on an H200)."""
+    merge width x with or without a padded graph tail, and the decode tile's wide key tiles)
+    on one-request batches that read page 0 of the given caches and write only their own
+    outputs; returns the launches made. An eager prefill at a shape no warm-up request had
+    compiled a variant inside a first reply (~0.6 s on an H200)."""
     device, head_dim = k_cache.device, k_cache.shape[3]
     launches = 0
     for rows in (1, 2):  # a decode tile, an append tile
@@ -278,8 +260,13 @@ def warm_variants(
         for pad_tail in (False, True):
             meta = _one_request_meta(rows, blocks_per_req, k_cache.shape[1], device, pad_tail)
             for splits in WARM_SPLITS:
-                paged_attention_triton(query, k_cache, v_cache, meta, 1.0, splits=splits)
+                paged_attention_triton(query, k_cache, v_cache, meta, 1.0, splits=splits, tile=TILE_N)
                 launches += 1
+    decode = torch.zeros((1, num_heads, head_dim), dtype=k_cache.dtype, device=device)
+    meta = _one_request_meta(1, blocks_per_req, k_cache.shape[1], device, False)
+    for splits in (1, 2):  # the wide key tile, unsplit and split (decode only)
+        paged_attention_triton(decode, k_cache, v_cache, meta, 1.0, splits=splits, tile=WIDE_TILE_N)
+        launches += 1
     return launches
 
 

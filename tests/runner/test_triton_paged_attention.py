@@ -20,6 +20,7 @@ import test_attention as cases  # noqa: E402  (the sibling module's case builder
 from backends.runner.attention import paged_attention_reference  # noqa: E402
 from backends.runner.triton_paged_attention import (  # noqa: E402
     TILE_N,
+    WIDE_TILE_N,
     num_kv_splits,
     paged_attention_triton,
 )
@@ -44,13 +45,14 @@ def heads(request, monkeypatch) -> None:
     monkeypatch.setattr(cases, "HEAD_DIM", 16)  # tl.dot needs >= 16 on a GPU
 
 
+@pytest.mark.parametrize("tile", [TILE_N, WIDE_TILE_N])
 @pytest.mark.parametrize("splits", [None, 3])
 @pytest.mark.parametrize("context_lens,query_lens", SHAPES)
-def test_matches_reference(heads, context_lens, query_lens, splits) -> None:
+def test_matches_reference(heads, context_lens, query_lens, splits, tile) -> None:
     query, k_cache, v_cache, meta, _ = cases.build_case(context_lens, query_lens, seed=3)
     scale = cases.HEAD_DIM**-0.5
     expected = paged_attention_reference(query, k_cache, v_cache, meta, scale)
-    out = paged_attention_triton(query, k_cache, v_cache, meta, scale, splits=splits)
+    out = paged_attention_triton(query, k_cache, v_cache, meta, scale, splits=splits, tile=tile)
     torch.testing.assert_close(out, expected, atol=ATOL, rtol=0)
 
 
@@ -59,6 +61,32 @@ def test_split_heuristic_bounds() -> None:
     assert num_kv_splits(num_programs=8, max_seq_len=100, num_sms=132) == -(-100 // TILE_N)
     assert num_kv_splits(num_programs=1024, max_seq_len=4096, num_sms=132) == 1
     assert num_kv_splits(num_programs=1, max_seq_len=10**6, num_sms=132) == 64
+
+
+def test_wide_key_tiles_for_decode_batches_from_a_fifth_of_a_wave(monkeypatch) -> None:
+    """On a 132-SM GPU (H200): the Thinker (32 heads over 8) reads keys 128 at a time at
+    batch 4-16 and not at 1-2 or 32, the Talker (12 over 12) at 3-32; appends never; a wide
+    launch caps its splits at the 128-key tiles of the bound; the switch turns it off."""
+    import numpy as np
+
+    from backends.runner import triton_paged_attention as tpa
+
+    def wide(num_reqs: int, kv_heads: int, group_pad: int, seq_len: int = 4096, query_len: int = 1):
+        meta = tpa._one_request_meta(1, 1, 16, torch.device("cpu"), False)
+        meta = dataclasses.replace(
+            meta, query_start_loc_np=np.arange(num_reqs + 1, dtype=np.int32) * query_len,
+            seq_lens_np=np.full(num_reqs, seq_len, np.int32))  # fmt: skip
+        return tpa._launch_shape(meta, group_pad, kv_heads, torch.device("cpu"))[2:]
+
+    monkeypatch.setattr(tpa, "_num_sms", lambda device: 132)
+    thinker = {b: wide(b, 8, 4)[1] for b in (1, 2, 4, 8, 16, 32)}
+    assert thinker == {1: False, 2: False, 4: True, 8: True, 16: True, 32: False}
+    talker = {b: wide(b, 12, 1)[1] for b in (1, 2, 3, 16, 32, 64)}
+    assert talker == {1: False, 2: False, 3: True, 16: True, 32: True, 64: False}
+    assert not wide(16, 8, 4, query_len=13)[1]  # an append tile
+    assert wide(8, 12, 1, seq_len=256) == (2, True)  # 3 splits of 64 keys -> 2 of 128
+    monkeypatch.setenv(tpa.WIDE_TILES_ENV, "0")
+    assert not wide(16, 8, 4)[1]
 
 
 class _Recorder:
@@ -72,24 +100,24 @@ class _Recorder:
 
 
 def test_warm_variants_compile_every_variant_a_batch_can_launch(monkeypatch) -> None:
-    """The warm-up launches each (row tile, split) attention variant and each (merge width,
-    padded tail) merge variant that any batch of up to 64 requests, 600 query rows and 8192
+    """The warm-up launches each (row tile, split, key tile) attention variant and each (merge
+    width, padded tail) merge variant that any batch of up to 64 requests, 600 query rows and 8192
     keys would launch (the launch-shape heuristic at the Thinker's heads on a 132-SM GPU), and
     reads the caches only."""
     import numpy as np
     import triton
 
-    from backends.runner import triton_paged_attention as tpa
+    from backends.runner import split_merge, triton_paged_attention as tpa
 
     num_heads, num_kv_heads, head_dim, page = 32, 8, 16, 4
     k_cache = torch.randn(3, page, num_kv_heads, head_dim)
     v_cache, before = torch.randn_like(k_cache), k_cache.clone()
-    assert tpa.warm_variants(k_cache, v_cache, num_heads, blocks_per_req=5) == 28
+    assert tpa.warm_variants(k_cache, v_cache, num_heads, blocks_per_req=5) == 30
     assert torch.equal(k_cache, before)
-    attention = _Recorder(("BLOCK_Q", "IS_SPLIT"))
+    attention = _Recorder(("BLOCK_Q", "IS_SPLIT", "TILE"))
     merge = _Recorder(("SPLITS_PAD", "ZERO_TAIL"))
     monkeypatch.setattr(tpa, "_paged_attention_kernel", attention)
-    monkeypatch.setattr(tpa, "_merge_splits_kernel", merge)
+    monkeypatch.setattr(split_merge, "_merge_splits_kernel", merge)
     tpa.warm_variants(k_cache, v_cache, num_heads, blocks_per_req=5)
     monkeypatch.setattr(tpa, "_num_sms", lambda device: 132)
     group_pad = triton.next_power_of_2(num_heads // num_kv_heads)
@@ -101,11 +129,14 @@ def test_warm_variants_compile_every_variant_a_batch_can_launch(monkeypatch) -> 
                 meta = dataclasses.replace(
                     meta, query_start_loc_np=np.arange(num_reqs + 1, dtype=np.int32) * query_len,
                     seq_lens_np=np.full(num_reqs, max(seq_len, query_len), np.int32))
-                block_q, _, splits = tpa._launch_shape(meta, group_pad, num_kv_heads, meta.seq_lens.device)
+                block_q, _, splits, wide = tpa._launch_shape(meta, group_pad, num_kv_heads,
+                                                             meta.seq_lens.device)  # fmt: skip
+                tile = tpa.WIDE_TILE_N if wide else tpa.TILE_N
                 for pad_tail in (False, True):
                     split = splits > 1 or pad_tail
-                    needed_attention.add((block_q, split))
+                    needed_attention.add((block_q, split, tile))
                     if split:
                         needed_merge.add((triton.next_power_of_2(splits), pad_tail))
-    assert needed_attention <= attention.seen and len(attention.seen) == 4
+    assert needed_attention <= attention.seen and len(attention.seen) == 6
+    assert any(variant[2] == tpa.WIDE_TILE_N for variant in needed_attention)
     assert needed_merge <= merge.seen and len(merge.seen) == 13  # (1, padded) + 6 widths x 2

@@ -68,9 +68,11 @@ def paged_case(dtype: torch.dtype, context: list[int], queries: list[int]):
 
 @pytest.mark.parametrize("dtype,bound", [(torch.bfloat16, BF16_REL), (torch.float32, FP32_REL)])
 @pytest.mark.parametrize("splits", [None, 1, 7])
-def test_paged_attention_kernel(dtype: torch.dtype, bound: float, splits: int | None) -> None:
+@pytest.mark.parametrize("tile", [None, 128])
+def test_paged_attention_kernel(dtype: torch.dtype, bound: float, splits: int | None,
+                                tile: int | None) -> None:  # fmt: skip
     query, k_cache, v_cache, meta = paged_case(dtype, [0, 700, 33, 2000], [5, 1, 13, 1])
-    out = paged_attention_triton(query, k_cache, v_cache, meta, 0.125, splits=splits)
+    out = paged_attention_triton(query, k_cache, v_cache, meta, 0.125, splits=splits, tile=tile)
     ref_meta = dataclasses.replace(meta, backend="reference")
     ref = paged_attention_reference(
         query.float(), k_cache.float(), v_cache.float(), ref_meta, 0.125
