@@ -11,7 +11,8 @@ graphs the runner captured (a chain or bucket without its graph runs eagerly), w
 submits (their inputs made before), each step (and the engine's host
 share of it: the step minus the runner's forward and wait) and the stops, each with its
 device-op count (aten ops dispatched outside kernels: on the GPU each is a launch or a copy),
-then the top cProfile rows (our code only, by default) of one more run.
+then the top cProfile rows (our code only, by default) of one more run. `--sources` adds
+each phase's top issuing lines of our code (outside the forward).
 """
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ import os
 import pstats
 import sys
 import time
+import traceback
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
@@ -43,18 +45,37 @@ from perf.bench_audio_tail import (  # noqa: E402
 
 class OpCounter(TorchDispatchMode):
     """Counts aten ops dispatched (a proxy for kernel launches and copies on the GPU); an
-    interpreted Triton kernel counts as one op ("triton"), not as the torch ops it runs."""
+    interpreted Triton kernel counts as one op ("triton"), not as the torch ops it runs.
+
+    With `sources`, also counts each op by the innermost line of our code that issued it
+    ("forward" for everything under the decoder's forward, graphed on the GPU), which shows
+    the per-request host work (state-table writes, staging copies) between forwards."""
 
     inside_kernel = False
+    sources_on = False  # set by --sources: walking the stack per op is slow
 
     def __init__(self) -> None:
         super().__init__()
         self.ops: Counter[str] = Counter()
+        self.sources: Counter[str] = Counter()
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
         if not OpCounter.inside_kernel:
             self.ops[str(func.overloadpacket.__name__)] += 1
+            if OpCounter.sources_on:
+                self.sources[_source()] += 1
         return func(*args, **(kwargs or {}))
+
+
+def _source() -> str:
+    """'file:function:line' of the innermost frame under backends/, or 'forward'."""
+    ours = [f for f in traceback.extract_stack()[:-2] if f"{os.sep}backends{os.sep}" in f.filename]
+    if any(f.filename.endswith("decoder_backbone.py") for f in ours):
+        return "forward"
+    if not ours:
+        return "other"
+    frame = ours[-1]
+    return f"{frame.filename.split(os.sep + 'backends' + os.sep)[-1]}:{frame.name}:{frame.lineno}"
 
 
 def _count_interpreted_kernels() -> None:
@@ -153,6 +174,7 @@ def _note(log: list[str] | None, what: str, start: float, ops: OpCounter, device
         top = ", ".join(f"{name} {n}" for name, n in ops.ops.most_common(4))
         log.append(f"  {what:8s} {1000 * (time.perf_counter() - start):8.2f} ms {extra:24s} "
                    f"{sum(ops.ops.values()):5d} ops ({top})")
+        log.extend(f"           {n:5d} {source}" for source, n in ops.sources.most_common(8))
 
 
 def graph_counts(engine: TalkerEngine) -> str:
@@ -205,6 +227,9 @@ def main() -> None:
                         help="the decode matmuls (served: triton on CUDA)")
     parser.add_argument("--no-cprofile", dest="cprofile", action="store_false",
                         help="skip the cProfile run (slow with interpreted kernels on CPU)")
+    parser.add_argument("--sources", action="store_true",
+                        help="also count each phase's ops by the line of our code that issued "
+                        "them (slow: a stack walk per op)")
     parser.add_argument("--sort", default="tottime", help="cProfile sort key")
     parser.add_argument("--rows", type=int, default=25, help="cProfile rows to print")
     parser.add_argument("--filter", default="backends", help="cProfile rows matching this "
@@ -213,6 +238,7 @@ def main() -> None:
     device = torch.device(args.device)
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     torch.set_num_threads(1)
+    OpCounter.sources_on = args.sources
     _count_interpreted_kernels()
     model = talker_model(args.tiny, device, dtype)
     model.dtype_ = dtype
