@@ -2,11 +2,11 @@
 
 One program per (request x query tile, kv head, kv split). A query tile holds `BLOCK_Q` query
 rows times the `GROUP` query heads that share the kv head, so every K/V byte a tile reads
-serves the whole GQA group. Keys are read in tiles of `TILE_N` tokens gathered through the
-block table (any page size), masked lower-right causal from the device's `seq_lens` and
-`query_start_loc`. With more than one split, each split writes a normalised partial output and
-its base-2 log-sum-exp, and a second kernel merges them (flash-decoding), so batch 1 at long
-context still fills the GPU.
+serves the whole GQA group. Keys are read in tiles of `TILE_N` tokens (`WIDE_TILE_N` in
+mid-size decode batches) gathered through the block table (any page size), masked lower-right
+causal from the device's `seq_lens` and `query_start_loc`. With more than one split, each
+split writes a normalised partial output and its base-2 log-sum-exp, and a second kernel
+(`split_merge`) merges them (flash-decoding), so batch 1 at long context still fills the GPU.
 
 Launch shapes depend only on host values (shapes, the metadata's host mirrors), never on device
 values, so a captured CUDA graph replays correctly when the device metadata changes. For a
