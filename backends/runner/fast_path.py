@@ -95,13 +95,20 @@ class FastPath:
                              self.config.max_blocks_per_req)
 
     def admit(self, slot: int, params: SamplingParams) -> None:
-        """A request took `slot`: publish its sampling params to the device table."""
+        """A request took `slot`: its sampling params reach the device table with the next
+        forward (`publish_admissions`)."""
         self.sampling.set(slot, params)
+
+    def publish_admissions(self) -> None:
+        """Queue the sampling-table writes of the admissions since the last forward; every
+        forward (step, chain) calls it first, since a graph replay reads the table as is."""
+        self.sampling.flush()
 
     def launch(
         self, inputs: list[StepInput], slots: list[int], host_sampler: HostSampler
     ) -> PendingStep:
         """Queue the step; host state (token ledger) advances now, sampled tokens on wait."""
+        self.publish_admissions()
         with torch.no_grad():
             plan = self._plan(inputs, slots)
             if all(inp.num_rows == 1 for inp in inputs) and self.graphs.bucket_for(len(inputs)):

@@ -44,6 +44,7 @@ class FusedSamplingStates(SamplingStates):
     ) -> torch.Tensor:
         """As `SamplingStates.sample`; the kernel filters every row exactly, so skipping the
         filters (`use_filters` False: no row sets them) would change nothing."""
+        self.flush_unless_capturing()
         return self.draw(logits, slots, positions, self._floats, self._ints)
 
 

@@ -226,6 +226,7 @@ class ModelRunner:
             return PendingChain(list)
         slots = self._validate(inputs)
         check_chain(inputs, slots, length, self.states, self.chains.graphs.capacity)
+        self.fast_path.publish_admissions()  # chains exist only on the fast path
         chain = self.chains.launch(inputs, slots, length, self.states, self.block_table)
         self._pending = chain
         return chain

@@ -30,15 +30,35 @@ class SamplingStates:
         self.scratch_slot = max_num_reqs
         self.processor = processor
         rows = max_num_reqs + 1
-        # [rows, 2] float32: temperature, top_p; [rows, 2] int64: top_k, seed (as_int64)
-        self._floats = torch.tensor([[0.0, 1.0]] * rows, dtype=torch.float32, device=device)
-        self._ints = torch.tensor([[-1, 0]] * rows, dtype=torch.int64, device=device)
+        # [rows, 2] float32: temperature, top_p; [rows, 2] int64: top_k, seed (as_int64).
+        # `set` writes the host mirrors; `flush` publishes them whole (a few hundred bytes) in
+        # one queued copy per table, so a burst of admissions costs two copies, not two each.
+        self._floats_host = np.array([[0.0, 1.0]] * rows, dtype=np.float32)
+        self._ints_host = np.array([[-1, 0]] * rows, dtype=np.int64)
+        self._floats = torch.from_numpy(self._floats_host.copy()).to(device)
+        self._ints = torch.from_numpy(self._ints_host.copy()).to(device)
+        self._dirty = False
 
     def set(self, slot: int, params: SamplingParams) -> None:
-        """Write a newly admitted request's params (queued in stream order, no host wait)."""
-        floats = np.asarray([params.temperature, params.top_p], dtype=np.float32)
-        copy_to_device(self._floats[slot], floats)
-        copy_to_device(self._ints[slot], np.asarray([params.top_k, as_int64(params.seed)]))
+        """Write a newly admitted request's params; on the device from the next `flush`."""
+        self._floats_host[slot] = (params.temperature, params.top_p)
+        self._ints_host[slot] = (params.top_k, as_int64(params.seed))
+        self._dirty = True
+
+    def flush(self) -> None:
+        """Publish the rows `set` wrote since the last flush (queued in stream order, no host
+        wait). The runner calls it before every forward, as a graph replay reads the tables
+        without running `sample`; an eager `sample` flushes too."""
+        if self._dirty:
+            copy_to_device(self._floats, self._floats_host)
+            copy_to_device(self._ints, self._ints_host)
+            self._dirty = False
+
+    def flush_unless_capturing(self) -> None:
+        """`flush` on an eager call; never inside a graph capture (a captured copy would
+        replay the staged bytes of that moment)."""
+        if not (self._floats.is_cuda and torch.cuda.is_current_stream_capturing()):
+            self.flush()
 
     def sample(
         self,
@@ -52,6 +72,7 @@ class SamplingStates:
 
         `use_filters` False skips the top-k/top-p sort; only pass it when no row sets them
         (graphs always filter: filters never change an unfiltered or greedy row's token)."""
+        self.flush_unless_capturing()
         if self.processor is not None:
             self.processor.apply(logits, slots)
         floats = self._floats.index_select(0, slots)

@@ -166,3 +166,31 @@ def test_a_step_where_no_input_samples(pair, qwen3) -> None:
     got, want = fast.step(follow)[0], ref.step(follow)[0]
     assert got.token == want.token and got.positions == want.positions == [40, 41, 42]
     torch.testing.assert_close(got.hidden, want.hidden, rtol=1e-4, atol=1e-4)
+
+
+def test_admissions_reach_the_sampling_table_in_two_copies_at_the_next_forward(
+    pair, monkeypatch
+) -> None:
+    """Admitting requests queues no copy; the next forward publishes all their sampling params
+    at once (one copy per table), before it runs (a graph replay would read the table as is),
+    and a forward with no admission since publishes nothing."""
+    from backends.runner import sampling_states
+
+    copies = []
+    real_copy = sampling_states.copy_to_device
+    monkeypatch.setattr(sampling_states, "copy_to_device",
+                        lambda dst, array: copies.append(dst.shape) or real_copy(dst, array))  # fmt: skip
+    ref, fast = pair()
+    params = [SamplingParams(temperature=0.8, top_k=5, seed=7), SamplingParams(),
+              SamplingParams(temperature=1.2, top_p=0.7, seed=3)]  # fmt: skip
+    for i, p in enumerate(params):
+        add_both((ref, fast), f"r{i}", p)
+    assert copies == []
+    inputs = [StepInput(f"r{i}", [3 + i, 4, 5]) for i in range(3)]
+    pending = fast.launch_step(inputs)
+    assert len(copies) == 2  # queued with the forward, before anything is read back
+    expected = [r.token for r in ref.step(inputs)]
+    assert [r.token for r in pending.wait()] == expected
+    for _ in range(3):
+        inputs = [StepInput(r.request_id, [r.token]) for r in fast.step(inputs)]
+    assert len(copies) == 2

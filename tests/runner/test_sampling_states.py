@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import random
 
+import pytest
 import torch
 
 from backends.runner.device_sampler import as_int64, step_seeds
@@ -68,3 +69,21 @@ def test_a_reassigned_slot_draws_with_its_new_params() -> None:
     logits = torch.randn(1, VOCAB, generator=torch.Generator().manual_seed(1))
     got = states.sample(logits.clone(), torch.tensor([1]), torch.tensor([17]))
     assert got.tolist() == [host_token(logits[0], PARAMS[2], 17)]
+
+
+def test_set_writes_reach_the_device_in_one_copy_per_table_at_flush(monkeypatch) -> None:
+    from backends.runner import sampling_states
+
+    copies = []
+    monkeypatch.setattr(sampling_states, "copy_to_device",
+                        lambda dst, array: copies.append(array.copy()) or dst.copy_(
+                            torch.from_numpy(array)))  # fmt: skip
+    states = SamplingStates(4, "cpu")
+    for slot in (0, 2, 3):
+        states.set(slot, PARAMS[slot])
+    assert copies == []
+    states.flush()
+    assert len(copies) == 2 and copies[0][2].tolist() == pytest.approx(
+        [PARAMS[2].temperature, PARAMS[2].top_p])
+    states.flush()
+    assert len(copies) == 2  # nothing new to publish
