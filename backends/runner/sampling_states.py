@@ -1,7 +1,8 @@
 """Per-slot sampling parameters on the device, and the batched draw that reads them by slot.
 
 As vLLM MRv2's `sample/states.py`: a request's temperature, top-k, top-p and seed are written
-into its slot's row once, when it is admitted; a step hands over only its rows' slots and
+into its slot's row once, when it is admitted (on the host; the next forward publishes every
+admission since the last in one copy per table); a step hands over only its rows' slots and
 positions, and `sample` gathers the rest on the device (step seeds included), with the
 runner's `DeviceLogitsProcessor` around the draw. So the same code runs eagerly or inside a
 CUDA graph, and draws exactly what the host sampler would (same counter noise, same order).
