@@ -23,6 +23,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+import triton
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -74,7 +75,7 @@ def bench_case(model: str, batch: int, bound: int, real: int, num_sms: int) -> s
     heads = HEADS[model]
     query, k_cache, v_cache, meta = decode_case(batch, real, bound, heads)
     programs = batch * heads[1]
-    group_pad = 1 << (heads[0] // heads[1] - 1).bit_length()
+    group_pad = triton.next_power_of_2(heads[0] // heads[1])
     wide = tpa._launch_shape(meta, group_pad, heads[1], query.device)[3]
     cells = []
     for tile in (tpa.TILE_N, tpa.WIDE_TILE_N):

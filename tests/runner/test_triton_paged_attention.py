@@ -63,20 +63,28 @@ def test_split_heuristic_bounds() -> None:
     assert num_kv_splits(num_programs=1, max_seq_len=10**6, num_sms=132) == 64
 
 
-def test_wide_key_tiles_for_decode_batches_from_a_fifth_of_a_wave(monkeypatch) -> None:
-    """On a 132-SM GPU (H200): the Thinker (32 heads over 8) reads keys 128 at a time at
-    batch 4-16 and not at 1-2 or 32, the Talker (12 over 12) at 3-32; appends never; a wide
-    launch caps its splits at the 128-key tiles of the bound; the switch turns it off."""
+def launch_shape(num_reqs: int, query_len: int, seq_len: int, kv_heads: int, group_pad: int):
+    """The launcher's (block_q, query tiles, splits, wide) for `num_reqs` requests of
+    `query_len` new rows at `seq_len` keys each (host bounds, as a graphed batch has them)."""
     import numpy as np
 
     from backends.runner import triton_paged_attention as tpa
 
+    meta = tpa._one_request_meta(1, 1, 16, torch.device("cpu"), False)
+    meta = dataclasses.replace(
+        meta, query_start_loc_np=np.arange(num_reqs + 1, dtype=np.int32) * query_len,
+        seq_lens_np=np.full(num_reqs, seq_len, np.int32))  # fmt: skip
+    return tpa._launch_shape(meta, group_pad, kv_heads, torch.device("cpu"))
+
+
+def test_wide_key_tiles_for_decode_batches_from_a_fifth_of_a_wave(monkeypatch) -> None:
+    """On a 132-SM GPU (H200): the Thinker (32 heads over 8) reads keys 128 at a time at
+    batch 4-16 and not at 1-2 or 32, the Talker (12 over 12) at 3-32; appends never; a wide
+    launch caps its splits at the 128-key tiles of the bound; the switch turns it off."""
+    from backends.runner import triton_paged_attention as tpa
+
     def wide(num_reqs: int, kv_heads: int, group_pad: int, seq_len: int = 4096, query_len: int = 1):
-        meta = tpa._one_request_meta(1, 1, 16, torch.device("cpu"), False)
-        meta = dataclasses.replace(
-            meta, query_start_loc_np=np.arange(num_reqs + 1, dtype=np.int32) * query_len,
-            seq_lens_np=np.full(num_reqs, seq_len, np.int32))  # fmt: skip
-        return tpa._launch_shape(meta, group_pad, kv_heads, torch.device("cpu"))[2:]
+        return launch_shape(num_reqs, query_len, seq_len, kv_heads, group_pad)[2:]
 
     monkeypatch.setattr(tpa, "_num_sms", lambda device: 132)
     thinker = {b: wide(b, 8, 4)[1] for b in (1, 2, 4, 8, 16, 32)}
@@ -104,7 +112,6 @@ def test_warm_variants_compile_every_variant_a_batch_can_launch(monkeypatch) -> 
     width, padded tail) merge variant that any batch of up to 64 requests, 600 query rows and 8192
     keys would launch (the launch-shape heuristic at the Thinker's heads on a 132-SM GPU), and
     reads the caches only."""
-    import numpy as np
     import triton
 
     from backends.runner import split_merge, triton_paged_attention as tpa
@@ -125,12 +132,8 @@ def test_warm_variants_compile_every_variant_a_batch_can_launch(monkeypatch) -> 
     for num_reqs in (1, 2, 3, 8, 16, 33, 64):
         for query_len in (1, 2, 13, 64, 150, 600):
             for seq_len in (query_len, 64, 300, 1000, 4096, 8192):
-                meta = tpa._one_request_meta(1, 1, page, torch.device("cpu"), False)
-                meta = dataclasses.replace(
-                    meta, query_start_loc_np=np.arange(num_reqs + 1, dtype=np.int32) * query_len,
-                    seq_lens_np=np.full(num_reqs, max(seq_len, query_len), np.int32))
-                block_q, _, splits, wide = tpa._launch_shape(meta, group_pad, num_kv_heads,
-                                                             meta.seq_lens.device)  # fmt: skip
+                block_q, _, splits, wide = launch_shape(
+                    num_reqs, query_len, max(seq_len, query_len), num_kv_heads, group_pad)
                 tile = tpa.WIDE_TILE_N if wide else tpa.TILE_N
                 for pad_tail in (False, True):
                     split = splits > 1 or pad_tail
