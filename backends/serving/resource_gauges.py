@@ -32,7 +32,7 @@ DESCRIPTIONS = {
     "voice_cache": "code2wav reference voices held prepared (bounded LRU plus voices in use)",
     "voice_users": "code2wav streams that use a cached reference voice",
     "cuda_graphs": "code2wav CUDA graphs captured (all at load unless a window shape was missed)",
-    "graph_eager_calls": "code2wav CUDA calls that ran without a graph (the graph budget spent)",
+    "graph_eager_calls": "code2wav CUDA calls that ran without a graph (a final window's new HiFT length, or the graph budget spent)",
     "sessions": "open duplex sessions",
     "threads": "Python threads of the model process",
     "session_threads": "worker threads of open duplex sessions (two per session)",
