@@ -57,6 +57,7 @@ class EstimatorPool:
                                   capacity + 1, 2 * e.head_dim)
         self.capacity, self.keep, self.max_streams = capacity, keep, max_streams
         self._free = list(range(max_streams))  # a heap: the lowest free slot first
+        self._estimator = cfm.estimator  # its `fused` switch also picks the commit's kernel
         # what runs the solve: `cfm.solve_pooled` over `att`, or its graphs (`graphs`)
         self.solver: Callable[[PooledSolverInputs], SolverOutputs] = (
             lambda inputs: cfm.solve_pooled(inputs, self.att))
@@ -139,8 +140,14 @@ class EstimatorPool:
         if writes.shape[1] == 0:
             return
         # pinned and queued: a pageable copy would wait here for the whole solve to finish
-        index = to_device(writes, new_kv.device).unbind(0)
-        self.att[:, :, index[0], :, index[1]] = new_kv[:, :, index[2], :, index[3]]
+        index = to_device(writes, new_kv.device)
+        fused = self._estimator.fused
+        if new_kv.is_cuda if fused is None else fused:
+            from backends.models.token2wav.pool_scatter_kernel import scatter_frames  # Triton
+            scatter_frames(self.att, new_kv, index)
+            return
+        rows, positions, dit_rows, frames = index.unbind(0)
+        self.att[:, :, rows, :, positions] = new_kv[:, :, dit_rows, :, frames]
 
     def _grow_and_cut(self, slot: PoolSlot, frames: int) -> tuple[np.ndarray, np.ndarray]:
         """Update the slot's order to cut([this window's frames | its cache]) (the rule of

@@ -257,3 +257,51 @@ def test_dit_over_a_pool_equals_dit_over_the_gathered_caches(fused: bool) -> Non
         expected = dit.forward_modulated(*args, dense, valid, torch.tensor([9, 5]))
         got = dit.forward_modulated(*args, pool, valid, torch.tensor([9, 5]), (pool_rows, order))
     assert all(torch.equal(a, b) for a, b in zip(got, expected))
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_scatter_kernel_writes_what_indexing_writes(dtype: torch.dtype) -> None:
+    """`scatter_frames` (Triton's interpreter) against the torch indexing it replaces, on odd
+    head counts and widths (masked lanes) and a strided new_kv; nothing else is touched."""
+    pytest.importorskip("triton")
+    from backends.models.token2wav.pool_scatter_kernel import scatter_frames
+
+    gen = torch.Generator().manual_seed(9)
+    steps, depth, heads, width, frames = 2, 3, 3, 10, 7
+    att = torch.randn(steps, depth, 6, heads, 12, width, generator=gen).to(dtype)
+    wide = torch.randn(steps, depth, 4, heads, frames + 2, width, generator=gen).to(dtype)
+    new_kv = wide[:, :, :, :, 1 : frames + 1]  # not contiguous
+    writes = torch.tensor([[0, 5, 5, 2, 3],  # pool rows
+                           [11, 0, 4, 7, 0],  # positions
+                           [0, 3, 2, 1, 1],  # DiT rows
+                           [6, 0, 3, 2, 2]])  # window frames
+    expected = att.clone()
+    expected[:, :, writes[0], :, writes[1]] = new_kv[:, :, writes[2], :, writes[3]]
+    scatter_frames(att, new_kv, writes)
+    assert torch.equal(att, expected)
+    scatter_frames(att, new_kv, writes[:, :0])  # no write is a no-op
+    assert torch.equal(att, expected)
+    with pytest.raises(ValueError, match="do not fit the pool"):
+        scatter_frames(att, new_kv[:, :, :, :2], writes)
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")
+def test_commit_through_the_kernel_equals_commit_through_indexing() -> None:
+    """A pool whose estimator runs fused kernels commits with `scatter_frames`: pools and
+    slot orders come out equal to the torch commit's over windows whose cuts fire."""
+    pytest.importorskip("triton")
+    models = [_model(2), _model(2)]
+    models[1].flow.decoder.estimator.fused = True
+    pools = [model.cache_pool for model in models]
+    steps, depth, _, heads, _, width = pools[0].att.shape
+    gen = torch.Generator().manual_seed(10)
+    first = torch.randn(steps, depth, 2, heads, 30, width, generator=gen)
+    slots = [[pool.acquire(first, 20), pool.acquire(first[..., :10, :], 20)] for pool in pools]
+    for _ in range(8):  # grows past prompt + keep: cuts fire
+        new_kv = torch.randn(steps, depth, 4, heads, 12, width, generator=gen)
+        for pool, pair in zip(pools, slots):
+            pool.commit(new_kv, [12, 9], pair)
+    assert torch.equal(pools[0].att, pools[1].att)
+    assert all(np.array_equal(a.order, b.order) for a, b in zip(*slots))
+    assert len(slots[0][0].order) == 20 + pools[0].keep
