@@ -6,7 +6,8 @@ count, not FLOPs (perf/results/audio_tail_h200.md):
 
 - the six GEMMs: q|k|v as one (weights concatenated once, see `packed_qkv`; the checkpoint
   keeps to_q/to_k/to_v), the output projection, both causal convs as GEMMs over their taps
-  (`dit_norm_kernels`), fc1 (with the tanh-GELU epilogue on CUDA) and fc2;
+  (`dit_norm_kernels`), fc1 (with the tanh-GELU epilogue on CUDA) and fc2; at small batches
+  the convs and fc2 split their long K (`dit_split_gemm`);
 - three `dit_norm_kernels` kernels: every gated residual is fused with the norm + modulation
   of the branch after it (the MLP gate of block b with block b + 1's attention norm);
 - one `dit_attention_kernel` kernel for q/k norms, the cache entries and masked attention.
@@ -22,14 +23,20 @@ import torch
 import torch.nn.functional as F
 
 from backends.models.token2wav.dit_attention_kernel import masked_attention
-from backends.models.token2wav.dit_norm_kernels import norm_mish_taps, residual_norm, residual_norm_taps
+from backends.models.token2wav.dit_norm_kernels import (
+    Product,
+    norm_mish_taps,
+    residual_norm,
+    residual_norm_taps,
+)
+from backends.models.token2wav.dit_split_gemm import linear_split
 
 if TYPE_CHECKING:
     from backends.models.token2wav.dit import DiT, DiTBlock
 
 # modulation rows (DiT.modulations): shift, scale, gate of attention, MLP, conv
 _MSA, _MLP, _CONV = 0, 3, 6
-Branch = tuple[torch.Tensor, torch.Tensor]  # (branch output [rows, C], its gate [N, C])
+Branch = tuple[Product, torch.Tensor]  # (branch output [rows, C], its gate [N, C])
 
 
 def packed_qkv(attn: torch.nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
@@ -62,10 +69,11 @@ def _fc1_gelu(mlp: torch.nn.Module, h: torch.Tensor) -> torch.Tensor:
     return F.gelu(F.linear(h, fc1.weight, fc1.bias), approximate="tanh")
 
 
-def _conv_gemm(taps: torch.Tensor, conv: torch.nn.Conv1d) -> torch.Tensor:
-    """taps [rows, C_in, 3] -> [rows, C_out]: the kernel-3 conv over its padded input."""
+def _conv_gemm(taps: torch.Tensor, conv: torch.nn.Conv1d) -> Product:
+    """taps [rows, C_in, 3] -> [rows, C_out]: the kernel-3 conv over its padded input
+    (split over K at small batches, `dit_split_gemm`)."""
     weight = conv.weight.reshape(conv.weight.shape[0], -1)  # [C_out, C_in * 3], a view
-    return F.linear(taps.view(taps.shape[0], -1), weight, conv.bias)
+    return linear_split(taps.view(taps.shape[0], -1), weight, conv.bias)
 
 
 def fused_block(
@@ -93,7 +101,8 @@ def fused_block(
     taps = norm_mish_taps(_conv_gemm(taps, layers[1]), layers[3], conv_state)
     x, h = residual_norm(x, (_conv_gemm(taps, layers[6]), mod[:, _CONV + 2]), mod[:, _MLP],
                          mod[:, _MLP + 1], n_frames, block.norm2.eps)
-    return x, (block.mlp.fc2(_fc1_gelu(block.mlp, h)), mod[:, _MLP + 2])
+    fc2 = block.mlp.fc2
+    return x, (linear_split(_fc1_gelu(block.mlp, h), fc2.weight, fc2.bias), mod[:, _MLP + 2])
 
 
 def fused_forward(

@@ -14,6 +14,9 @@ rounding per output:
   are written by the same programs.
 - `norm_mish_taps`: LN(affine) + Mish of the first conv's output, written as the second
   conv's taps with its cache frames, likewise.
+
+A branch output read here (y, and the first conv's output) may come as a `SplitSum`
+(`dit_split_gemm`): its float32 parts and bias are summed as the row is loaded.
 """
 
 from __future__ import annotations
@@ -22,8 +25,11 @@ import torch
 import triton
 import triton.language as tl
 
+from backends.models.token2wav.dit_split_gemm import SplitSum
+
 _TAPS = 3  # kernel size of the DiT's causal convs
 _CONTEXT = _TAPS - 1
+Product = torch.Tensor | SplitSum  # a GEMM output [rows, C], maybe as split-K parts
 
 
 @triton.jit
@@ -32,6 +38,18 @@ def _layer_norm(x, mask, n_cols, eps):
     mean = tl.sum(x, 0) / n_cols
     centred = tl.where(mask, x - mean, 0.0)
     return centred * tl.rsqrt(tl.sum(centred * centred, 0) / n_cols + eps)
+
+
+@triton.jit
+def _load_product(ptr, bias_ptr, row, n_rows, n_cols, cols, mask, PARTS: tl.constexpr):
+    """Row `row` of a GEMM output [rows, C] in float32; PARTS > 0: of a SplitSum, i.e. its
+    bias plus PARTS float32 parts [PARTS, rows, C]."""
+    if PARTS == 0:
+        return tl.load(ptr + row * n_cols + cols, mask=mask, other=0.0).to(tl.float32)
+    total = tl.load(bias_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    for part in tl.static_range(PARTS):
+        total += tl.load(ptr + (part * n_rows + row) * n_cols + cols, mask=mask, other=0.0)
+    return total
 
 
 @triton.jit
@@ -73,11 +91,12 @@ def _store_conv_frames(taps_ptr, tail_ptr, cache_ptr, num_new_ptr, values, cols,
 
 @triton.jit
 def _residual_norm_kernel(
-    x_ptr, y_ptr, gate_ptr, shift_ptr, scale_ptr,  # x, y: [rows, C]; modulation rows [N, C]
+    x_ptr, y_ptr, y_bias_ptr, gate_ptr, shift_ptr, scale_ptr,  # x, y: [rows, C]; mods [N, C]
     x_out_ptr, h_ptr,  # [rows, C]; h: [rows, C], or taps [R, T, C, 3] when TAPS
     cache_ptr, tail_ptr, num_new_ptr,  # conv cache in [R, 2C, 2], next cache [R, 2C, 2], [R]
-    n_frames, n_cols, eps, stride_gate, stride_mod, s_cache_r, s_cache_c, s_cache_j,
-    stride_tail, HAS_BRANCH: tl.constexpr, TAPS: tl.constexpr, BLOCK: tl.constexpr,
+    n_rows, n_frames, n_cols, eps, stride_gate, stride_mod, s_cache_r, s_cache_c, s_cache_j,
+    stride_tail, HAS_BRANCH: tl.constexpr, Y_PARTS: tl.constexpr, TAPS: tl.constexpr,
+    BLOCK: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
     r, t = row // n_frames, row % n_frames
@@ -87,7 +106,7 @@ def _residual_norm_kernel(
     mod = r * stride_mod + cols
     if HAS_BRANCH:
         gate = tl.load(gate_ptr + r * stride_gate + cols, mask=mask, other=0.0).to(tl.float32)
-        y = tl.load(y_ptr + row * n_cols + cols, mask=mask, other=0.0).to(tl.float32)
+        y = _load_product(y_ptr, y_bias_ptr, row, n_rows, n_cols, cols, mask, Y_PARTS)
         x = (x + gate * y).to(x_out_ptr.dtype.element_ty)
         tl.store(x_out_ptr + row * n_cols + cols, x, mask=mask)
         x = x.to(tl.float32)
@@ -103,16 +122,16 @@ def _residual_norm_kernel(
 
 @triton.jit
 def _norm_mish_taps_kernel(
-    x_ptr, weight_ptr, bias_ptr,  # x: [rows, C] first conv output; LayerNorm affine [C]
+    x_ptr, x_bias_ptr, weight_ptr, bias_ptr,  # x [rows, C]: first conv output; LN affine [C]
     taps_ptr, cache_ptr, tail_ptr, num_new_ptr,
-    n_frames, n_cols, eps, s_cache_r, s_cache_c, s_cache_j, stride_tail,
-    BLOCK: tl.constexpr,
+    n_rows, n_frames, n_cols, eps, s_cache_r, s_cache_c, s_cache_j, stride_tail,
+    X_PARTS: tl.constexpr, BLOCK: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
     r, t = row // n_frames, row % n_frames
     cols = tl.arange(0, BLOCK)
     mask = cols < n_cols
-    x = tl.load(x_ptr + row * n_cols + cols, mask=mask, other=0.0).to(tl.float32)
+    x = _load_product(x_ptr, x_bias_ptr, row, n_rows, n_cols, cols, mask, X_PARTS)
     weight = tl.load(weight_ptr + cols, mask=mask, other=0.0).to(tl.float32)
     bias = tl.load(bias_ptr + cols, mask=mask, other=0.0).to(tl.float32)
     h = _mish(_layer_norm(x, mask, n_cols, eps) * weight + bias).to(taps_ptr.dtype.element_ty)
@@ -133,7 +152,7 @@ def _mod_stride(modulation: torch.Tensor, rows: int, n_frames: int) -> int:
 
 def residual_norm(
     x: torch.Tensor,  # [rows, C] contiguous residual stream (rows = R T, frame-major per row)
-    branch: tuple[torch.Tensor, torch.Tensor] | None,  # (y [rows, C], gate [N, C]) or None
+    branch: tuple[Product, torch.Tensor] | None,  # (y [rows, C], gate [N, C]) or None
     shift: torch.Tensor,  # [N, C], N = 1 or R
     scale: torch.Tensor,  # [N, C] (1 + scale, as `DiT.modulations` gives it)
     n_frames: int,
@@ -146,7 +165,7 @@ def residual_norm(
 
 def residual_norm_taps(
     x: torch.Tensor,  # [rows, C]
-    branch: tuple[torch.Tensor, torch.Tensor],  # (y [rows, C], gate [N, C])
+    branch: tuple[Product, torch.Tensor],  # (y [rows, C], gate [N, C])
     shift: torch.Tensor,
     scale: torch.Tensor,
     eps: float,
@@ -161,21 +180,22 @@ def residual_norm_taps(
 
 
 def _launch_residual(
-    x: torch.Tensor, branch: tuple[torch.Tensor, torch.Tensor] | None, shift: torch.Tensor,
+    x: torch.Tensor, branch: tuple[Product, torch.Tensor] | None, shift: torch.Tensor,
     scale: torch.Tensor, n_frames: int, eps: float, h: torch.Tensor,
     conv_state: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     rows, n_cols = x.shape
     y, gate = branch if branch is not None else (x, shift)
+    y, y_bias, y_parts = _product_args(y, (rows, n_cols))
     x_out = torch.empty_like(x) if branch is not None else x
     cache, tail, num_new = conv_state if conv_state is not None else (x[:, :, None], x, shift)
     _check_conv_state(conv_state, rows, n_frames)
     _residual_norm_kernel[(rows,)](
-        x, y, gate, shift, scale, x_out, h, cache, tail, num_new,
-        n_frames, n_cols, eps, _mod_stride(gate, rows, n_frames),
+        x, y, y_bias, gate, shift, scale, x_out, h, cache, tail, num_new,
+        rows, n_frames, n_cols, eps, _mod_stride(gate, rows, n_frames),
         _mod_stride(shift, rows, n_frames), *cache.stride(),
-        tail.stride(0), HAS_BRANCH=branch is not None, TAPS=conv_state is not None,
-        BLOCK=triton.next_power_of_2(n_cols), num_warps=_warps(n_cols),
+        tail.stride(0), HAS_BRANCH=branch is not None, Y_PARTS=y_parts,
+        TAPS=conv_state is not None, BLOCK=triton.next_power_of_2(n_cols), num_warps=_warps(n_cols),
     )  # fmt: skip
     return x_out, h
 
@@ -192,8 +212,19 @@ def _check_conv_state(conv_state: tuple[torch.Tensor, ...] | None, rows: int,
         raise ValueError("conv caches must be [R, 2C, 2] with a contiguous [2C, 2] tail")
 
 
+def _product_args(y: Product, shape: tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """-> (the data pointer's tensor, the bias's (a placeholder for a plain tensor), parts)."""
+    if tuple(y.shape) != shape:
+        raise ValueError(f"a branch output {tuple(y.shape)} for a [rows, C] of {shape}")
+    if isinstance(y, SplitSum):
+        return y.parts, y.bias, y.parts.shape[0]
+    if not y.is_contiguous():
+        raise ValueError("a branch output must be contiguous")
+    return y, y, 0
+
+
 def norm_mish_taps(
-    x: torch.Tensor,  # [rows, C] first conv output (bias added)
+    x: Product,  # [rows, C] first conv output (bias added, or a SplitSum)
     norm: torch.nn.LayerNorm,
     conv_state: tuple[torch.Tensor, torch.Tensor, torch.Tensor],  # cache, tail, num_new
 ) -> torch.Tensor:
@@ -203,10 +234,11 @@ def norm_mish_taps(
     cache, tail, num_new = conv_state
     n_frames = rows // num_new.shape[0]
     _check_conv_state(conv_state, rows, n_frames)
-    taps = x.new_empty(rows, n_cols, _TAPS)
+    taps = cache.new_empty((rows, n_cols, _TAPS), dtype=x.dtype)
+    x, x_bias, x_parts = _product_args(x, (rows, n_cols))
     _norm_mish_taps_kernel[(rows,)](
-        x, norm.weight, norm.bias, taps, cache, tail, num_new, n_frames, n_cols, norm.eps,
-        *cache.stride(), tail.stride(0),
+        x, x_bias, norm.weight, norm.bias, taps, cache, tail, num_new, rows, n_frames, n_cols,
+        norm.eps, *cache.stride(), tail.stride(0), X_PARTS=x_parts,
         BLOCK=triton.next_power_of_2(n_cols), num_warps=_warps(n_cols),
     )  # fmt: skip
     return taps

@@ -22,6 +22,7 @@ from backends.models.token2wav.assets import random_token2wav  # noqa: E402
 from backends.models.token2wav.dit import _last_two, gather_cache  # noqa: E402
 from backends.models.token2wav.dit_attention_kernel import key_splits, masked_attention  # noqa: E402
 from backends.models.token2wav.dit_fused import packed_qkv  # noqa: E402
+from backends.models.token2wav.dit_split_gemm import SPLIT_K_ENV  # noqa: E402
 from backends.models.token2wav.dit_norm_kernels import (  # noqa: E402
     norm_mish_taps,
     residual_norm,
@@ -173,7 +174,10 @@ def _dit_inputs(dit, gen: torch.Generator, dtype: torch.dtype) -> tuple[torch.Te
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_fused_dit_equals_torch_dit(dtype: torch.dtype) -> None:
+@pytest.mark.parametrize("split_k", ["1", "0"])
+def test_fused_dit_equals_torch_dit(dtype: torch.dtype, split_k: str, monkeypatch) -> None:
+    """Also with the convs' and fc2's K unsplit (these 3 x 21 rows split it by default)."""
+    monkeypatch.setenv(SPLIT_K_ENV, split_k)
     dit = random_token2wav(Token2WavConfig.tiny(), seed=0).flow.decoder.estimator.to(dtype)
     inputs = _dit_inputs(dit, torch.Generator().manual_seed(3), dtype)
     with torch.inference_mode():

@@ -1,0 +1,95 @@
+"""Split-K products of the DiT (`dit_split_gemm`) and the kernels that read them.
+
+Strategy: the parts plus the bias must equal F.linear for any split of any K (uneven parts,
+widths that leave masked lanes), in Triton's interpreter on CPU (tests/conftest.py) and, on
+CUDA, at the served shapes in bfloat16; a reader given the parts (`residual_norm`,
+`norm_mish_taps`) must compute what it computes from the summed product; the split count
+follows the row rule and its switch.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+pytest.importorskip("triton")
+
+from backends.models.token2wav.dit_norm_kernels import norm_mish_taps, residual_norm  # noqa: E402
+from backends.models.token2wav.dit_split_gemm import (  # noqa: E402
+    SPLIT_K_ENV,
+    SplitSum,
+    linear_split,
+    split_count,
+)
+
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
+
+
+def _operands(rows: int, k: int, n: int, dtype: torch.dtype, device: str = "cpu"):
+    gen = torch.Generator().manual_seed(rows * k + n)
+    x = torch.randn(rows, k, generator=gen).to(device, dtype)
+    weight = (torch.randn(n, k, generator=gen) * k ** -0.5).to(device, dtype)
+    return x, weight, torch.randn(n, generator=gen).to(device, dtype)
+
+
+@pytest.mark.parametrize("shape", [(7, 96, 40), (70, 100, 32), (130, 64, 24)])
+@pytest.mark.parametrize("parts", [2, 3, 4])
+def test_parts_sum_to_the_linear(shape: tuple[int, int, int], parts: int) -> None:
+    x, weight, bias = _operands(*shape, torch.float32)
+    product = linear_split(x, weight, bias, parts)
+    assert isinstance(product, SplitSum) and product.parts.shape == (parts, shape[0], shape[2])
+    assert product.parts.dtype == torch.float32 and product.dtype == torch.float32
+    torch.testing.assert_close(product.total(), F.linear(x, weight, bias), atol=1e-5, rtol=0)
+
+
+def test_one_part_is_the_plain_linear() -> None:
+    x, weight, bias = _operands(5, 32, 16, torch.float32)
+    assert torch.equal(linear_split(x, weight, bias, 1), F.linear(x, weight, bias))
+    with pytest.raises(ValueError, match="row-contiguous"):
+        linear_split(x.t().contiguous().t(), weight, bias, 2)
+
+
+def test_split_count_follows_rows_and_switch(monkeypatch) -> None:
+    monkeypatch.delenv(SPLIT_K_ENV, raising=False)
+    assert [split_count(rows, 1536) for rows in (112, 128, 129, 224, 1792)] == [4, 4, 1, 1, 1]
+    assert split_count(112, 32) == 2  # never a part under 16 of K
+    monkeypatch.setenv(SPLIT_K_ENV, "0")
+    assert split_count(112, 1536) == 1
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_readers_sum_the_parts(dtype: torch.dtype) -> None:
+    frames, width = 6, 32
+    x, weight, bias = _operands(2 * frames, 3 * width, width, dtype)
+    product = linear_split(x, weight, bias, 3)
+    summed = product.parts.sum(0) + bias.float()  # float32, as the readers see the parts
+    gen = torch.Generator().manual_seed(2)
+    stream = torch.randn(2 * frames, width, generator=gen).to(dtype)
+    mods = torch.randn(2, 3, width, generator=gen).to(dtype)
+    atol = 1e-5 if dtype == torch.float32 else 0.0625  # bfloat16: a rounding flip at most
+    for got, expected in zip(residual_norm(stream, (product, mods[:, 2]), mods[:, 0], mods[:, 1], frames, 1e-6),
+                             residual_norm(stream, (summed, mods[:, 2]), mods[:, 0], mods[:, 1], frames, 1e-6)):
+        torch.testing.assert_close(got.float(), expected.float(), atol=atol, rtol=0)
+    norm = torch.nn.LayerNorm(width).to(dtype)
+    taps = []
+    for y in (product, summed):
+        cache = torch.randn(2, 2 * width, 2, generator=torch.Generator().manual_seed(3)).to(dtype)
+        tail = torch.zeros(2, 2 * width, 2, dtype=dtype)
+        taps.append(norm_mish_taps(y, norm, (cache, tail, torch.tensor([6, 4]))))
+    assert taps[0].dtype == dtype
+    torch.testing.assert_close(taps[0].float(), taps[1].float(), atol=atol, rtol=0)
+    with pytest.raises(ValueError, match="branch output"):
+        residual_norm(stream[:-1], (product, mods[:, 2]), mods[:, 0], mods[:, 1], frames - 1, 1e-6)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("k", [1536, 2048])  # the convs over their taps, fc2
+@pytest.mark.parametrize("rows", [112, 128])
+def test_served_shapes_on_cuda(k: int, rows: int) -> None:
+    x, weight, bias = _operands(rows, k, 512, torch.bfloat16, "cuda")
+    product = linear_split(x, weight, bias)
+    assert isinstance(product, SplitSum)
+    expected = F.linear(x.float(), weight.float(), bias.float())
+    torch.testing.assert_close(product.parts.sum(0) + bias.float(), expected, atol=2e-3, rtol=1e-3)
