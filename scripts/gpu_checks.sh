@@ -38,6 +38,8 @@ check bench_talker_no_rope_epilogue env MINICPMO_GEMV_ROPE=0 "$python" perf/benc
     --talker-only --chain-lengths 8 --out "$out/talker_no_rope_epilogue" --commit "${COMMIT:-unknown}"
 # The paged decode attention's key tiles (64 / 128) per batch and length, and the launcher's pick.
 check bench_attention "$python" perf/bench_attention.py --out "$out/attention_tiles.md"
+# Code2Wav's cache-pool write after a window: the copy kernel against torch indexing.
+check bench_pool_commit "$python" perf/bench_pool_commit.py
 # The decode GEMV per shape (Thinker, Talker), and where folding the norms / SwiGLU into it pays.
 check bench_gemv "$python" perf/bench_gemv.py --out "$out/gemv_thinker.md"
 check bench_gemv_talker "$python" perf/bench_gemv.py --model talker --out "$out/gemv_talker.md"
