@@ -1,7 +1,7 @@
 """Where a batched Code2Wav window spends GPU time: torch.profiler over steady windows.
 
     PYTHONPATH=$PWD python3 perf/profile_code2wav.py --batch 16 [--graphs] [--pool]
-    PYTHONPATH=$PWD python3 perf/profile_code2wav.py --hift-batches 1,16 [--cudnn-benchmark]
+    PYTHONPATH=$PWD python3 perf/profile_code2wav.py --hift-batches 1,16 [--cudnn-benchmark] [--no-tf32]
 
 Eager (default) lists every kernel with its GPU time, so the sum shows whether the window is
 bound by GPU work or by launches; `--graphs` profiles the served mode (graph replays).
@@ -42,8 +42,11 @@ def main() -> None:
     parser.add_argument("--cudnn-benchmark", action="store_true",
                         help="let cuDNN time HiFT's conv algorithms (HiFTGenerator.cudnn_benchmark)")
     parser.add_argument("--hift-profile", action="store_true", help="kernel table per setting")
+    parser.add_argument("--no-tf32", action="store_true",
+                        help="cuDNN convs in full float32 (torch.backends.cudnn.allow_tf32 off)")
     parser.add_argument("--repeats", type=int, default=50)
     args = parser.parse_args()
+    torch.backends.cudnn.allow_tf32 = not args.no_tf32
     model = random_token2wav(Token2WavConfig(), seed=0).to("cuda")
     model.hift.cudnn_benchmark = args.cudnn_benchmark
     if args.hift_batches:
