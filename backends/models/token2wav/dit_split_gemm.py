@@ -97,7 +97,7 @@ def linear_split(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
     rows, k_total = x.shape
     n_cols = weight.shape[0]
     parts = split_count(rows, k_total) if parts is None else parts
-    if parts <= 1:
+    if parts <= 1 or rows == 0:
         return F.linear(x, weight, bias)
     if x.stride(1) != 1 or weight.stride(1) != 1 or weight.shape[1] != k_total:
         raise ValueError(f"linear_split needs row-contiguous x {tuple(x.shape)} and weight "

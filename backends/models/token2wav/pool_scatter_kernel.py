@@ -48,6 +48,9 @@ def scatter_frames(att: torch.Tensor, new_kv: torch.Tensor, writes: torch.Tensor
                          f"{tuple(att.shape)} {att.dtype}")
     if att.stride(5) != 1 or new_kv.stride(5) != 1 or writes.shape[0] != 4:
         raise ValueError("scatter_frames needs contiguous last dims and writes [4, W]")
+    if not att.device == new_kv.device == writes.device:
+        raise ValueError(f"pool on {att.device}, new frames on {new_kv.device}, writes on "
+                         f"{writes.device}: all must share one device")
     writes = writes.contiguous()
     n_writes = writes.shape[1]
     steps, depth, _, heads, _, elems = att.shape

@@ -284,6 +284,8 @@ def test_scatter_kernel_writes_what_indexing_writes(dtype: torch.dtype) -> None:
     assert torch.equal(att, expected)
     with pytest.raises(ValueError, match="do not fit the pool"):
         scatter_frames(att, new_kv[:, :, :, :2], writes)
+    with pytest.raises(ValueError, match="writes \\[4, W\\]"):
+        scatter_frames(att, new_kv, writes[:3])
 
 
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")

@@ -46,6 +46,7 @@ def test_parts_sum_to_the_linear(shape: tuple[int, int, int], parts: int) -> Non
 def test_one_part_is_the_plain_linear() -> None:
     x, weight, bias = _operands(5, 32, 16, torch.float32)
     assert torch.equal(linear_split(x, weight, bias, 1), F.linear(x, weight, bias))
+    assert linear_split(x[:0], weight, bias, 4).shape == (0, 16)  # no rows: no launch
     with pytest.raises(ValueError, match="row-contiguous"):
         linear_split(x.t().contiguous().t(), weight, bias, 2)
 
