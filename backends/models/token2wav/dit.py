@@ -219,11 +219,14 @@ class DiT(nn.Module):
         final = self.final_layer.adaLN_modulation(c).unflatten(-1, (2, hidden))
         return blocks, final + self.final_scale_ones.to(c.dtype)
 
+    def wants_fused_kernels(self, like: torch.Tensor) -> bool:
+        """The `fused` switch for work on `like`'s device: None = the kernels on CUDA only."""
+        return like.is_cuda if self.fused is None else self.fused
+
     def uses_fused_kernels(self, inputs: torch.Tensor) -> bool:
         """The fused path needs two window frames per row (its conv taps place the two
         cached frames from the first two frames' programs); shorter windows run in torch."""
-        wanted = inputs.is_cuda if self.fused is None else self.fused
-        return wanted and inputs.shape[2] >= _CONV_CONTEXT
+        return self.wants_fused_kernels(inputs) and inputs.shape[2] >= _CONV_CONTEXT
 
     def forward_chunk(
         self,

@@ -44,8 +44,9 @@ def _head_norm(x, weight_ptr, bias_ptr, dims, eps, HEAD_DIM: tl.constexpr):
 
 
 @triton.jit
-def _dot(a, b, IEEE: tl.constexpr, DOT_F32: tl.constexpr):
-    """IEEE: full float32 products (float32 flows; tf32 would miss their parity bound)."""
+def dot_for_dtype(a, b, IEEE: tl.constexpr, DOT_F32: tl.constexpr):
+    """The DiT kernels' matmul. IEEE: full float32 products (float32 flows; tf32 would miss
+    their parity bound); DOT_F32: float32 operands (Triton's interpreter)."""
     if DOT_F32:
         return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
     if IEEE:
@@ -59,13 +60,13 @@ def _softmax_step(q, k, v, ok, m_i, l_i, acc, sm_scale, IEEE: tl.constexpr,
     """One block of keys into the running max m_i, sum l_i and output acc (float32).
     DOT_F32: dot products of float32 copies (exact for bfloat16 inputs), for Triton's
     interpreter, whose bfloat16 `tl.dot` gives garbage."""
-    s = _dot(q, tl.trans(k), IEEE, DOT_F32) * sm_scale
+    s = dot_for_dtype(q, tl.trans(k), IEEE, DOT_F32) * sm_scale
     s = tl.where(ok[None, :], s, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(s, 1))
     m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # nothing unmasked yet
     alpha = tl.exp(m_i - m_safe)
     p = tl.exp(s - m_safe[:, None])
-    acc = acc * alpha[:, None] + _dot(p.to(v.dtype), v, IEEE, DOT_F32)
+    acc = acc * alpha[:, None] + dot_for_dtype(p.to(v.dtype), v, IEEE, DOT_F32)
     return m_new, l_i * alpha + tl.sum(p, 1), acc
 
 

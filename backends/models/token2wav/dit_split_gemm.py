@@ -19,6 +19,8 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
+from backends.models.token2wav.dit_attention_kernel import dot_for_dtype
+
 SPLIT_K_ENV = "MINICPMO_DIT_SPLIT_K"  # "0": never split
 _SPLIT_ROWS = ((128, 4),)  # (up to rows, K parts): one stream's window (H200, see doc)
 _BLOCK_M, _BLOCK_N, _BLOCK_K = 64, 32, 128
@@ -39,10 +41,6 @@ class SplitSum:
     @property
     def shape(self) -> torch.Size:
         return self.parts.shape[1:]
-
-    def total(self) -> torch.Tensor:
-        """The product as one [rows, N] tensor (for readers without a parts path)."""
-        return (self.parts.sum(0) + self.bias.float()).to(self.dtype)
 
 
 @triton.jit
@@ -70,12 +68,7 @@ def _split_gemm_kernel(
             k_ok = (ks < k_low + k_part) & (ks < k_total)
             x = tl.load(x_ptrs, mask=row_ok & k_ok[None, :], other=0.0)
             w = tl.load(w_ptrs, mask=col_ok & k_ok[:, None], other=0.0)
-        if DOT_F32:  # Triton's interpreter: dot in float32
-            acc = tl.dot(x.to(tl.float32), w.to(tl.float32), acc)
-        elif IEEE:  # float32 flows: full products, as cuBLAS gives them (tf32 would not)
-            acc = tl.dot(x, w, acc, input_precision="ieee")
-        else:
-            acc = tl.dot(x, w, acc)
+        acc += dot_for_dtype(x, w, IEEE, DOT_F32)  # float32 flows: as cuBLAS, not tf32
     out = parts_ptr + (part * n_rows + offs_m[:, None]) * n_cols + offs_n[None, :]
     tl.store(out, acc, mask=row_ok & col_ok)
 

@@ -141,8 +141,7 @@ class EstimatorPool:
             return
         # pinned and queued: a pageable copy would wait here for the whole solve to finish
         index = to_device(writes, new_kv.device)
-        fused = self._estimator.fused
-        if new_kv.is_cuda if fused is None else fused:
+        if self._estimator.wants_fused_kernels(new_kv):
             from backends.models.token2wav.pool_scatter_kernel import scatter_frames  # Triton
             scatter_frames(self.att, new_kv, index)
             return
