@@ -12,6 +12,8 @@ import torch
 import triton
 import triton.language as tl
 
+from backends.runner.pdl import pdl_launch_args, wait_for_inputs
+
 
 @triton.jit(do_not_specialize=["num_splits"], do_not_specialize_on_alignment=["num_real_ptr"])
 def _merge_splits_kernel(
@@ -26,7 +28,9 @@ def _merge_splits_kernel(
     SPLITS_PAD: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     ZERO_TAIL: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    wait_for_inputs(PDL)
     tok = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)
     offs_s = tl.arange(0, SPLITS_PAD)
@@ -60,5 +64,5 @@ def merge_splits(
     _merge_splits_kernel[(num_tokens, num_heads)](
         partial_out, partial_lse, out, num_real, num_heads, splits, out.stride(0), out.stride(1),
         SPLITS_PAD=triton.next_power_of_2(splits), HEAD_DIM=out.shape[2], ZERO_TAIL=zero_tail,
-        num_warps=4,
+        num_warps=4, **pdl_launch_args(out.device),
     )  # fmt: skip

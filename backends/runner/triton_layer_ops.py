@@ -18,6 +18,8 @@ import torch
 import triton
 import triton.language as tl
 
+from backends.runner.pdl import pdl_launch_args, wait_for_inputs
+
 
 @triton.jit
 def _rms_norm_kernel(
@@ -32,7 +34,9 @@ def _rms_norm_kernel(
     stride_r,
     HAS_RESIDUAL: tl.constexpr,
     BLOCK: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    wait_for_inputs(PDL)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     mask = cols < n_cols
@@ -60,7 +64,7 @@ def rms_norm(
         x, residual if residual is not None else x, weight, out, summed, eps, n_cols,
         x.stride(0), (residual if residual is not None else x).stride(0),
         HAS_RESIDUAL=residual is not None, BLOCK=triton.next_power_of_2(n_cols),
-        num_warps=_warps(n_cols),
+        num_warps=_warps(n_cols), **pdl_launch_args(x.device),
     )  # fmt: skip
     return out, summed
 
@@ -87,7 +91,9 @@ def _qk_norm_rope_kernel(
     NUM_KV_HEADS: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     HAS_QK_NORM: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    wait_for_inputs(PDL)
     tok = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)  # q heads first, then kv heads (the q|k column order)
     is_q = head < NUM_HEADS
@@ -145,7 +151,7 @@ def qk_norm_rope_store_kv(
         qkv, positions, slot_mapping, inv_freq, q_weight, k_weight, query, k_cache, v_cache,
         eps, qkv.stride(0), k_cache.stride(1),
         NUM_HEADS=num_heads, NUM_KV_HEADS=num_kv_heads, HEAD_DIM=head_dim,
-        HAS_QK_NORM=qk_norm is not None, num_warps=1,
+        HAS_QK_NORM=qk_norm is not None, num_warps=1, **pdl_launch_args(qkv.device),
     )  # fmt: skip
     return query
 
@@ -157,7 +163,9 @@ def _silu_and_mul_kernel(
     n_cols,
     stride_in,
     BLOCK: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    wait_for_inputs(PDL)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = cols < n_cols
@@ -174,6 +182,7 @@ def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
     out = torch.empty(rows, n_cols, dtype=gate_up.dtype, device=gate_up.device)
     block = 1024
     _silu_and_mul_kernel[(rows, triton.cdiv(n_cols, block))](
-        gate_up, out, n_cols, gate_up.stride(0), BLOCK=block, num_warps=4
+        gate_up, out, n_cols, gate_up.stride(0), BLOCK=block, num_warps=4,
+        **pdl_launch_args(gate_up.device),
     )
     return out

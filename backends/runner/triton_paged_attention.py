@@ -24,6 +24,7 @@ import triton
 import triton.language as tl
 
 from backends.runner.attention import AttentionMetadata
+from backends.runner.pdl import pdl_launch_args, wait_for_inputs
 from backends.runner.split_merge import merge_splits
 
 DECODE_ROWS = 16  # BLOCK_Q * GROUP_PAD for single-token queries (tl.dot needs >= 16 rows)
@@ -86,8 +87,9 @@ def _paged_attention_kernel(
     stride_o_tok, stride_o_head,
     num_heads, num_q_tiles, num_splits,
     GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, BLOCK_Q: tl.constexpr, TILE: tl.constexpr,
-    HEAD_DIM: tl.constexpr, PAGE: tl.constexpr, IS_SPLIT: tl.constexpr,
+    HEAD_DIM: tl.constexpr, PAGE: tl.constexpr, IS_SPLIT: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
+    wait_for_inputs(PDL)
     BLOCK_M: tl.constexpr = BLOCK_Q * GROUP_PAD
     req, q_tile = tl.program_id(0) // num_q_tiles, tl.program_id(0) % num_q_tiles
     kv_head, split = tl.program_id(1), tl.program_id(2)
@@ -212,7 +214,7 @@ def paged_attention_triton(
         num_heads, num_q_tiles, splits,
         GROUP=group, GROUP_PAD=group_pad, BLOCK_Q=block_q, TILE=tile,
         HEAD_DIM=head_dim, PAGE=page, IS_SPLIT=is_split,
-        num_warps=4, num_stages=2,
+        num_warps=4, num_stages=2, **pdl_launch_args(query.device),
     )  # fmt: skip
     if is_split:
         merge_splits(partial_out, partial_lse, out, meta.query_start_loc[meta.num_reqs :],
