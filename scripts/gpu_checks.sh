@@ -36,6 +36,9 @@ check bench_talker_chains "$python" perf/bench_runner.py --quick --talker-only -
 # The same Talker forward without RoPE + the KV write in the q|k|v GEMV's epilogue (A/B).
 check bench_talker_no_rope_epilogue env MINICPMO_GEMV_ROPE=0 "$python" perf/bench_runner.py --quick \
     --talker-only --chain-lengths 8 --out "$out/talker_no_rope_epilogue" --commit "${COMMIT:-unknown}"
+# Both decoders with their decode kernels in plain stream order, no programmatic dependent launch (A/B).
+check bench_runner_no_pdl env MINICPMO_PDL=0 "$python" perf/bench_runner.py --quick --chain-lengths 8 \
+    --out "$out/runner_no_pdl" --commit "${COMMIT:-unknown}"
 # The paged decode attention's key tiles (64 / 128) per batch and length, and the launcher's pick.
 check bench_attention "$python" perf/bench_attention.py --out "$out/attention_tiles.md"
 # Code2Wav's cache-pool write after a window: the copy kernel against torch indexing.

@@ -19,6 +19,7 @@ interpreter, older GPUs, `PDL_ENV=0`) compile the wait away.
 
 from __future__ import annotations
 
+import functools
 import os
 from typing import Any
 
@@ -35,7 +36,13 @@ def use_pdl(device: torch.device) -> bool:
     """PDL on this device: CUDA on compute capability 9.0 or newer, unless PDL_ENV is "0"."""
     if device.type != "cuda" or os.environ.get(PDL_ENV, "1") == "0":
         return False
-    return torch.cuda.get_device_capability(device)[0] >= 9
+    return capability_major(device.index or 0) >= 9
+
+
+@functools.lru_cache(maxsize=None)
+def capability_major(device_index: int) -> int:
+    """Cached: eager steps ask once per kernel launch."""
+    return torch.cuda.get_device_capability(device_index)[0]
 
 
 def pdl_launch_args(device: torch.device) -> dict[str, Any]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from backends.runner.pdl import PDL_ENV, pdl_launch_args, use_pdl
+from backends.runner.pdl import PDL_ENV, capability_major, pdl_launch_args, use_pdl
 
 
 def test_cpu_launches_without_pdl() -> None:
@@ -28,5 +28,7 @@ def test_capability_decides_when_on(monkeypatch) -> None:
     monkeypatch.delenv(PDL_ENV, raising=False)
     for major, expected in ((8, False), (9, True), (10, True)):
         monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device, m=major: (m, 0))
+        capability_major.cache_clear()
         args = pdl_launch_args(torch.device("cuda", 0))
         assert args == ({"PDL": True, "launch_pdl": True} if expected else {"PDL": False})
+    capability_major.cache_clear()
