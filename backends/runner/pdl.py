@@ -6,9 +6,9 @@ last wave is still running; they stop at `wait_for_inputs` until that kernel has
 its writes are visible. What a program can do before the wait is what does not depend on the
 previous kernel: its launch, its address math and, for the tensor-core GEMV, pulling its first
 weight tile into L2 (`prefetch_l2`), so the weight stream starts during the previous kernel's
-tail. On an H200 (perf/results/runner_h200.md, fourteenth session) this took a Thinker step at
-batch 16 / 4k context from 7.01-7.03 to 6.93-6.96 ms, batch 1 / 1k from 4.30 to 4.13 ms, and
-a Talker step at batch 16 from 0.697 to 0.59 ms.
+tail. On an H200 (perf/results/runner_h200.md, fourteenth session) this took a graphed Thinker
+step at batch 1 / 1k context from 4.26 to 4.08 ms and at batch 16 / 4k from 6.90 to 6.83 ms,
+and a Talker step at batch 1 / 16 from 0.47 / 0.69 to 0.40 / 0.59 ms.
 
 The rule that keeps this correct: a kernel launched with PDL calls `wait_for_inputs` in every
 program before it reads or writes any tensor another kernel touches, early exits included, so
