@@ -17,7 +17,7 @@
 #   MINICPMO_STAGE_CALL_METRICS=1 ... bench ...  # the orchestrator's per-stage call latency (and its
 #                                   # P99 bucket) in the report's server-metrics table
 #   MPS=off ... bench ...           # the stage processes time-slice the GPU (default auto: MPS on)
-#   MINICPMO_MPS_LOW_PRIORITY=none ... bench ...  # no stage at MPS below-normal priority (default: code2wav)
+#   MINICPMO_MPS_LOW_PRIORITY=code2wav ... bench ...  # Code2Wav at MPS below-normal priority (default: none)
 # On two H200s (kind nvidia-h200-x2), issue 9's placements: (a) `bench` as above (one GPU),
 #   (b) COMMIT=<sha> bash scripts/gpu_duplex_bench.sh bench-split 4,8,16,32 split
 #   (c) COMMIT=<sha> bash scripts/gpu_duplex_bench.sh bench-replicas 4,8,16,32 replicas

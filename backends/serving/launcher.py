@@ -51,7 +51,7 @@ class ServerOptions:
     log_file: Path | None = None
     ready_timeout_s: float = 300.0
     mps: str = "auto"  # CUDA MPS for the stage processes: auto | on | off (backends/serving/mps.py)
-    # Stages whose stubs start at MPS below-normal priority; None: Code2Wav's under MPS.
+    # Stages whose stubs start at MPS below-normal priority; None: DEFAULT_LOW_PRIORITY under MPS.
     mps_low_priority: tuple[str, ...] | None = None
     extra_args: list[str] = field(default_factory=list)
 
@@ -105,8 +105,8 @@ class ServerProcess:
         return self
 
     def low_priority_stages(self) -> tuple[str, ...]:
-        """The stages named in the options, else Code2Wav's when this server runs an MPS daemon
-        (call after `_start_mps`)."""
+        """The stages named in the options, else `DEFAULT_LOW_PRIORITY` when this server runs an
+        MPS daemon (call after `_start_mps`)."""
         if self.options.mps_low_priority is not None:
             return self.options.mps_low_priority
         return DEFAULT_LOW_PRIORITY if self.mps is not None else ()
@@ -210,7 +210,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="CUDA MPS daemon for the stage processes sharing a GPU (auto: on for GPU profiles)")
     parser.add_argument("--mps-low-priority", type=low_priority_stages, default=None, metavar="STAGES",
                         help="stages (comma-separated, or none) whose processes start at MPS below-normal "
-                             "client priority (default: $MINICPMO_MPS_LOW_PRIORITY, else code2wav under MPS)")
+                             "client priority (default: $MINICPMO_MPS_LOW_PRIORITY, else none)")
     parser.add_argument("--server-id", default=None,
                         help="name of this replica (Triton --id; the `name` of server metadata)")
     return parser.parse_args(argv)

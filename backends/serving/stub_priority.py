@@ -1,4 +1,4 @@
-"""Per-stage MPS client priority through a wrapper stub (Code2Wav's by default under MPS).
+"""Per-stage MPS client priority through a wrapper stub (opt-in: `MINICPMO_MPS_LOW_PRIORITY`).
 
 MPS takes a client's priority from the environment the client process starts with
 (`CUDA_MPS_CLIENT_PRIORITY`: 0 normal, 1 below normal), and a Python-backend stub connects to
@@ -14,10 +14,17 @@ Measured on one H200 (perf/results/duplex_h200.md, tenth session: two server sta
 the order none / code2wav / code2wav / none): Code2Wav below normal gave server TTFP 156 / 151
 ms at 16 sessions against 170 / 182 without, and 216 / 198 ms against 254 / 247 at 32: the
 vocoder's windows (deadlines ~1 s away) yield to the Thinker's and the Talker's kernels, which
-hold a reply's first audio. So a server whose stages share the GPU through MPS starts Code2Wav
-there by default (`DEFAULT_LOW_PRIORITY`); `none` turns it off. Two later full runs with the
-default (runs 14 and 15: 140 / 132 ms at 16, 209 / 185 ms at 32) gained little against the
-full runs before it (142-149, 181-219): the paired starts are the controlled comparison.
+hold a reply's first audio. So Code2Wav started below normal by default from then on. Two
+later full runs with that default (runs 14 and 15: 140 / 132 ms at 16, 209 / 185 ms at 32)
+gained little against the full runs before it (142-149, 181-219).
+
+Since the decode kernels launch with programmatic dependent launch (fourteenth session: Thinker
+and Talker steps 15-30% shorter under load), Code2Wav's first window is the largest part of a
+reply's audio tail at 16 sessions, and the balance turned: in two paired starts (runs 22 and 23,
+each below normal then normal) normal priority gave 111 / 113 ms at 16 sessions against 117 /
+124, and 146 / 147 ms at 32 against 153 / 161 (P99 137 / 143 against 170 / 172, and 185 / 179
+against 203 / 217). So no stage is lowered by default now (`DEFAULT_LOW_PRIORITY` is empty);
+naming stages in the option or the environment still does it.
 """
 from __future__ import annotations
 
@@ -29,7 +36,7 @@ from pathlib import Path
 from backends.serving.profiles import STAGES
 
 LOW_PRIORITY_ENV = "MINICPMO_MPS_LOW_PRIORITY"  # comma-separated stage names, or "none"
-DEFAULT_LOW_PRIORITY = ("code2wav",)  # under an MPS daemon, when neither option nor env says
+DEFAULT_LOW_PRIORITY: tuple[str, ...] = ()  # under an MPS daemon, when neither option nor env says
 STUB_NAME = "triton_python_backend_stub"
 
 
