@@ -41,6 +41,7 @@ from backends.runner.types import RunnerConfig
 from backends.stages.contracts import TalkerRequest
 from backends.stages.sink import ListSink
 from backends.stages.talker_engine import TalkerEngine
+from perf.switches import active_switches
 
 HANDED_TOKENS = 10
 FRAMES = 25
@@ -252,6 +253,7 @@ def render(rows: list[Row], args: argparse.Namespace, device: torch.device) -> s
         f"- device: {name}; torch {torch.__version__}; profile: {'tiny' if args.tiny else 'full dimensions'}, random weights",
         f"- commit: {args.commit} (plus the uncommitted issue-5 working tree at the time of the run)",
         f"- command: `{args.command}`",
+        f"- switches: {active_switches()}",
         f"- Talker: bf16 on GPU, fast path (Triton attention); Code2Wav: float32 unless the mode says"
         f" +tf32 (TF32 matmuls) or +bf16 (flow in bfloat16, HiFT float32); median of {args.repeats} runs",
         f"- Talker chunk policy: {args.talker_policy} (host hook off the runner's fast path)",

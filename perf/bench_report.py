@@ -60,7 +60,7 @@ def render_markdown(title: str, meta: dict[str, Any], levels: Sequence[Level]) -
 
 
 def _meta_lines(meta: dict[str, Any]) -> list[str]:
-    keys = ("command", "commit", "device", "profile", "workload", "started")
+    keys = ("command", "commit", "device", "profile", "workload", "started", "switches")
     return [f"- {key}: `{meta[key]}`" if key == "command" else f"- {key}: {meta[key]}" for key in keys if key in meta]
 
 

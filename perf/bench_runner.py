@@ -55,6 +55,7 @@ from backends.models.talker_policy import (  # noqa: E402
 from backends.runner.model_runner import ModelRunner  # noqa: E402
 from backends.runner.types import RunnerConfig, SamplingParams, StepInput  # noqa: E402
 from backends.talker.policy_table import TalkerPolicyTable  # noqa: E402
+from perf.switches import active_switches  # noqa: E402
 
 THINKER = Qwen3Config(
     hidden_size=4096, num_hidden_layers=36, num_attention_heads=32, num_key_value_heads=8,
@@ -443,6 +444,7 @@ def markdown(
         f"- command: `{command}`",
         f"- commit: `{commit}`; device: {torch.cuda.get_device_name()}; torch {torch.__version__}",
         f"- copy bandwidth (read + write): {bandwidth / 1e12:.2f} TB/s",
+        f"- switches: {active_switches()}",
         "",
         "| model | batch | context | graph ms | step ms | floor ms | graph / floor |",
         "| --- | --- | --- | --- | --- | --- | --- |",

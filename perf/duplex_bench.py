@@ -30,6 +30,7 @@ from perf.bench_plot import plot_levels
 from perf.bench_report import render_markdown, write_json
 from perf.duplex_levels import LevelPlan, LevelResult, run_level, warm_up
 from perf.gpu_memory import read_memory_mib
+from perf.switches import active_switches
 from perf.turn import TurnOptions
 from perf.workload import ReplyShape, Workload
 
@@ -134,6 +135,7 @@ def run_meta(args: argparse.Namespace, argv: list[str] | None, shape: ReplyShape
                      f"groups, replies of {shape.describe()}, {args.append_ms} ms appends of silence, "
                      f"stagger {args.stagger_s} s, seed {args.seed}"),
         "started": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "switches": active_switches(),
         "notes": list(args.note),
     }
 
