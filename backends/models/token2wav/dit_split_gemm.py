@@ -103,7 +103,7 @@ def linear_split(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
     grid = (triton.cdiv(n_cols, block_n), triton.cdiv(rows, _BLOCK_M), parts)
     _split_gemm_kernel[grid](
         x, weight, out, rows, n_cols, k_total, k_part, x.stride(0), weight.stride(0),
-        EVEN=even, IEEE=x.dtype == torch.float32, DOT_F32=not x.is_cuda, BLOCK_M=_BLOCK_M, BLOCK_N=block_n, BLOCK_K=block_k,
-        num_warps=4, num_stages=4,
+        EVEN=even, IEEE=x.dtype == torch.float32, DOT_F32=not x.is_cuda,
+        BLOCK_M=_BLOCK_M, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=4, num_stages=4,
     )  # fmt: skip
     return SplitSum(out, bias)
