@@ -8,7 +8,8 @@ previous kernel: its launch, its address math and, for the tensor-core GEMV, pul
 weight tile into L2 (`prefetch_l2`), so the weight stream starts during the previous kernel's
 tail. On an H200 (perf/results/runner_h200.md, fourteenth session) this took a graphed Thinker
 step at batch 1 / 1k context from 4.26 to 4.08 ms and at batch 16 / 4k from 6.90 to 6.83 ms,
-and a Talker step at batch 1 / 16 from 0.47 / 0.69 to 0.40 / 0.59 ms.
+and a Talker step at batch 1 / 16 from 0.47 / 0.69 to 0.40 / 0.59 ms. Code2Wav's DiT blocks
+chain their kernels the same way at small batches (models/token2wav/dit_gemm.py).
 
 The rule that keeps this correct: a kernel launched with PDL calls `wait_for_inputs` in every
 program before it reads or writes any tensor another kernel touches, early exits included, so
@@ -70,7 +71,10 @@ def prefetch_l2(
     to cols_end). A hint with no result: the loads that follow find the lines in L2. Weights
     do not depend on the previous kernel, so a PDL program can do this before it waits."""
     if ENABLED:
-        lines = col_start + tl.arange(0, BLOCK_COLS // LINE_ELEMENTS) * LINE_ELEMENTS
+        if BLOCK_COLS >= LINE_ELEMENTS:
+            lines = col_start + tl.arange(0, BLOCK_COLS // LINE_ELEMENTS) * LINE_ELEMENTS
+        else:  # a tile narrower than a line (tiny models): the line it starts in
+            lines = col_start + tl.arange(0, 1)
         lines = tl.minimum(lines, cols_end - 1)
         ptrs = row_ptr + rows[:, None] * row_stride + lines[None, :]
         tl.inline_asm_elementwise(

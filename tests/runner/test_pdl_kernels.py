@@ -4,7 +4,7 @@ A kernel launched with PDL may start while its predecessor in the stream still r
 program must call `wait_for_inputs(PDL)` before it reads or writes a tensor another kernel
 touches (backends/runner/pdl.py). The GPU test (tests/runner_gpu/test_gpu_pdl.py) can only
 catch a missing wait as a race it happens to hit; this test reads every `@triton.jit` kernel
-in the runner that takes a `PDL` flag and checks, in source order, that the wait comes before
+in the runner and in Code2Wav's DiT that takes a `PDL` flag and checks, in source order, that the wait comes before
 any load, store, atomic or return and is not inside a branch, and that the only call before it
 is the weight prefetch (weights are never written by another kernel).
 """
@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-RUNNER = Path(__file__).resolve().parents[2] / "backends" / "runner"
+BACKENDS = Path(__file__).resolve().parents[2] / "backends"
+KERNEL_DIRS = (BACKENDS / "runner", BACKENDS / "models" / "token2wav")
 MEMORY_CALLS = {"load", "store", "atomic_add", "atomic_cas", "atomic_xchg", "atomic_max", "atomic_min"}
 ALLOWED_BEFORE_WAIT = {"prefetch_l2", "program_id", "arange", "minimum", "maximum", "to", "cdiv"}
 
@@ -31,7 +32,7 @@ def _is_jit(func: ast.FunctionDef) -> bool:
 
 def pdl_kernels() -> list[tuple[str, ast.FunctionDef]]:
     found = []
-    for path in sorted(RUNNER.glob("*.py")):
+    for path in sorted(p for folder in KERNEL_DIRS for p in folder.glob("*.py")):
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.FunctionDef) and _is_jit(node):
                 if any(arg.arg == "PDL" for arg in node.args.args) and node.name != "wait_for_inputs":
@@ -53,6 +54,8 @@ def test_the_decode_kernels_take_the_flag() -> None:
     names = {name.split(":")[1] for name, _ in pdl_kernels()}
     assert {"_skinny_kernel", "_split_sum_kernel", "_rms_norm_kernel", "_qk_norm_rope_kernel",
             "_silu_and_mul_kernel", "_paged_attention_kernel", "_merge_splits_kernel"} <= names
+    assert {"_gemm_kernel", "_residual_norm_kernel", "_norm_mish_taps_kernel", "_attention_kernel",
+            "_merge_kernel"} <= names  # the DiT block's whole chain (dit_gemm)
 
 
 @pytest.mark.parametrize("kernel", [pytest.param(kernel, id=name) for name, kernel in pdl_kernels()])

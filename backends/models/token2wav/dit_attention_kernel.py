@@ -23,6 +23,8 @@ import torch
 import triton
 import triton.language as tl
 
+from backends.runner.pdl import pdl_launch_args, wait_for_inputs
+
 _BLOCK_N = 64  # keys per step of the online softmax
 # Below this many (query block, row, head) programs the keys are split over more programs (and
 # merged by a second kernel): a window of one stream has 64 programs for the H200's 132 SMs,
@@ -111,8 +113,9 @@ def _attention_kernel(
     n_frames, n_cached, total_rows, tiles_per_split, eps, sm_scale,
     s_cache_r, s_cache_h, s_cache_l, s_valid_r, s_kv_r, s_kv_h, s_kv_t, s_order_r,
     INDEXED: tl.constexpr, HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr, SPLITS: tl.constexpr, IEEE: tl.constexpr, DOT_F32: tl.constexpr,
+    BLOCK_N: tl.constexpr, SPLITS: tl.constexpr, IEEE: tl.constexpr, DOT_F32: tl.constexpr, PDL: tl.constexpr,
 ):
+    wait_for_inputs(PDL)
     INNER: tl.constexpr = HEADS * HEAD_DIM
     rh, split = tl.program_id(1).to(tl.int64), tl.program_id(2)
     r, h = rh // HEADS, rh % HEADS
@@ -142,9 +145,7 @@ def _attention_kernel(
         use = in_window & (tl.load(valid_row + offs_n, mask=in_window, other=0) != 0)
         m_i, l_i, acc = _softmax_step(q, k_new, v_new, use, m_i, l_i, acc, sm_scale, IEEE,
                                       DOT_F32)
-    cache_row = r
-    if INDEXED:
-        cache_row = tl.load(rows_ptr + r).to(tl.int64)
+    cache_row = tl.load(rows_ptr + r).to(tl.int64) if INDEXED else r
     cache_head = cache_ptr + cache_row * s_cache_r + h * s_cache_h
     for tile_c in range(tl.maximum(first, window_tiles), last):
         offs_c = (tile_c - window_tiles) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -174,9 +175,10 @@ def _store_partial(part_ptr, acc, m_i, l_i, entry, ok, dims, HEAD_DIM: tl.conste
 
 @triton.jit
 def _merge_kernel(part_ptr, out_ptr, total_rows, SPLITS: tl.constexpr, HEADS: tl.constexpr,
-                  HEAD_DIM: tl.constexpr, BLOCK_R: tl.constexpr):
+                  HEAD_DIM: tl.constexpr, BLOCK_R: tl.constexpr, PDL: tl.constexpr):
     """out [R T, H D] from the splits' partials [SPLITS, R T, H, D + 2] (acc | max | sum): each
     split's sum and output rescaled to the common max. A query no split saw a key for gets 0."""
+    wait_for_inputs(PDL)
     h = tl.program_id(1)
     rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     ok = rows < total_rows
@@ -261,9 +263,10 @@ def masked_attention(
         key_valid.stride(0), *new_kv.stride()[:3], order.stride(0), INDEXED=index is not None,
         HEADS=heads, HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=_BLOCK_N, SPLITS=splits,
         IEEE=qkv.dtype == torch.float32, DOT_F32=not qkv.is_cuda, num_warps=4,
+        **pdl_launch_args(qkv.device),
     )  # fmt: skip
     if splits > 1:
         _merge_kernel[(triton.cdiv(total_rows, _MERGE_BLOCK_R), heads)](
             target, out, total_rows, SPLITS=splits, HEADS=heads, HEAD_DIM=head_dim,
-            BLOCK_R=_MERGE_BLOCK_R, num_warps=4)
+            BLOCK_R=_MERGE_BLOCK_R, num_warps=4, **pdl_launch_args(qkv.device))
     return out

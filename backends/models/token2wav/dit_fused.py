@@ -6,8 +6,9 @@ count, not FLOPs (perf/results/audio_tail_h200.md):
 
 - the six GEMMs: q|k|v as one (weights concatenated once, see `packed_qkv`; the checkpoint
   keeps to_q/to_k/to_v), the output projection, both causal convs as GEMMs over their taps
-  (`dit_norm_kernels`), fc1 (with the tanh-GELU epilogue on CUDA) and fc2; at small batches
-  the convs and fc2 split their long K (`dit_split_gemm`);
+  (`dit_norm_kernels`), fc1 (with the tanh-GELU epilogue) and fc2; at small batches they run
+  as Triton kernels (split over K where a norm kernel reads the product), so the whole block
+  is one chain of dependent launches (`dit_gemm`);
 - three `dit_norm_kernels` kernels: every gated residual is fused with the norm + modulation
   of the branch after it (the MLP gate of block b with block b + 1's attention norm);
 - one `dit_attention_kernel` kernel for q/k norms, the cache entries and masked attention.
@@ -20,16 +21,15 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import torch
-import torch.nn.functional as F
 
 from backends.models.token2wav.dit_attention_kernel import masked_attention
+from backends.models.token2wav.dit_gemm import linear, linear_split
 from backends.models.token2wav.dit_norm_kernels import (
     Product,
     norm_mish_taps,
     residual_norm,
     residual_norm_taps,
 )
-from backends.models.token2wav.dit_split_gemm import linear_split
 
 if TYPE_CHECKING:
     from backends.models.token2wav.dit import DiT, DiTBlock
@@ -60,18 +60,9 @@ def _version(tensor: torch.Tensor) -> int:
         return -1
 
 
-def _fc1_gelu(mlp: torch.nn.Module, h: torch.Tensor) -> torch.Tensor:
-    """fc1 + tanh-GELU; on CUDA one GEMM with the cuBLASLt GELU epilogue (tanh form; the CPU
-    kernel of `_addmm_activation` uses the erf form, so CPU stays with two ops)."""
-    fc1 = mlp.fc1
-    if h.is_cuda:
-        return torch._addmm_activation(fc1.bias, h, fc1.weight.t(), use_gelu=True)
-    return F.gelu(F.linear(h, fc1.weight, fc1.bias), approximate="tanh")
-
-
 def _conv_gemm(taps: torch.Tensor, conv: torch.nn.Conv1d) -> Product:
     """taps [rows, C_in, 3] -> [rows, C_out]: the kernel-3 conv over its padded input
-    (split over K at small batches, `dit_split_gemm`)."""
+    (split over K at small batches, `dit_gemm`)."""
     weight = conv.weight.reshape(conv.weight.shape[0], -1)  # [C_out, C_in * 3], a view
     return linear_split(taps.view(taps.shape[0], -1), weight, conv.bias)
 
@@ -91,9 +82,9 @@ def fused_block(
     n_frames = outputs[1].shape[2]
     x, h = residual_norm(x, pending, mod[:, _MSA], mod[:, _MSA + 1], n_frames, block.norm1.eps)
     attn = block.attn
-    qkv = F.linear(h, *packed_qkv(attn))
-    attended = attn.proj(masked_attention(qkv, attn.q_norm, attn.k_norm, caches[1], key_valid,
-                                          outputs[1], cache_index))
+    qkv = linear(h, *packed_qkv(attn))
+    attended = linear_split(masked_attention(qkv, attn.q_norm, attn.k_norm, caches[1], key_valid,
+                                             outputs[1], cache_index), attn.proj.weight, attn.proj.bias)
     conv_state = (caches[0], outputs[0], num_new)
     x, taps = residual_norm_taps(x, (attended, mod[:, _MSA + 2]), mod[:, _CONV],
                                  mod[:, _CONV + 1], block.norm3.eps, conv_state)
@@ -102,7 +93,8 @@ def fused_block(
     x, h = residual_norm(x, (_conv_gemm(taps, layers[6]), mod[:, _CONV + 2]), mod[:, _MLP],
                          mod[:, _MLP + 1], n_frames, block.norm2.eps)
     fc2 = block.mlp.fc2
-    return x, (linear_split(_fc1_gelu(block.mlp, h), fc2.weight, fc2.bias), mod[:, _MLP + 2])
+    hidden = linear(h, block.mlp.fc1.weight, block.mlp.fc1.bias, gelu=True)
+    return x, (linear_split(hidden, fc2.weight, fc2.bias), mod[:, _MLP + 2])
 
 
 def fused_forward(

@@ -16,7 +16,7 @@ rounding per output:
   conv's taps with its cache frames, likewise.
 
 A branch output read here (y, and the first conv's output) may come as a `SplitSum`
-(`dit_split_gemm`): its float32 parts and bias are summed as the row is loaded.
+(`dit_gemm`): its float32 parts and bias are summed as the row is loaded.
 """
 
 from __future__ import annotations
@@ -25,7 +25,8 @@ import torch
 import triton
 import triton.language as tl
 
-from backends.models.token2wav.dit_split_gemm import SplitSum
+from backends.models.token2wav.dit_gemm import SplitSum
+from backends.runner.pdl import pdl_launch_args, wait_for_inputs
 
 _TAPS = 3  # kernel size of the DiT's causal convs
 _CONTEXT = _TAPS - 1
@@ -96,8 +97,9 @@ def _residual_norm_kernel(
     cache_ptr, tail_ptr, num_new_ptr,  # conv cache in [R, 2C, 2], next cache [R, 2C, 2], [R]
     n_rows, n_frames, n_cols, eps, stride_gate, stride_mod, s_cache_r, s_cache_c, s_cache_j,
     stride_tail, HAS_BRANCH: tl.constexpr, Y_PARTS: tl.constexpr, TAPS: tl.constexpr,
-    BLOCK: tl.constexpr,
+    BLOCK: tl.constexpr, PDL: tl.constexpr,
 ):
+    wait_for_inputs(PDL)
     row = tl.program_id(0).to(tl.int64)
     r, t = row // n_frames, row % n_frames
     cols = tl.arange(0, BLOCK)
@@ -125,8 +127,9 @@ def _norm_mish_taps_kernel(
     x_ptr, x_bias_ptr, weight_ptr, bias_ptr,  # x [rows, C]: first conv output; LN affine [C]
     taps_ptr, cache_ptr, tail_ptr, num_new_ptr,
     n_rows, n_frames, n_cols, eps, s_cache_r, s_cache_c, s_cache_j, stride_tail,
-    X_PARTS: tl.constexpr, BLOCK: tl.constexpr,
+    X_PARTS: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr,
 ):
+    wait_for_inputs(PDL)
     row = tl.program_id(0).to(tl.int64)
     r, t = row // n_frames, row % n_frames
     cols = tl.arange(0, BLOCK)
@@ -196,6 +199,7 @@ def _launch_residual(
         _mod_stride(shift, rows, n_frames), *cache.stride(),
         tail.stride(0), HAS_BRANCH=branch is not None, Y_PARTS=y_parts,
         TAPS=conv_state is not None, BLOCK=triton.next_power_of_2(n_cols), num_warps=_warps(n_cols),
+        **pdl_launch_args(x.device),
     )  # fmt: skip
     return x_out, h
 
@@ -239,6 +243,6 @@ def norm_mish_taps(
     _norm_mish_taps_kernel[(rows,)](
         x, x_bias, norm.weight, norm.bias, taps, cache, tail, num_new, rows, n_frames, n_cols,
         norm.eps, *cache.stride(), tail.stride(0), X_PARTS=x_parts,
-        BLOCK=triton.next_power_of_2(n_cols), num_warps=_warps(n_cols),
+        BLOCK=triton.next_power_of_2(n_cols), num_warps=_warps(n_cols), **pdl_launch_args(x.device),
     )  # fmt: skip
     return taps

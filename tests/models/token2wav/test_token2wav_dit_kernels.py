@@ -22,7 +22,7 @@ from backends.models.token2wav.assets import random_token2wav  # noqa: E402
 from backends.models.token2wav.dit import _last_two, gather_cache  # noqa: E402
 from backends.models.token2wav.dit_attention_kernel import key_splits, masked_attention  # noqa: E402
 from backends.models.token2wav.dit_fused import packed_qkv  # noqa: E402
-from backends.models.token2wav.dit_split_gemm import SPLIT_K_ENV  # noqa: E402
+from backends.models.token2wav.dit_gemm import SPLIT_K_ENV  # noqa: E402
 from backends.models.token2wav.dit_norm_kernels import (  # noqa: E402
     norm_mish_taps,
     residual_norm,

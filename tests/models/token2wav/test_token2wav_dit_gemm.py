@@ -1,10 +1,12 @@
-"""Split-K products of the DiT (`dit_split_gemm`) and the kernels that read them.
+"""The DiT's Triton GEMMs (`dit_gemm`): split-K products, the kernels that read them, and the
+plain product (bias, optional tanh-GELU) that keeps a block one chain of dependent launches.
 
 Strategy: the parts plus the bias must equal F.linear for any split of any K (uneven parts,
 widths that leave masked lanes), in Triton's interpreter on CPU (tests/conftest.py) and, on
-CUDA, at the served shapes in bfloat16; a reader given the parts (`residual_norm`,
-`norm_mish_taps`) must compute what it computes from the summed product; the split count
-follows the row rule and its switch.
+CUDA, at the served shapes in bfloat16; so must the plain kernel, and with GELU the tanh-form
+F.gelu of it; a reader given the parts (`residual_norm`, `norm_mish_taps`) must compute what it
+computes from the summed product; the split count and the Triton-or-cuBLAS choice follow their
+row rules and switches.
 """
 
 from __future__ import annotations
@@ -16,9 +18,12 @@ import torch.nn.functional as F
 pytest.importorskip("triton")
 
 from backends.models.token2wav.dit_norm_kernels import norm_mish_taps, residual_norm  # noqa: E402
-from backends.models.token2wav.dit_split_gemm import (  # noqa: E402
+from backends.models.token2wav import dit_gemm  # noqa: E402
+from backends.models.token2wav.dit_gemm import (  # noqa: E402
     SPLIT_K_ENV,
     SplitSum,
+    chained,
+    linear,
     linear_split,
     split_count,
 )
@@ -44,12 +49,44 @@ def test_parts_sum_to_the_linear(shape: tuple[int, int, int], parts: int) -> Non
     torch.testing.assert_close(total, F.linear(x, weight, bias), atol=1e-5, rtol=0)
 
 
+@pytest.mark.parametrize("shape", [(7, 96, 40), (70, 256, 32), (130, 64, 24)])
+@pytest.mark.parametrize("gelu", [False, True])
+def test_triton_product_is_the_linear(shape: tuple[int, int, int], gelu: bool) -> None:
+    x, weight, bias = _operands(*shape, torch.float32)
+    expected = F.linear(x, weight, bias)
+    if gelu:
+        expected = F.gelu(expected, approximate="tanh")
+    got = linear(x, weight, bias, gelu=gelu, triton_kernel=True)
+    assert got.shape == expected.shape and got.dtype == torch.float32
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(linear(x, weight, bias, gelu=gelu, triton_kernel=False), expected,
+                               atol=1e-6, rtol=1e-6)  # the cuBLAS / torch side of the switch
+
+
+def test_triton_product_rounds_once_to_bfloat16() -> None:
+    x, weight, bias = _operands(40, 128, 48, torch.bfloat16)
+    got = linear(x, weight, bias, gelu=True, triton_kernel=True)
+    exact = F.gelu(F.linear(x.float(), weight.float(), bias.float()), approximate="tanh")
+    assert got.dtype == torch.bfloat16
+    torch.testing.assert_close(got.float(), exact, atol=1e-2, rtol=8e-3)  # bf16 half-ulp
+
+
+def test_chaining_needs_pdl_and_few_rows(monkeypatch) -> None:
+    x = torch.zeros(112, 8)
+    assert not chained(x)  # CPU: no dependent launch, cuBLAS/torch
+    monkeypatch.setattr(dit_gemm, "use_pdl", lambda device: True)
+    assert chained(x) and chained(torch.zeros(dit_gemm._CHAIN_ROWS, 8))
+    assert not chained(torch.zeros(dit_gemm._CHAIN_ROWS + 1, 8)) and not chained(x[:0])
+
+
 def test_one_part_is_the_plain_linear() -> None:
     x, weight, bias = _operands(5, 32, 16, torch.float32)
     assert torch.equal(linear_split(x, weight, bias, 1), F.linear(x, weight, bias))
     assert linear_split(x[:0], weight, bias, 4).shape == (0, 16)  # no rows: no launch
     with pytest.raises(ValueError, match="row-contiguous"):
         linear_split(x.t().contiguous().t(), weight, bias, 2)
+    with pytest.raises(ValueError, match="row-contiguous"):
+        linear(x.t().contiguous().t(), weight, bias, triton_kernel=True)
 
 
 def test_split_count_follows_rows_and_switch(monkeypatch) -> None:
@@ -95,3 +132,19 @@ def test_served_shapes_on_cuda(k: int, rows: int) -> None:
     assert isinstance(product, SplitSum)
     expected = F.linear(x.float(), weight.float(), bias.float())
     torch.testing.assert_close(product.parts.sum(0) + bias.float(), expected, atol=2e-3, rtol=1e-3)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("shape", [(512, 1536, False), (512, 2048, True), (512, 512, False)])
+@pytest.mark.parametrize("rows", [112, 224])
+def test_plain_product_on_cuda(shape: tuple[int, int, bool], rows: int) -> None:
+    """q|k|v, fc1 + GELU (and the projection unsplit) at the served shapes, launched the way a
+    window launches them (with PDL on Hopper), against the float32 product."""
+    k, n, gelu = shape
+    x, weight, bias = _operands(rows, k, n, torch.bfloat16, "cuda")
+    got = linear(x, weight, bias, gelu=gelu, triton_kernel=True)
+    exact = F.linear(x.float(), weight.float(), bias.float())
+    if gelu:
+        exact = F.gelu(exact, approximate="tanh")
+    torch.testing.assert_close(got.float(), exact, atol=2e-2, rtol=1e-2)
