@@ -251,7 +251,7 @@ def render(rows: list[Row], args: argparse.Namespace, device: torch.device) -> s
         "# Audio tail on one GPU: Talker time to 25 frames, Code2Wav time per window",
         "",
         f"- device: {name}; torch {torch.__version__}; profile: {'tiny' if args.tiny else 'full dimensions'}, random weights",
-        f"- commit: {args.commit} (plus the uncommitted issue-5 working tree at the time of the run)",
+        f"- commit: {args.commit}",
         f"- command: `{args.command}`",
         f"- switches: {active_switches()}",
         f"- Talker: bf16 on GPU, fast path (Triton attention); Code2Wav: float32 unless the mode says"

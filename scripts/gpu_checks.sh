@@ -53,6 +53,9 @@ check bench_policy_draw "$python" perf/bench_policy_draw.py
 check profile_hift "$python" perf/profile_code2wav.py --hift-batches 1,16 --repeats 20
 check bench_code2wav "$python" perf/bench_audio_tail.py --stages code2wav --repeats 3 --batches 1,4,8,16 \
     --code2wav-modes on+bf16+pool --out "$out/audio_tail_code2wav.md" --commit "${COMMIT:-unknown}"
+# Code2Wav with its DiT kernels in plain stream order and q|k|v / fc1 on cuBLAS (A/B).
+check bench_code2wav_no_pdl env MINICPMO_PDL=0 "$python" perf/bench_audio_tail.py --stages code2wav --repeats 3 \
+    --batches 1,2,4 --code2wav-modes on+bf16+pool --out "$out/audio_tail_code2wav_no_pdl.md" --commit "${COMMIT:-unknown}"
 check profile_talker_engine "$python" perf/profile_talker_engine.py --batch 1,16 --no-cprofile
 # Served Thinker in-process: unit latency with C paced sessions, host profile at C=8.
 check bench_thinker_engine "$python" perf/bench_thinker_engine.py --concurrency 1,8,32 --seconds 8 \
