@@ -71,10 +71,7 @@ def prefetch_l2(
     to cols_end). A hint with no result: the loads that follow find the lines in L2. Weights
     do not depend on the previous kernel, so a PDL program can do this before it waits."""
     if ENABLED:
-        if BLOCK_COLS >= LINE_ELEMENTS:
-            lines = col_start + tl.arange(0, BLOCK_COLS // LINE_ELEMENTS) * LINE_ELEMENTS
-        else:  # a tile narrower than a line (tiny models): the line it starts in
-            lines = col_start + tl.arange(0, 1)
+        lines = col_start + tl.arange(0, BLOCK_COLS // LINE_ELEMENTS) * LINE_ELEMENTS
         lines = tl.minimum(lines, cols_end - 1)
         ptrs = row_ptr + rows[:, None] * row_stride + lines[None, :]
         tl.inline_asm_elementwise(

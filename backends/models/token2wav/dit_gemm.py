@@ -10,10 +10,11 @@ bandwidth or FLOPs (perf/results/audio_tail_h200.md). Two things shorten it here
   the split costs no extra launch and no rounding (`MINICPMO_DIT_SPLIT_K=0`: no split);
 - one chain: up to `_CHAIN_ROWS` rows on a GPU with programmatic dependent launch
   (`backends/runner/pdl.py`), q|k|v and fc1 (tanh-GELU epilogue) run as the same kernel
-  instead of cuBLAS, so every kernel of a block is launched with PDL: each program asks L2 for
-  its weight range, then waits for the previous kernel, whose tail it overlaps. A cuBLAS call
-  in the chain would break it (the thirteenth session's PDL trial, which had them, gained
-  nothing). `MINICPMO_PDL=0` keeps cuBLAS for these two.
+  instead of cuBLAS, so every kernel of a block is launched with PDL: its programs are resident
+  during the previous kernel's tail and wait for it before their first load. A cuBLAS call in
+  the chain would break it (the thirteenth session's PDL trial, which had them, gained
+  nothing). `MINICPMO_PDL=0` keeps cuBLAS for these two. (An L2 prefetch of the weights before
+  the wait, as the runner's GEMV does, measured within noise here and was left out.)
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ import triton
 import triton.language as tl
 
 from backends.models.token2wav.dit_attention_kernel import dot_for_dtype
-from backends.runner.pdl import pdl_launch_args, prefetch_l2, use_pdl, wait_for_inputs
+from backends.runner.pdl import pdl_launch_args, use_pdl, wait_for_inputs
 
 SPLIT_K_ENV = "MINICPMO_DIT_SPLIT_K"  # "0": never split
 _SPLIT_ROWS = ((128, 4),)  # (up to rows, K parts): one stream's window (H200, see doc)
@@ -59,17 +60,13 @@ def _gemm_kernel(
     n_rows, n_cols, k_total, k_part, stride_x, stride_w,
     SPLIT: tl.constexpr,  # out: [S, M, N] float32 parts, no bias; else [M, N] with bias
     GELU: tl.constexpr, EVEN: tl.constexpr, IEEE: tl.constexpr, DOT_F32: tl.constexpr,
-    PDL: tl.constexpr, PREFETCH_K: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    PDL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
     pid_n, pid_m, part = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     k_low = part * k_part
     k_high = tl.minimum(k_low + k_part, k_total)
-    # weights are never written by another kernel: their lines may be fetched before the wait
-    prefetch_l2(w_ptr, stride_w, tl.minimum(offs_n, n_cols - 1).to(tl.int64), k_low, k_high,
-                PREFETCH_K, PDL)
     wait_for_inputs(PDL)
     offs_k = k_low + tl.arange(0, BLOCK_K)
     row_ok, col_ok = offs_m[:, None] < n_rows, offs_n[None, :] < n_cols
@@ -156,6 +153,6 @@ def _launch(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, out: torc
     _gemm_kernel[grid](
         x, weight, bias, out, rows, n_cols, k_total, k_part, x.stride(0), weight.stride(0),
         SPLIT=parts > 1, GELU=gelu, EVEN=even, IEEE=x.dtype == torch.float32,
-        DOT_F32=not x.is_cuda, PREFETCH_K=triton.next_power_of_2(k_part), BLOCK_M=_BLOCK_M,
-        BLOCK_N=block_n, BLOCK_K=block_k, num_warps=4, num_stages=4, **pdl_launch_args(x.device),
+        DOT_F32=not x.is_cuda, BLOCK_M=_BLOCK_M, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=4,
+        num_stages=4, **pdl_launch_args(x.device),
     )  # fmt: skip
