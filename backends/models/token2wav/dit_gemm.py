@@ -1,7 +1,7 @@
 """The DiT's GEMMs at small batches as Triton kernels (the CUDA path of `dit_fused`).
 
 A window of one stream multiplies 112 rows (56 frames x conditional | unconditional), so each
-of a block's five GEMMs is a few dozen programs whose time is the latency of their K loop, not
+of a block's six GEMMs is a few dozen programs whose time is the latency of their K loop, not
 bandwidth or FLOPs (perf/results/audio_tail_h200.md). Two things shorten it here:
 
 - split-K: the two causal convs (K = 1536), fc2 (K = 2048) and the output projection cut their
@@ -113,7 +113,7 @@ def chained(x: torch.Tensor) -> bool:
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, gelu: bool = False,
            triton_kernel: bool | None = None) -> torch.Tensor:
     """F.linear(x, weight, bias), then tanh-GELU with `gelu`. `triton_kernel` (None: `chained`)
-    picks the Triton kernel over cuBLAS; tests force it to run it in Triton's interpreter."""
+    picks the Triton kernel over cuBLAS (tests force it, to run the kernel in the interpreter)."""
     if not (chained(x) if triton_kernel is None else triton_kernel) or x.shape[0] == 0:
         if not gelu:
             return F.linear(x, weight, bias)
