@@ -114,7 +114,8 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, gelu: bool
            triton_kernel: bool | None = None) -> torch.Tensor:
     """F.linear(x, weight, bias), then tanh-GELU with `gelu`. `triton_kernel` (None: `chained`)
     picks the Triton kernel over cuBLAS (tests force it, to run the kernel in the interpreter)."""
-    if not (chained(x) if triton_kernel is None else triton_kernel) or x.shape[0] == 0:
+    use_triton = chained(x) if triton_kernel is None else triton_kernel
+    if not use_triton or x.shape[0] == 0:
         if not gelu:
             return F.linear(x, weight, bias)
         if x.is_cuda:  # one GEMM with cuBLASLt's GELU epilogue (tanh form); CPU's is erf
