@@ -121,6 +121,9 @@ def _torch_profiled_level(engine, concurrency: int, args: argparse.Namespace) ->
     print(table.table(sort_by="self_cpu_time_total", row_limit=30, max_name_column_width=70))
     print("CUDA kernels by device time:")
     print(table.table(sort_by="self_device_time_total", row_limit=12, max_name_column_width=70))
+    if args.trace:
+        prof.export_chrome_trace(args.trace)  # chrome://tracing or perfetto: the steps' gaps
+        print(f"trace written to {args.trace}")
     return result
 
 
@@ -139,6 +142,7 @@ def main() -> None:
     parser.add_argument("--profile", type=int, default=0, help="cProfile the level with this C")
     parser.add_argument("--torch-profile", type=int, default=0,
                         help="torch.profiler (host ops and CUDA kernels) over the level with this C")
+    parser.add_argument("--trace", default="", help="with --torch-profile: also write its Chrome trace here")
     args = parser.parse_args()
     levels = [int(c) for c in args.concurrency.split(",")]
     params = {"device": args.device, "checkpoint": args.checkpoint, "dtype": args.dtype,
