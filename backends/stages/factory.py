@@ -21,6 +21,7 @@ from backends.stages.code2wav_service import Code2WavService
 BLOCK_SIZE = 16
 SLOT_MARGIN = 2  # requests of an epoch being stopped while the next one starts
 GEMV_ENV = "MINICPMO_GEMV"  # the served decoders' matmul backend on CUDA (RunnerConfig.gemv_backend)
+PREFILL_CHUNKS_ENV = "MINICPMO_PREFILL_CHUNKS"  # "0": a Thinker append is prefilled in one step
 WARMUP_TEXT_TOKEN = 100  # a plain text id of every Thinker vocabulary, handed in Talker warm-ups
 
 
@@ -81,14 +82,24 @@ def build_thinker_engine(params: dict[str, str], device_id: str = "0"):
     else:
         model = ThinkerModel.from_checkpoint(ckpt, setup.device, setup.dtype)
     max_len = min(setup.max_context_tokens, ckpt.config.llm.max_position_embeddings)
-    engine = ThinkerEngine(model.llm, model.audio_encoder, ckpt.tokenizer, ckpt.special_tokens,
-                           setup.runner_config(max_len), ThinkerEngineConfig(max_context_tokens=max_len))
+    runner_config = setup.runner_config(max_len)
+    config = ThinkerEngineConfig(max_context_tokens=max_len, prefill_chunk_rows=prefill_chunk_rows(runner_config))
+    engine = ThinkerEngine(model.llm, model.audio_encoder, ckpt.tokenizer, ckpt.special_tokens, runner_config, config)
     if setup.device.type == "cuda":  # Triton kernels compile now, not inside the first replies
         from backends.stages.warmup import thinker_request, warm_up
 
         engine.runner.warm_attention()  # variants no warm-up request may reach (prompt shapes)
         warm_up(engine, "thinker", thinker_request, setup.max_sessions)
     return engine
+
+
+def prefill_chunk_rows(config: RunnerConfig) -> int:
+    """Where steps replay graphs, a longer prefill goes in chunks the mixed graphs hold
+    (backends/thinker/prefill_chunks.py); elsewhere (CPU: every step is eager) in one step."""
+    graphed = config.is_fast_path and config.use_cuda_graphs and config.mixed_cuda_graphs
+    if not graphed or not config.device.startswith("cuda") or os.environ.get(PREFILL_CHUNKS_ENV) == "0":
+        return 0
+    return config.mixed_graph_max_query_len
 
 
 def build_talker_engine(params: dict[str, str], device_id: str = "0"):

@@ -15,7 +15,6 @@ the KV in place on the runner, a `context` drop re-prefills a rebuilt prompt.
 
 from __future__ import annotations
 
-
 import logging
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
@@ -53,12 +52,13 @@ class ThinkerEngineConfig:
     window_mode: str = "off"  # for sessions that do not choose: off | basic | context
     window: WindowConfig = WindowConfig()  # watermarks and limits of the basic/context modes
     ledger_rows: int = 64  # captured hidden rows kept per session (a unit forwards <= 19)
+    prefill_chunk_rows: int = 0  # most prefill rows of a session per step (0: no limit; factory)
 
     def __post_init__(self) -> None:
-        if self.max_context_tokens < 0 or self.ledger_rows < 1:
+        if min(self.max_context_tokens, self.ledger_rows - 1, self.prefill_chunk_rows) < 0:
             raise ValueError(
-                f"max_context_tokens must be >= 0 and ledger_rows >= 1, got "
-                f"{self.max_context_tokens}, {self.ledger_rows}"
+                f"max_context_tokens and prefill_chunk_rows must be >= 0 and ledger_rows >= 1, "
+                f"got {self.max_context_tokens}, {self.prefill_chunk_rows}, {self.ledger_rows}"
             )
         if self.window_mode not in WINDOW_MODES:
             raise ValueError(f"window_mode {self.window_mode!r} is not one of {WINDOW_MODES}")
@@ -172,8 +172,8 @@ class ThinkerEngine:
         unit = session.consume(inp, result)
         active = session.active
         assert active is not None  # consume() took this step's result for it
-        if unit is None and not active.is_setup:
-            return
+        if unit is None and (active.rows is not None or not active.is_setup):
+            return  # still prefilling, or decoding
         session.active = None  # the sink is closed here, never again by _end
         try:
             if unit is not None:  # a setup append answers with no unit
@@ -214,9 +214,8 @@ class ThinkerEngine:
         window = ContextWindow(window_mode(first, self.config.window_mode), self.config.window,
                                self.runner_config.block_size, self.max_len)
         encoder = self.encoder_factory()
-        session = ThinkerSession(
-            first.request_id, encoder, policy, self.layout, self.tokenizer, ledger, window
-        )
+        session = ThinkerSession(first.request_id, encoder, policy, self.layout, self.tokenizer,
+                                 ledger, window, self.config.prefill_chunk_rows)
         try:
             self.runner.add_request(
                 first.request_id, SamplingParams(seed=first.seed), session.hook, self.max_len

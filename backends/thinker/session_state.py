@@ -18,13 +18,15 @@ import torch
 
 from backends.checkpoint.tokenizer import SpecialTokens
 from backends.runner.hidden_ledger import HiddenLedger
-from backends.runner.types import SampleContext, StepInput, StepResult
+from backends.runner.types import StepInput, StepResult
 from backends.stages.contracts import DECISION_LISTEN, DECISION_SPEAK, ThinkerRequest
 from backends.stages.contracts import ThinkerUnitResult
 from backends.stages.sink import ResponseSink
 from backends.thinker.context_window import WINDOW_OFF, ContextWindow, WindowConfig
 from backends.thinker.duplex_policy import DuplexPolicy, TextDecoder
 from backends.thinker.handoff import PromptSnapshot, build_handoff
+from backends.thinker.isolating_hook import IsolatingHook
+from backends.thinker.prefill_chunks import PrefillCursor
 from backends.thinker.text_stream import TranscriptStream
 from backends.thinker.prompt_layout import UNIT_SAMPLES, AppendRows, PromptLayout, RowSegment
 
@@ -63,32 +65,7 @@ class ActiveAppend:
     embeds: list[torch.Tensor] = field(default_factory=list)  # each [10, hidden], per new unit
     tokens: list[int] = field(default_factory=list)  # sampled for this unit, in order
     is_setup: bool = False  # a first append without audio: the system context alone, unsampled
-
-
-class IsolatingHook:
-    """Runs the policy inside the runner's step; an exception is kept for the engine (which
-    fails only this session) instead of aborting the whole batch half-sampled."""
-
-    def __init__(self, policy: DuplexPolicy, fallback: int) -> None:
-        self.policy = policy
-        self.fallback = fallback  # a chunk terminator: ends the unit whatever happened
-        self.error: Exception | None = None
-
-    def before_sample(self, logits: torch.Tensor, ctx: SampleContext) -> int | None:
-        try:
-            return self.policy.before_sample(logits, ctx)
-        except Exception as err:  # noqa: BLE001 - re-raised by the engine for this session only
-            self.error = self.error or err
-            return self.fallback
-
-    def after_sample(self, token: int, ctx: SampleContext) -> int:
-        if self.error is not None:
-            return token
-        try:
-            return self.policy.after_sample(token, ctx)
-        except Exception as err:  # noqa: BLE001 - as above
-            self.error = err
-            return token
+    prefill: PrefillCursor | None = None  # the rows' progress into KV, from the first chunk on
 
 
 class ThinkerSession:
@@ -101,8 +78,10 @@ class ThinkerSession:
         tokenizer: TextDecoder,
         ledger: HiddenLedger,
         window: ContextWindow | None = None,  # default: off
+        prefill_chunk_rows: int = 0,  # most prefill rows per step (backends/thinker/prefill_chunks.py)
     ) -> None:
         self.request_id = request_id
+        self.prefill_chunk_rows = prefill_chunk_rows
         self.window = window or ContextWindow(WINDOW_OFF, WindowConfig(), 1, 1)
         self.encoder = encoder
         self.policy = policy
@@ -204,11 +183,15 @@ class ThinkerSession:
         device: torch.device | str,
         dtype: torch.dtype,
     ) -> StepInput:
-        """The active append's rows for this step: its prefill, or one decode row."""
+        """The active append's rows for this step: its prefill (or its next chunk), or one
+        decode row."""
         active = self._require_active()
         if active.rows is not None:
-            embeds = active.rows.materialize(embed_tokens, device, dtype)
-            return StepInput(self.request_id, active.rows.token_ids, embeds, sample=not active.is_setup)
+            if active.prefill is None:
+                active.prefill = PrefillCursor(active.rows, self.prefill_chunk_rows)
+            return active.prefill.step_input(
+                self.request_id, embed_tokens, device, dtype, sample=not active.is_setup
+            )
         return StepInput(self.request_id, [active.tokens[-1]], capture_hidden=True)
 
     def consume(self, inp: StepInput, result: StepResult) -> ThinkerUnitResult | None:
@@ -216,13 +199,16 @@ class ThinkerSession:
         if self.hook.error is not None:
             raise self.hook.error
         active = self._require_active()
-        if active.is_setup:  # one prefill step; it answers no unit
-            active.rows = None
-            return None
         if active.rows is not None:
-            self.snapshot.update(active.rows.token_ids)
-            rows, active.rows = active.rows, None
-            self.window.on_prefill(result.positions[0], rows, active.embeds)
+            prefill = active.prefill
+            assert prefill is not None  # next_input made it
+            if not prefill.advance(inp, result):
+                return None  # more of the append's rows to forward first
+            rows, active.rows, active.prefill = active.rows, None, None
+            if active.is_setup:  # a setup answers no unit
+                return None
+            self.snapshot.update(rows.token_ids)
+            self.window.on_prefill(prefill.first_position, rows, active.embeds)
         else:
             self.snapshot.update(None)  # a decode row carries no prompt snapshot
             self.ledger.record(inp.token_ids, result.positions, result.hidden)

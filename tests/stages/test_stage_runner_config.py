@@ -1,12 +1,15 @@
 """The runner config a served stage gets from its setup: on CUDA the fast path with the Triton
 GEMV (MINICPMO_GEMV selects cuBLAS for A/B runs, a bad value is refused at load), on CPU the
-reference path. Pure configuration: no device is touched."""
+reference path; on CUDA the Thinker's long prefills go in chunks its mixed graphs hold
+(MINICPMO_PREFILL_CHUNKS=0: whole). Pure configuration: no device is touched."""
 from __future__ import annotations
 
 import pytest
 import torch
 
-from backends.stages.factory import GEMV_ENV, StageSetup
+from dataclasses import replace
+
+from backends.stages.factory import GEMV_ENV, PREFILL_CHUNKS_ENV, StageSetup, prefill_chunk_rows
 
 
 def setup_on(device: str) -> StageSetup:
@@ -33,3 +36,15 @@ def test_cpu_stages_keep_the_reference_path(monkeypatch: pytest.MonkeyPatch) -> 
     monkeypatch.setenv(GEMV_ENV, "triton")  # the switch only applies on CUDA
     config = setup_on("cpu").runner_config(512)
     assert (config.attention_backend, config.gemv_backend) == ("reference", "cublas")
+
+
+def test_graphed_thinkers_prefill_in_chunks_of_the_mixed_graphs_query(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(PREFILL_CHUNKS_ENV, raising=False)
+    cuda = setup_on("cuda:0").runner_config(1024)
+    assert prefill_chunk_rows(cuda) == cuda.mixed_graph_max_query_len == 32
+    assert prefill_chunk_rows(replace(cuda, mixed_graph_max_query_len=16)) == 16
+    assert prefill_chunk_rows(replace(cuda, mixed_cuda_graphs=False)) == 0  # every prefill eager anyway
+    assert prefill_chunk_rows(replace(cuda, use_cuda_graphs=False)) == 0
+    assert prefill_chunk_rows(setup_on("cpu").runner_config(1024)) == 0
+    monkeypatch.setenv(PREFILL_CHUNKS_ENV, "0")
+    assert prefill_chunk_rows(cuda) == 0

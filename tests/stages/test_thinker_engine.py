@@ -89,13 +89,14 @@ EngineFactory = Callable[..., ThinkerEngine]
 @pytest.fixture()
 def make_engine(llm, tokenizer, special) -> EngineFactory:
     def make(
-        encoders: list[FakeEncoder] | None = None, max_context: int = 0, max_num_reqs: int = 4
+        encoders: list[FakeEncoder] | None = None, max_context: int = 0, max_num_reqs: int = 4,
+        prefill_chunk_rows: int = 0,
     ) -> ThinkerEngine:
         pool = list(encoders or [])
         runner = RunnerConfig(num_blocks=96, max_num_reqs=max_num_reqs, max_model_len=512)
         return ThinkerEngine(
             llm, None, tokenizer, special, runner,
-            ThinkerEngineConfig(max_context_tokens=max_context),
+            ThinkerEngineConfig(max_context_tokens=max_context, prefill_chunk_rows=prefill_chunk_rows),
             encoder_factory=lambda: pool.pop(0) if pool else FakeEncoder(),
         )
 
@@ -432,3 +433,89 @@ def test_empty_audio_after_the_setup_append_is_refused(make_engine) -> None:
     assert sinks[0].error is None
     assert sinks[1].error.code == "invalid_argument" and "seq 1" in sinks[1].error.message
     engine.stop("s")
+
+
+# ---- chunked prefill (backends/thinker/prefill_chunks.py) -------------------------------------
+
+
+def _spied_rows(engine: ThinkerEngine, monkeypatch) -> list[dict[str, int]]:
+    """Every runner step's rows per request, recorded as the engine issues them."""
+    steps: list[dict[str, int]] = []
+    real_step = engine.runner.step
+
+    def spy(inputs: list[StepInput]):
+        steps.append({inp.request_id: inp.num_rows for inp in inputs})
+        return real_step(inputs)
+
+    monkeypatch.setattr(engine.runner, "step", spy)
+    return steps
+
+
+@pytest.mark.parametrize("session", [_knob_session, _free_session,
+                                     lambda rid: _with_setup(_knob_session(rid))])
+def test_chunked_prefill_equals_one_prefill(make_engine, monkeypatch, session) -> None:
+    """A limit of 6 rows splits the first append (context + unit: ~20-30 rows) and every
+    13-row append; the KV, tokens, handoffs and text are those of whole prefills."""
+    whole = make_engine()
+    want = _run_and_keep(whole, session("s"))
+    engine = make_engine(prefill_chunk_rows=6)
+    steps = _spied_rows(engine, monkeypatch)
+    got = _run_and_keep(engine, session("s"))
+    _assert_same(got, want)
+    assert engine.runner.token_ids("s") == whole.runner.token_ids("s")
+    rows = [step["s"] for step in steps]
+    assert max(rows) <= 6 and rows.count(5) + rows.count(6) > 4  # split, evenly (13 = 5+4+4)
+
+
+def _run_and_keep(engine: ThinkerEngine, requests: list[ThinkerRequest]) -> list[ThinkerUnitResult]:
+    sinks = _submit_all(engine, requests)
+    _run(engine)
+    return _units([s for s in sinks if s.results or s.error is not None])
+
+
+def test_chunked_prefills_interleaved_equal_sessions_alone(make_engine, monkeypatch) -> None:
+    """Chunks of one session ride in the same steps as another's decodes and chunks."""
+    knob, free = _knob_session("k"), _free_session("f")
+    want_knob, want_free = _alone(make_engine, knob), _alone(make_engine, free)
+    engine = make_engine(prefill_chunk_rows=8)
+    steps = _spied_rows(engine, monkeypatch)
+    sinks_knob = _submit_all(engine, knob[:1])
+    engine.step()
+    sinks_free = _submit_all(engine, free)
+    sinks_knob += _submit_all(engine, knob[1:])
+    _run(engine)
+    _assert_same(_units(sinks_knob), want_knob)
+    _assert_same(_units(sinks_free), want_free)
+    assert all(max(step.values()) <= 8 for step in steps)
+    assert any(len(step) == 2 and min(step.values()) == 1 < max(step.values()) for step in steps), \
+        "no chunk beside a decode"
+
+
+def test_a_chunked_setup_answers_after_its_last_chunk(make_engine) -> None:
+    engine = make_engine(prefill_chunk_rows=4)
+    setup = ListSink()
+    engine.submit(ThinkerRequest("s", np.zeros(0, np.float32), seq=0, initial_user_text="hello there"), setup)
+    engine.step()
+    assert not setup.closed and engine.runner.num_tokens("s") <= 4
+    _run(engine)
+    assert setup.closed and setup.error is None and setup.results == []
+    whole = make_engine()
+    whole.submit(ThinkerRequest("s", np.zeros(0, np.float32), seq=0, initial_user_text="hello there"),
+                 ListSink())
+    _run(whole)
+    assert engine.runner.token_ids("s") == whole.runner.token_ids("s")
+
+
+def test_stop_between_chunks_frees_everything(make_engine) -> None:
+    engine = make_engine(prefill_chunk_rows=4)
+    free_at_start = engine.runner.num_free_blocks()
+    sinks = _submit_all(engine, _knob_session("a")[:2])
+    engine.step()
+    engine.step()  # two chunks of the first append in KV, more to come
+    assert 0 < engine.runner.num_tokens("a") <= 8 and not sinks[0].closed
+    engine.stop("a")
+    assert [s.error.code for s in sinks] == ["cancelled", "cancelled"]
+    assert engine.runner.num_free_blocks() == free_at_start and not engine.has_work()
+    again = _submit_all(engine, _free_session("b")[:1])
+    _run(engine)
+    assert again[0].error is None and len(again[0].results) == 1

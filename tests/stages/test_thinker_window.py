@@ -35,7 +35,7 @@ MAX_LEN = 1024  # per-session reservation
 # 15 cuts happen; each needs a page-aligned unit start (facts 2.6), which 60+ candidates give.
 TEN_MINUTES = 600
 WINDOW = WindowConfig(high_tokens=896, low_tokens=512, previous_max_tokens=32, max_units=8)
-MAX_STEPS_PER_APPEND = 60  # a prefill, up to 19 decodes (a restart is still one prefill)
+MAX_STEPS_PER_APPEND = 80  # a prefill (in chunks of 8: a restart of <= ~350 rows), <= 19 decodes
 MIN_UNIT_ROWS = 13  # a listen unit: terminator, </unit>, <unit>, 10 embeddings
 MAX_UNIT_ROWS = 32  # a unit that speaks 19 tokens before its terminator
 
@@ -76,10 +76,10 @@ def engine_parts(tokenizer: TextTokenizer, special: SpecialTokens):
     return llm, tokenizer, special
 
 
-def _engine(engine_parts, mode: str = "off") -> ThinkerEngine:
+def _engine(engine_parts, mode: str = "off", prefill_chunk_rows: int = 0) -> ThinkerEngine:
     llm, tokenizer, special = engine_parts
     runner = RunnerConfig(num_blocks=3 * MAX_LEN // 16, max_num_reqs=3, max_model_len=MAX_LEN)
-    config = ThinkerEngineConfig(window_mode=mode, window=WINDOW)
+    config = ThinkerEngineConfig(window_mode=mode, window=WINDOW, prefill_chunk_rows=prefill_chunk_rows)
     return ThinkerEngine(llm, None, tokenizer, special, runner, config, FakeEncoder)
 
 
@@ -149,8 +149,9 @@ def _check_basic_kv(engine: ThinkerEngine, special: SpecialTokens, sink_ids: lis
     assert session.policy.position_offset == window.position_offset
 
 
-def test_basic_window_runs_ten_minutes_with_bounded_kv(engine_parts, special) -> None:
-    engine = _engine(engine_parts, "basic")
+@pytest.mark.parametrize("chunk_rows", [0, 8])  # appends prefilled whole, or 8 rows per step
+def test_basic_window_runs_ten_minutes_with_bounded_kv(engine_parts, special, chunk_rows) -> None:
+    engine = _engine(engine_parts, "basic", chunk_rows)
     free_while_running = engine.runner.num_free_blocks() - MAX_LEN // 16  # exact reservation
     num_units, sink_ids = 0, None
     for request in _session("long", TEN_MINUTES):
@@ -168,8 +169,9 @@ def test_basic_window_runs_ten_minutes_with_bounded_kv(engine_parts, special) ->
     assert 10 <= len(window.units) <= WINDOW.high_tokens // MIN_UNIT_ROWS
 
 
-def test_context_window_keeps_max_units_and_the_previous_text(engine_parts, special) -> None:
-    engine = _engine(engine_parts, "off")
+@pytest.mark.parametrize("chunk_rows", [0, 8])  # a rebuilt prompt in one step, or in chunks
+def test_context_window_keeps_max_units_and_the_previous_text(engine_parts, special, chunk_rows) -> None:
+    engine = _engine(engine_parts, "off", chunk_rows)
     dropped_text: list[int] = []
     units: list[ThinkerUnitResult] = []
     specials = special_token_ids(special) | {engine.tokenizer.eos_token_id}

@@ -1,0 +1,34 @@
+"""The duplex policy as the runner's sampling hook, with its failures kept per session."""
+
+from __future__ import annotations
+
+import torch
+
+from backends.runner.types import SampleContext
+from backends.thinker.duplex_policy import DuplexPolicy
+
+
+class IsolatingHook:
+    """Runs the policy inside the runner's step; an exception is kept for the engine (which
+    fails only this session) instead of aborting the whole batch half-sampled."""
+
+    def __init__(self, policy: DuplexPolicy, fallback: int) -> None:
+        self.policy = policy
+        self.fallback = fallback  # a chunk terminator: ends the unit whatever happened
+        self.error: Exception | None = None
+
+    def before_sample(self, logits: torch.Tensor, ctx: SampleContext) -> int | None:
+        try:
+            return self.policy.before_sample(logits, ctx)
+        except Exception as err:  # noqa: BLE001 - re-raised by the engine for this session only
+            self.error = self.error or err
+            return self.fallback
+
+    def after_sample(self, token: int, ctx: SampleContext) -> int:
+        if self.error is not None:
+            return token
+        try:
+            return self.policy.after_sample(token, ctx)
+        except Exception as err:  # noqa: BLE001 - as above
+            self.error = err
+            return token
