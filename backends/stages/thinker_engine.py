@@ -3,8 +3,9 @@
 Single-threaded: the serving layer calls every method from its one engine thread. One
 `step()` is one `runner.step` over all ready work of all sessions: the appends (prefill rows)
 of some sessions (a long one in chunks: backends/thinker/prefill_chunks.py) and the decodes of
-others in one mixed batch. A unit decodes until its chunk terminator (at most 20 tokens); the terminator is sampled but not forwarded, and is
-re-injected at the head of the session's next append.
+others in one mixed batch. A unit decodes until its chunk terminator (at most 20 tokens); the
+terminator is sampled but not forwarded, and is re-injected at the head of the session's next
+append.
 
 Failures are session-scoped: an exception while preparing, sampling or finishing one session
 closes that session's sinks with an error and frees its state; other sessions keep running.
