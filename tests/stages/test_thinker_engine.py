@@ -202,18 +202,25 @@ def test_kv_holds_every_row_and_reinjects_the_terminator(make_engine, special) -
     assert all(len(u.token_ids) <= 20 for u in (first, second))
 
 
-def test_sessions_interleaved_equal_sessions_alone(make_engine, monkeypatch) -> None:
-    knob, free = _knob_session("k"), _free_session("f")
-    want_knob, want_free = _alone(make_engine, knob), _alone(make_engine, free)
-    engine = make_engine()
-    shapes: list[list[int]] = []
+def _spied_rows(engine: ThinkerEngine, monkeypatch) -> list[dict[str, int]]:
+    """Every runner step's rows per request, recorded as the engine issues them."""
+    steps: list[dict[str, int]] = []
     real_step = engine.runner.step
 
     def spy(inputs: list[StepInput]):
-        shapes.append([inp.num_rows for inp in inputs])
+        steps.append({inp.request_id: inp.num_rows for inp in inputs})
         return real_step(inputs)
 
     monkeypatch.setattr(engine.runner, "step", spy)
+    return steps
+
+
+@pytest.mark.parametrize("chunk_rows", [0, 8])  # prefills whole, or in chunks of <= 8 rows
+def test_sessions_interleaved_equal_sessions_alone(make_engine, monkeypatch, chunk_rows) -> None:
+    knob, free = _knob_session("k"), _free_session("f")
+    want_knob, want_free = _alone(make_engine, knob), _alone(make_engine, free)
+    engine = make_engine(prefill_chunk_rows=chunk_rows)
+    steps = _spied_rows(engine, monkeypatch)
     sinks_knob = _submit_all(engine, knob[:1])
     engine.step()
     sinks_free = _submit_all(engine, free)
@@ -221,7 +228,9 @@ def test_sessions_interleaved_equal_sessions_alone(make_engine, monkeypatch) -> 
     _run(engine)
     _assert_same(_units(sinks_knob), want_knob)
     _assert_same(_units(sinks_free), want_free)
-    assert any(max(s) > 1 and min(s) == 1 for s in shapes if len(s) == 2), "no mixed step"
+    assert any(len(step) == 2 and min(step.values()) == 1 < max(step.values()) for step in steps), \
+        "no prefill (or chunk) beside a decode"
+    assert chunk_rows == 0 or all(max(step.values()) <= chunk_rows for step in steps)
 
 
 # ---- stop ----------------------------------------------------------------------------------
@@ -438,19 +447,6 @@ def test_empty_audio_after_the_setup_append_is_refused(make_engine) -> None:
 # ---- chunked prefill (backends/thinker/prefill_chunks.py) -------------------------------------
 
 
-def _spied_rows(engine: ThinkerEngine, monkeypatch) -> list[dict[str, int]]:
-    """Every runner step's rows per request, recorded as the engine issues them."""
-    steps: list[dict[str, int]] = []
-    real_step = engine.runner.step
-
-    def spy(inputs: list[StepInput]):
-        steps.append({inp.request_id: inp.num_rows for inp in inputs})
-        return real_step(inputs)
-
-    monkeypatch.setattr(engine.runner, "step", spy)
-    return steps
-
-
 @pytest.mark.parametrize("session", [_knob_session, _free_session,
                                      lambda rid: _with_setup(_knob_session(rid))])
 def test_chunked_prefill_equals_one_prefill(make_engine, monkeypatch, session) -> None:
@@ -471,24 +467,6 @@ def _run_and_keep(engine: ThinkerEngine, requests: list[ThinkerRequest]) -> list
     sinks = _submit_all(engine, requests)
     _run(engine)
     return _units([s for s in sinks if s.results or s.error is not None])
-
-
-def test_chunked_prefills_interleaved_equal_sessions_alone(make_engine, monkeypatch) -> None:
-    """Chunks of one session ride in the same steps as another's decodes and chunks."""
-    knob, free = _knob_session("k"), _free_session("f")
-    want_knob, want_free = _alone(make_engine, knob), _alone(make_engine, free)
-    engine = make_engine(prefill_chunk_rows=8)
-    steps = _spied_rows(engine, monkeypatch)
-    sinks_knob = _submit_all(engine, knob[:1])
-    engine.step()
-    sinks_free = _submit_all(engine, free)
-    sinks_knob += _submit_all(engine, knob[1:])
-    _run(engine)
-    _assert_same(_units(sinks_knob), want_knob)
-    _assert_same(_units(sinks_free), want_free)
-    assert all(max(step.values()) <= 8 for step in steps)
-    assert any(len(step) == 2 and min(step.values()) == 1 < max(step.values()) for step in steps), \
-        "no chunk beside a decode"
 
 
 def test_a_chunked_setup_answers_after_its_last_chunk(make_engine) -> None:
