@@ -18,6 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from backends.models.token2wav.batching import right_pad, window_first_mask
@@ -83,6 +84,7 @@ class CausalConditionalCFM(nn.Module):
         self.register_buffer("rand_noise", noise, persistent=False)  # [1, 80, noise_frames] float32
         # what runs the Euler loop: `solve`, or its CUDA-graph replays (`graphs.SolverGraphs`)
         self.solver: Callable[[SolverInputs], SolverOutputs] = self.solve
+        self._constants: tuple[tuple, tuple[torch.Tensor, ...]] | None = None  # step_constants
 
     def new_cache(self, device: torch.device | str) -> EstimatorCache:
         c, e = self.config, self.config.estimator
@@ -148,25 +150,60 @@ class CausalConditionalCFM(nn.Module):
     def _euler(self, inputs: SolverInputs | PooledSolverInputs, att: torch.Tensor,
                cache_index: tuple[torch.Tensor, torch.Tensor] | None) -> SolverOutputs:
         rate = self.config.inference_cfg_rate
-        times, steps = self.step_times(inputs.mu.device)
-        blocks, final = self.estimator.modulations(times)  # once for all steps
-        x = inputs.noise
-        mu_in = torch.cat([inputs.mu, torch.zeros_like(inputs.mu)])
-        spks_in = torch.cat([inputs.spks, torch.zeros_like(inputs.spks)])[:, :, None]
-        cond_in = torch.cat([inputs.cond, torch.zeros_like(inputs.cond)])
+        steps, blocks, final = self.step_constants(inputs.mu.device)
+        rows, channels, frames = inputs.noise.shape
+        fixed, w_x = self._fixed_projection(inputs)
+        # x frames-major, once per half: the conditional and unconditional rows see the same x
+        x = inputs.noise.transpose(1, 2).reshape(1, rows * frames, channels).repeat(2, 1, 1)
         new_kv, new_cnn = [], []
         for step in range(self.config.n_timesteps):
-            x_in = x.repeat(2, 1, 1)
-            estimator_in = torch.cat([x_in, mu_in, spks_in.expand_as(x_in), cond_in], dim=1)
-            velocity, cnn, kv = self.estimator.forward_modulated(
-                estimator_in, blocks[:, step : step + 1], final[step : step + 1],
-                inputs.cnn[step], att[step], inputs.key_valid, inputs.num_new, cache_index,
+            projected = torch.addmm(fixed, x.view(2 * rows * frames, channels), w_x.t())
+            velocity, cnn, kv = self.estimator.forward_projected(
+                projected.view(2 * rows, frames, -1), blocks[:, step : step + 1],
+                final[step : step + 1], inputs.cnn[step], att[step], inputs.key_valid,
+                inputs.num_new, cache_index,
             )
-            v_cond, v_uncond = velocity.chunk(2)
-            x = x + steps[step] * ((1.0 + rate) * v_cond - rate * v_uncond)
+            v_cond, v_uncond = velocity.view(2, rows * frames, channels).unbind(0)
+            # x += dt ((1 + rate) v_cond - rate v_uncond), the guidance as one lerp
+            x[0].addcmul_(steps[step], torch.lerp(v_uncond, v_cond, 1.0 + rate))
+            x[1].copy_(x[0])
             new_kv.append(kv)
             new_cnn.append(cnn)
-        return SolverOutputs(mel=x, new_kv=torch.stack(new_kv), cnn=torch.stack(new_cnn))
+        mel = x[0].view(rows, frames, channels).transpose(1, 2).contiguous()
+        return SolverOutputs(mel=mel, new_kv=torch.stack(new_kv), cnn=torch.stack(new_cnn))
+
+    def _fixed_projection(self, inputs: SolverInputs | PooledSolverInputs
+                          ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The estimator's input projection is linear in its 320 channels [x | mu | speaker |
+        cond], and all but x stay the same over the steps: -> (their part with the bias,
+        [2 R T, hidden] conditional rows first (the unconditional rows carry zeros: the bias
+        alone), the weight columns of x [hidden, 80]). A step then projects x with one GEMM."""
+        in_proj = self.estimator.in_proj
+        rows, channels, frames = inputs.noise.shape
+        w_x, w_rest = in_proj.weight.split([channels, in_proj.in_features - channels], dim=1)
+        rest = torch.cat([inputs.mu, inputs.spks[:, :, None].expand_as(inputs.mu), inputs.cond], 1)
+        cond_rows = F.linear(rest.transpose(1, 2), w_rest, in_proj.bias)
+        uncond_rows = in_proj.bias.expand(rows, frames, -1)
+        return torch.cat([cond_rows, uncond_rows]).view(2 * rows * frames, -1), w_x
+
+    def step_constants(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """-> (step sizes [n], the DiT's adaLN outputs at every step's t: `DiT.modulations`).
+        They depend on the config and the weights alone, so a solve without autograd keeps
+        them for the next, keyed on the storage and version of every weight they read (a load
+        or a dtype change recomputes them); never kept from inside a CUDA-graph capture (its
+        tensors belong to the graph): the capture's warm-up runs fill the cache first."""
+        dit = self.estimator
+        params = [*dit.t_embedder.parameters(), *dit.final_layer.adaLN_modulation.parameters(),
+                  *(p for block in dit.blocks for p in block.adaLN_modulation.parameters())]
+        key = (device, *((p.data_ptr(), p._version) for p in params))
+        if self._constants is not None and self._constants[0] == key and not torch.is_grad_enabled():
+            return self._constants[1]
+        times, steps = self.step_times(device)
+        constants = (steps, *dit.modulations(times))
+        capturing = device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+        if not (capturing or torch.is_grad_enabled()):
+            self._constants = (key, constants)
+        return constants
 
     def step_times(self, device: torch.device | str) -> tuple[torch.Tensor, torch.Tensor]:
         """-> (t at each Euler step [n], step sizes [n]) float32, accumulated as the reference

@@ -12,6 +12,8 @@ separate calls.
 
 from __future__ import annotations
 
+import copy
+
 import torch
 
 from backends.models.token2wav.cache_pruning import cut
@@ -85,3 +87,25 @@ def test_streams_at_different_offsets_batch_like_separate_calls(token2wav) -> No
         torch.testing.assert_close(together[row, :, : frames[row]], mel[0], atol=BATCH_ATOL, rtol=0)
         torch.testing.assert_close(grown[row].att, cache.att, atol=BATCH_ATOL, rtol=0)
         torch.testing.assert_close(grown[row].cnn, cache.cnn, atol=BATCH_ATOL, rtol=0)
+
+
+def test_step_constants_are_kept_until_a_weight_changes(token2wav) -> None:
+    """The step sizes and the adaLN outputs of the ten step times are computed once per set
+    of weights: a later window reuses them, an in-place weight change (a load) recomputes
+    them, and nothing is kept while autograd records."""
+    cfm = copy.deepcopy(token2wav.flow.decoder)  # the session fixture stays untouched
+    real, calls = cfm.estimator.modulations, []
+    cfm.estimator.modulations = lambda t: (calls.append(t), real(t))[1]
+    cpu = torch.device("cpu")
+    cfm.step_constants(cpu)  # autograd on: computed, not kept
+    with torch.no_grad():
+        first = cfm.step_constants(cpu)
+        again = cfm.step_constants(cpu)
+        assert len(calls) == 2 and all(a is b for a, b in zip(again, first))
+        cfm.estimator.blocks[-1].adaLN_modulation[1].weight.mul_(2.0)
+        changed = cfm.step_constants(cpu)
+        assert len(calls) == 3 and not torch.equal(changed[1], first[1])
+        times, steps = cfm.step_times(cpu)
+        expected = (steps, *real(times))
+    for got, want in zip(changed, expected):
+        torch.testing.assert_close(got, want, atol=0, rtol=0)
