@@ -85,6 +85,7 @@ class CausalConditionalCFM(nn.Module):
         # what runs the Euler loop: `solve`, or its CUDA-graph replays (`graphs.SolverGraphs`)
         self.solver: Callable[[SolverInputs], SolverOutputs] = self.solve
         self._constants: tuple[tuple, tuple[torch.Tensor, ...]] | None = None  # step_constants
+        self._retired: list[torch.Tensor] = []  # constants replaced by other shapes or devices
 
     def new_cache(self, device: torch.device | str) -> EstimatorCache:
         c, e = self.config, self.config.estimator
@@ -189,20 +190,28 @@ class CausalConditionalCFM(nn.Module):
     def step_constants(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """-> (step sizes [n], the DiT's adaLN outputs at every step's t: `DiT.modulations`).
         They depend on the config and the weights alone, so a solve without autograd keeps
-        them for the next, keyed on the storage and version of every weight they read (a load
-        or a dtype change recomputes them); never kept from inside a CUDA-graph capture (its
-        tensors belong to the graph): the capture's warm-up runs fill the cache first."""
+        them for the next, keyed on the storage and version of every weight they read. A
+        load recomputes them into the same tensors, which captured graphs keep reading (a
+        replay runs no Python: the next eager solve refreshes them). Never kept from inside a
+        capture (its tensors belong to the graph): the capture's warm-up runs fill it first."""
         dit = self.estimator
         params = [*dit.t_embedder.parameters(), *dit.final_layer.adaLN_modulation.parameters(),
                   *(p for block in dit.blocks for p in block.adaLN_modulation.parameters())]
-        key = (device, *((p.data_ptr(), p._version) for p in params))
-        if self._constants is not None and self._constants[0] == key and not torch.is_grad_enabled():
-            return self._constants[1]
+        # weights made in inference mode track no version (nor can they change outside it)
+        key = (device, *((p.data_ptr(), -1 if p.is_inference() else p._version) for p in params))
+        kept = self._constants
+        if kept is not None and kept[0] == key and not torch.is_grad_enabled():
+            return kept[1]
         times, steps = self.step_times(device)
         constants = (steps, *dit.modulations(times))
         capturing = device.type == "cuda" and torch.cuda.is_current_stream_capturing()
-        if not (capturing or torch.is_grad_enabled()):
-            self._constants = (key, constants)
+        if capturing or torch.is_grad_enabled():
+            return constants
+        if kept is not None and _refreshable(kept[1], constants):
+            constants = tuple(old.copy_(new) for old, new in zip(kept[1], constants))
+        else:
+            self._retired.extend(kept[1] if kept is not None else ())  # graphs may read them
+        self._constants = (key, constants)
         return constants
 
     def step_times(self, device: torch.device | str) -> tuple[torch.Tensor, torch.Tensor]:
@@ -232,6 +241,12 @@ class CausalConditionalCFM(nn.Module):
 
 
 _CONTEXT = 2  # the DiT's causal convs keep two frames
+
+
+def _refreshable(old: tuple[torch.Tensor, ...], new: tuple[torch.Tensor, ...]) -> bool:
+    """`old` can take `new`'s values in place: same layouts, and writable here."""
+    same = all((a.shape, a.dtype, a.device) == (b.shape, b.dtype, b.device) for a, b in zip(old, new))
+    return same and (torch.is_inference_mode_enabled() or not any(a.is_inference() for a in old))
 
 
 def rows_last(packed: torch.Tensor) -> torch.Tensor:

@@ -91,8 +91,9 @@ def test_streams_at_different_offsets_batch_like_separate_calls(token2wav) -> No
 
 def test_step_constants_are_kept_until_a_weight_changes(token2wav) -> None:
     """The step sizes and the adaLN outputs of the ten step times are computed once per set
-    of weights: a later window reuses them, an in-place weight change (a load) recomputes
-    them, and nothing is kept while autograd records."""
+    of weights: a later window reuses them; an in-place weight change (a load) recomputes them
+    into the same tensors (which captured graphs read); nothing is kept while autograd
+    records."""
     cfm = copy.deepcopy(token2wav.flow.decoder)  # the session fixture stays untouched
     real, calls = cfm.estimator.modulations, []
     cfm.estimator.modulations = lambda t: (calls.append(t), real(t))[1]
@@ -100,12 +101,25 @@ def test_step_constants_are_kept_until_a_weight_changes(token2wav) -> None:
     cfm.step_constants(cpu)  # autograd on: computed, not kept
     with torch.no_grad():
         first = cfm.step_constants(cpu)
+        before = [t.clone() for t in first]
         again = cfm.step_constants(cpu)
         assert len(calls) == 2 and all(a is b for a, b in zip(again, first))
         cfm.estimator.blocks[-1].adaLN_modulation[1].weight.mul_(2.0)
         changed = cfm.step_constants(cpu)
-        assert len(calls) == 3 and not torch.equal(changed[1], first[1])
+        assert len(calls) == 3 and all(a is b for a, b in zip(changed, first))
+        assert not torch.equal(changed[1], before[1])
         times, steps = cfm.step_times(cpu)
         expected = (steps, *real(times))
+        cfm.to(torch.float64)  # new weight tensors of another dtype: new constants
+        other = cfm.step_constants(cpu)
+        assert other[1].dtype == torch.float64 and len(cfm._retired) == 3
     for got, want in zip(changed, expected):
         torch.testing.assert_close(got, want, atol=0, rtol=0)
+
+
+def test_step_constants_of_weights_made_in_inference_mode(token2wav) -> None:
+    with torch.inference_mode():
+        cfm = copy.deepcopy(token2wav.flow.decoder).to(torch.float64)  # inference tensors now
+        assert cfm.estimator.in_proj.weight.is_inference()
+        first = cfm.step_constants(torch.device("cpu"))
+        assert all(a is b for a, b in zip(cfm.step_constants(torch.device("cpu")), first))
