@@ -9,7 +9,7 @@ the engine steps per unit and their wall time, and with `--profile` the function
 the host time (cProfile, cumulative).
 
     python3 perf/bench_thinker_engine.py --concurrency 1,8,32 --seconds 8 [--profile 8]
-    python3 perf/bench_thinker_engine.py --concurrency 1 --seconds 4 --torch-profile 1
+    python3 perf/bench_thinker_engine.py --concurrency 1 --seconds 4 --torch-profile 1 [--trace t.json]
     (CPU smoke test: --device cpu --checkpoint tiny --dtype float32)
 """
 
