@@ -18,7 +18,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from backends.models.token2wav.batching import right_pad, window_first_mask
@@ -152,40 +151,21 @@ class CausalConditionalCFM(nn.Module):
                cache_index: tuple[torch.Tensor, torch.Tensor] | None) -> SolverOutputs:
         rate = self.config.inference_cfg_rate
         steps, blocks, final = self.step_constants(inputs.mu.device)
-        rows, channels, frames = inputs.noise.shape
-        fixed, w_x = self._fixed_projection(inputs)
-        # x frames-major, once per half: the conditional and unconditional rows see the same x
-        x = inputs.noise.transpose(1, 2).reshape(1, rows * frames, channels).repeat(2, 1, 1)
+        rows, channels = inputs.noise.shape[:2]
+        estimator_in = _estimator_input(inputs)  # [2 R, 320, T]: a step rewrites x alone
+        x = estimator_in[:rows, :channels]  # [R, 80, T] the conditional rows' x channels
         new_kv, new_cnn = [], []
         for step in range(self.config.n_timesteps):
-            projected = torch.addmm(fixed, x.view(2 * rows * frames, channels), w_x.t())
-            velocity, cnn, kv = self.estimator.forward_projected(
-                projected.view(2 * rows, frames, -1), blocks[:, step : step + 1],
-                final[step : step + 1], inputs.cnn[step], att[step], inputs.key_valid,
-                inputs.num_new, cache_index,
+            velocity, cnn, kv = self.estimator.forward_modulated(
+                estimator_in, blocks[:, step : step + 1], final[step : step + 1],
+                inputs.cnn[step], att[step], inputs.key_valid, inputs.num_new, cache_index,
             )
-            v_cond, v_uncond = velocity.view(2, rows * frames, channels).unbind(0)
-            # x += dt ((1 + rate) v_cond - rate v_uncond), the guidance as one lerp
-            x[0].addcmul_(steps[step], torch.lerp(v_uncond, v_cond, 1.0 + rate))
-            x[1].copy_(x[0])
+            v_cond, v_uncond = velocity.chunk(2)
+            x.add_(steps[step] * ((1.0 + rate) * v_cond - rate * v_uncond))
+            estimator_in[rows:, :channels].copy_(x)
             new_kv.append(kv)
             new_cnn.append(cnn)
-        mel = x[0].view(rows, frames, channels).transpose(1, 2).contiguous()
-        return SolverOutputs(mel=mel, new_kv=torch.stack(new_kv), cnn=torch.stack(new_cnn))
-
-    def _fixed_projection(self, inputs: SolverInputs | PooledSolverInputs
-                          ) -> tuple[torch.Tensor, torch.Tensor]:
-        """The estimator's input projection is linear in its 320 channels [x | mu | speaker |
-        cond], and all but x stay the same over the steps: -> (their part with the bias,
-        [2 R T, hidden] conditional rows first (the unconditional rows carry zeros: the bias
-        alone), the weight columns of x [hidden, 80]). A step then projects x with one GEMM."""
-        in_proj = self.estimator.in_proj
-        rows, channels, frames = inputs.noise.shape
-        w_x, w_rest = in_proj.weight.split([channels, in_proj.in_features - channels], dim=1)
-        rest = torch.cat([inputs.mu, inputs.spks[:, :, None].expand_as(inputs.mu), inputs.cond], 1)
-        cond_rows = F.linear(rest.transpose(1, 2), w_rest, in_proj.bias)
-        uncond_rows = in_proj.bias.expand(rows, frames, -1)
-        return torch.cat([cond_rows, uncond_rows]).view(2 * rows * frames, -1), w_x
+        return SolverOutputs(mel=x.contiguous(), new_kv=torch.stack(new_kv), cnn=torch.stack(new_cnn))
 
     def step_constants(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """-> (step sizes [n], the DiT's adaLN outputs at every step's t: `DiT.modulations`).
@@ -241,6 +221,16 @@ class CausalConditionalCFM(nn.Module):
 
 
 _CONTEXT = 2  # the DiT's causal convs keep two frames
+
+
+def _estimator_input(inputs: SolverInputs | PooledSolverInputs) -> torch.Tensor:
+    """[2 R, 320, T]: [x | mu | speaker | cond] in the conditional rows, [x | 0 | 0 | 0] in the
+    unconditional ones, x starting as the noise. Built once per window (not repeated and
+    concatenated at every step); the steps' arithmetic is the same, bit for bit."""
+    mu = inputs.mu
+    conditional = torch.cat([inputs.noise, mu, inputs.spks[:, :, None].expand_as(mu), inputs.cond], 1)
+    unconditional = torch.cat([inputs.noise, torch.zeros_like(conditional[:, mu.shape[1]:])], 1)
+    return torch.cat([conditional, unconditional])
 
 
 def _refreshable(old: tuple[torch.Tensor, ...], new: tuple[torch.Tensor, ...]) -> bool:

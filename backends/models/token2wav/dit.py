@@ -225,12 +225,8 @@ class DiT(nn.Module):
 
     def uses_fused_kernels(self, inputs: torch.Tensor) -> bool:
         """The fused path needs two window frames per row (its conv taps place the two
-        cached frames from the first two frames' programs); shorter windows run in torch.
-        inputs: [R, 320, T]."""
-        return self._fused_for(inputs, inputs.shape[2])
-
-    def _fused_for(self, like: torch.Tensor, frames: int) -> bool:
-        return self.wants_fused_kernels(like) and frames >= _CONV_CONTEXT
+        cached frames from the first two frames' programs); shorter windows run in torch."""
+        return self.wants_fused_kernels(inputs) and inputs.shape[2] >= _CONV_CONTEXT
 
     def forward_chunk(
         self,
@@ -260,30 +256,12 @@ class DiT(nn.Module):
         """`forward_chunk` with the time conditioning already computed. With `cache_index`,
         att_cache is a pool [depth, pool rows, H, slots, 2 head_dim] read through
         (rows [R], order [R, L]) as `gather_cache` describes."""
-        velocity, new_cnn, new_kv = self.forward_projected(
-            self.in_proj(inputs.transpose(1, 2)), blocks, final, cnn_cache, att_cache,
-            key_valid, num_new, cache_index)
-        return velocity.transpose(1, 2), new_cnn, new_kv
-
-    def forward_projected(
-        self,
-        x: torch.Tensor,  # [R, T, hidden] the inputs through `in_proj`
-        blocks: torch.Tensor,
-        final: torch.Tensor,
-        cnn_cache: torch.Tensor,
-        att_cache: torch.Tensor,
-        key_valid: torch.Tensor,
-        num_new: torch.Tensor,
-        cache_index: tuple[torch.Tensor, torch.Tensor] | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """`forward_modulated` after the input projection (the CFM projects the inputs that
-        stay fixed over its steps once): -> (velocity [R, T, 80] frames-major, new cnn
-        caches, new keys | values)."""
-        if self._fused_for(x, x.shape[1]):
+        if self.uses_fused_kernels(inputs):
             from backends.models.token2wav.dit_fused import fused_forward  # imports Triton
 
-            return fused_forward(self, x, blocks, final, cnn_cache, att_cache, key_valid,
+            return fused_forward(self, inputs, blocks, final, cnn_cache, att_cache, key_valid,
                                  num_new, cache_index)
+        x = self.in_proj(inputs.transpose(1, 2))
         new_cnn, new_kv = [], []
         for index, block in enumerate(self.blocks):
             cache = att_cache[index]
@@ -292,4 +270,5 @@ class DiT(nn.Module):
             x, cnn, kv = block(x, blocks[index], cnn_cache[index], cache, key_valid, num_new)
             new_cnn.append(cnn)
             new_kv.append(kv)
-        return self.final_layer(x, final), torch.stack(new_cnn), torch.stack(new_kv)
+        velocity = self.final_layer(x, final).transpose(1, 2)
+        return velocity, torch.stack(new_cnn), torch.stack(new_kv)

@@ -1,4 +1,4 @@
-"""`DiT.forward_projected` with fused kernels: the CUDA path (token2wav_facts.md 1.5).
+"""`DiT.forward_modulated` with fused kernels: the CUDA path (token2wav_facts.md 1.5).
 
 The torch path (`dit.DiTBlock`) is the reference; this one computes the same function with
 about a dozen kernels per block instead of ~55, since a window's CFM solve is bound by kernel
@@ -99,7 +99,7 @@ def fused_block(
 
 def fused_forward(
     dit: DiT,
-    projected: torch.Tensor,  # [R, T, hidden]
+    inputs: torch.Tensor,  # [R, 320, T]
     blocks: torch.Tensor,  # [depth, N, 9, hidden]
     final: torch.Tensor,  # [N, 2, hidden]
     cnn_cache: torch.Tensor,  # [depth, R, 2 hidden, 2]
@@ -108,10 +108,10 @@ def fused_forward(
     num_new: torch.Tensor,  # [R] int64
     cache_index: tuple[torch.Tensor, torch.Tensor] | None = None,  # pooled att: rows, order
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Same contract as `DiT.forward_projected`."""
-    rows_b, n_frames, _ = projected.shape
+    """Same contract as `DiT.forward_modulated`."""
+    rows_b, _, n_frames = inputs.shape
     c = dit.config
-    x = projected.reshape(rows_b * n_frames, c.hidden_size)
+    x = dit.in_proj(inputs.transpose(1, 2)).reshape(rows_b * n_frames, c.hidden_size)
     new_cnn = x.new_empty(c.depth, rows_b, 2 * c.hidden_size, 2)
     new_kv = x.new_empty(c.depth, rows_b, c.num_heads, n_frames, 2 * c.head_dim)
     pending = None
@@ -122,4 +122,5 @@ def fused_forward(
                                  cache_index)
     layer = dit.final_layer
     _, h = residual_norm(x, pending, final[:, 0], final[:, 1], n_frames, layer.norm_final.eps)
-    return layer.linear(h).view(rows_b, n_frames, -1), new_cnn, new_kv
+    velocity = layer.linear(h).view(rows_b, n_frames, -1).transpose(1, 2)
+    return velocity, new_cnn, new_kv

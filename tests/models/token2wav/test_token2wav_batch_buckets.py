@@ -19,12 +19,6 @@ from backends.models.token2wav.encoder_packing import pack_encoder_inputs
 from backends.models.token2wav.graphs import EncoderGraphs, PooledSolverGraphs
 
 PAD_ATOL = 1e-5  # padding changes matmul shapes only (as in test_token2wav_graphs)
-# The same over a stream's windows, whose caches carry each window's rounding into the next:
-# measured 2.5e-5 (CPU, one thread), 1.4e-6 before the CFM projected its fixed inputs once per
-# window. Both are rounding, which this tiny random model amplifies: the two formulations of
-# the same solve differ by 1.6e-4 over these windows. Leaks of padding into real rows are
-# what the solver-level checks above hold to PAD_ATOL.
-STREAM_PAD_ATOL = 5e-5
 
 
 def _model() -> Token2Wav:
@@ -100,7 +94,7 @@ def test_three_stream_decoding_with_graph_buckets_equals_eager() -> None:
     assert model.cache_pool.num_free() == 4
     for a, b in zip(eager, graphed):
         assert a.shape == b.shape
-        np.testing.assert_allclose(a, b, atol=STREAM_PAD_ATOL, rtol=0)
+        np.testing.assert_allclose(a, b, atol=PAD_ATOL, rtol=0)
 
 
 # Graphs of other shapes vs eager, float32 convs: measured 3.4e-5 on an H200. With cuDNN's
