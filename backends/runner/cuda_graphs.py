@@ -37,7 +37,7 @@ import torch
 from backends.models.decoder import DecoderModel
 from backends.runner.attention import AttentionMetadata
 from backends.runner.block_table import PAD_BLOCK_ID
-from backends.runner.host_staging import copy_to_device
+from backends.runner.host_staging import PinnedStaging
 from backends.runner.kv_cache import KVCache
 
 _LOG = logging.getLogger(__name__)
@@ -81,6 +81,7 @@ class DecodeGraphs:
         self._i64 = torch.zeros(4, cap, dtype=torch.int64, device=device)
         # [capacity * (2 + max_blocks_per_req)] int32: seq_lens, context_lens, block tables
         self._i32 = torch.zeros(cap * (2 + max_blocks_per_req), dtype=torch.int32, device=device)
+        self._i64_staging, self._i32_staging = PinnedStaging(self._i64), PinnedStaging(self._i32)
         self.query_start_loc = torch.arange(cap + 1, dtype=torch.int32, device=device)
         # [capacity, hidden] input embeddings in the KV dtype
         self.embeds = torch.zeros(cap, model.hidden_size, dtype=kv.data.dtype, device=device)
@@ -148,11 +149,10 @@ class DecodeGraphs:
         size = self.bucket_for(num_rows)
         if size is None:
             raise ValueError(f"{num_rows} decode rows exceed the largest bucket {self.capacity}")
-        staged = self._stage_i64(token_ids, positions, block_rows)
-        staged[3, num_rows:] = self.scratch_slot
-        staged[3, :num_rows] = self.scratch_slot if sample_slots is None else sample_slots
-        copy_to_device(self._i64, staged)
-        copy_to_device(self._i32, self._stage_i32(positions, block_rows))
+        self._fill_i64(self._i64_staging.host(), token_ids, positions, block_rows, sample_slots)
+        self._fill_i32(self._i32_staging.host(), positions, block_rows)
+        self._i64_staging.publish()
+        self._i32_staging.publish()
         self.embeds[:size].copy_(self.model.embed_tokens(self.token_ids[:size]))
         for row, embedding in injected:
             if self.embeds.device.type == "cuda" and embedding.device.type == "cpu":
@@ -173,28 +173,33 @@ class DecodeGraphs:
         )  # fmt: skip
         self.embeds[:size].copy_(self.model.embed_tokens(self._i64[0, :size]))
 
-    def _stage_i64(
-        self, token_ids: Sequence[int], positions: np.ndarray, block_rows: np.ndarray
-    ) -> np.ndarray:
+    def _fill_i64(self, out: np.ndarray, token_ids: Sequence[int], positions: np.ndarray,
+                  block_rows: np.ndarray, sample_slots: Sequence[int] | None) -> None:
+        """Write all of `out` ([4, capacity]): token ids, positions, KV slots, sampling slots;
+        padding rows are token 0 at position 0 writing to the pad block, scratch slot."""
         num_rows, bs = len(token_ids), self.kv.block_size
-        staged = np.zeros((4, self.capacity), dtype=np.int64)
-        staged[0, :num_rows] = token_ids
-        staged[1, :num_rows] = positions
-        staged[2, :] = self.pad_block * bs
+        out[:2] = 0
+        out[0, :num_rows] = token_ids
+        out[1, :num_rows] = positions
+        out[2, :] = self.pad_block * bs
         pages = block_rows[np.arange(num_rows), positions // bs].astype(np.int64)
-        staged[2, :num_rows] = pages * bs + positions % bs
-        return staged
+        out[2, :num_rows] = pages * bs + positions % bs
+        out[3, :] = self.scratch_slot
+        out[3, :num_rows] = self.scratch_slot if sample_slots is None else sample_slots
 
-    def _stage_i32(self, positions: np.ndarray, block_rows: np.ndarray) -> np.ndarray:
+    def _fill_i32(self, out: np.ndarray, positions: np.ndarray, block_rows: np.ndarray) -> None:
+        """Write all of `out`: seq_lens, context_lens, block tables ([capacity] each, then
+        [capacity, max_blocks]); a padding row sees its own pad-block key only."""
         num_rows, cap = len(positions), self.capacity
-        lens = np.zeros((2, cap), dtype=np.int32)
-        lens[0, :] = 1  # padding rows see their own (pad block) key only
-        lens[0, :num_rows] = positions + 1
-        lens[1, :num_rows] = positions
-        tables = np.full((cap, self.max_blocks_per_req), PAD_BLOCK_ID, dtype=np.int32)
-        tables[:, 0] = self.pad_block
+        seq_lens, context_lens = out[:cap], out[cap : 2 * cap]
+        tables = out[2 * cap :].reshape(cap, self.max_blocks_per_req)
+        seq_lens[:] = 1
+        seq_lens[:num_rows] = positions + 1
+        context_lens[:] = 0
+        context_lens[:num_rows] = positions
+        tables[num_rows:] = PAD_BLOCK_ID
+        tables[num_rows:, 0] = self.pad_block
         tables[:num_rows] = block_rows
-        return np.concatenate([lens.reshape(-1), tables.reshape(-1)])
 
     def run(self, size: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """Forward (and sample) the staged bucket: ([size, hidden] final hidden, [size, vocab]

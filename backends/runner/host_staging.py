@@ -27,3 +27,40 @@ def copy_to_device(dst: torch.Tensor, array: np.ndarray) -> None:
     if dst.device.type == "cuda":
         host = host.pin_memory()
     dst.copy_(host, non_blocking=True)
+
+
+class PinnedStaging:
+    """Persistent pinned host twins of one device buffer that is restaged every step (a graph's
+    input buffer): `host()` hands a twin's numpy view to fill in place, `publish()` queues its
+    copy into the buffer. `copy_to_device` allocates a pinned block, copies the array into it
+    and, for these buffers, the caller first built the array (a fill and a concatenation of a
+    capacity-sized block table): ~5% of a Thinker step at 16 sessions on the H200 host.
+
+    Two twins alternate, each with the event of its last copy: the host never writes a twin
+    the device may still be reading, and with one step in flight it never waits for it."""
+
+    def __init__(self, buffer: torch.Tensor, depth: int = 2) -> None:
+        if depth < 1:
+            raise ValueError(f"depth must be >= 1, got {depth}")
+        self.buffer = buffer
+        on_cuda = buffer.device.type == "cuda"
+        self._twins = [torch.zeros(buffer.shape, dtype=buffer.dtype, pin_memory=on_cuda)
+                       for _ in range(depth)]
+        self._events = [torch.cuda.Event() if on_cuda else None for _ in range(depth)]
+        self._next = 0
+
+    def host(self) -> np.ndarray:
+        """The next twin (the buffer's shape, numpy), once the device has read its last copy.
+        It holds what was staged two publishes ago: the caller writes every element."""
+        event = self._events[self._next]
+        if event is not None:
+            event.synchronize()  # returns at once for an event never recorded
+        return self._twins[self._next].numpy()
+
+    def publish(self) -> None:
+        """Queue the twin `host()` handed out into the buffer; the next `host()` is the other."""
+        self.buffer.copy_(self._twins[self._next], non_blocking=True)
+        event = self._events[self._next]
+        if event is not None:
+            event.record()
+        self._next = (self._next + 1) % len(self._twins)

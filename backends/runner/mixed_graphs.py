@@ -28,7 +28,7 @@ import torch
 
 from backends.models.decoder import DecoderModel
 from backends.runner.cuda_graphs import capture_graph
-from backends.runner.host_staging import copy_to_device
+from backends.runner.host_staging import PinnedStaging
 from backends.runner.kv_cache import KVCache
 from backends.runner.mixed_layout import Bucket, MixedLayout, choose_bucket, mixed_buckets
 from backends.runner.types import RunnerConfig, StepInput
@@ -47,6 +47,7 @@ class MixedGraphs:
         device, dtype = kv.data.device, kv.data.dtype
         self._i64 = torch.zeros(layout.i64_size, dtype=torch.int64, device=device)
         self._i32 = torch.zeros(layout.i32_size, dtype=torch.int32, device=device)
+        self._i64_staging, self._i32_staging = PinnedStaging(self._i64), PinnedStaging(self._i32)
         self._views = layout.views(self._i64, self._i32)
         shape = (layout.max_tokens, model.hidden_size)
         self.embeds = torch.zeros(shape, dtype=dtype, device=device)
@@ -108,10 +109,11 @@ class MixedGraphs:
         logit_rows = [int(cu[i + 1]) - 1 for i in sampled]
         contexts = np.asarray(contexts, dtype=np.int64)
         layout = self.layout
-        copy_to_device(
-            self._i64, layout.stage_i64(num_rows, contexts, block_rows, token_ids, logit_rows)
-        )
-        copy_to_device(self._i32, layout.stage_i32(num_rows, contexts, block_rows))
+        layout.stage_i64(num_rows, contexts, block_rows, token_ids, logit_rows,
+                         out=self._i64_staging.host())
+        layout.stage_i32(num_rows, contexts, block_rows, out=self._i32_staging.host())
+        self._i64_staging.publish()
+        self._i32_staging.publish()
         self._stage_embeds(bucket[1], inputs, cu)
         return cu
 

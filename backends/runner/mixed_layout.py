@@ -86,12 +86,15 @@ class MixedLayout:
         block_rows: np.ndarray,
         token_ids: np.ndarray,
         logit_rows: Sequence[int],
+        out: np.ndarray | None = None,
     ) -> np.ndarray:
         """num_rows, contexts: [n] rows and tokens already in KV per request; block_rows:
         [n, max_blocks] int32; token_ids: [N] int64 (0 for injected rows); logit_rows: the
-        hidden rows whose logits are computed, in order -> the int64 buffer's contents."""
+        hidden rows whose logits are computed, in order -> the int64 buffer's contents,
+        written over all of `out` when given (a pinned staging twin), else a new array."""
         cap, bs = self.max_tokens, self.block_size
-        staged = np.zeros(self.i64_size, dtype=np.int64)
+        staged = np.empty(self.i64_size, dtype=np.int64) if out is None else out
+        staged[:] = 0
         num_tokens = int(num_rows.sum())
         starts = np.cumsum(num_rows) - num_rows
         req_of_row = np.repeat(np.arange(len(num_rows)), num_rows)
@@ -105,20 +108,27 @@ class MixedLayout:
         return staged
 
     def stage_i32(
-        self, num_rows: np.ndarray, contexts: np.ndarray, block_rows: np.ndarray
+        self, num_rows: np.ndarray, contexts: np.ndarray, block_rows: np.ndarray,
+        out: np.ndarray | None = None,
     ) -> np.ndarray:
-        """The int32 buffer's contents (see the module docstring) for n requests."""
+        """The int32 buffer's contents (see the module docstring) for n requests, written over
+        all of `out` when given, else a new array."""
         num_reqs, cap = len(num_rows), self.max_reqs
-        query_start_loc = np.full(cap + 1, int(num_rows.sum()), dtype=np.int32)
+        staged = np.empty(self.i32_size, dtype=np.int32) if out is None else out
+        query_start_loc = staged[: cap + 1]
+        seq_lens, context_lens = staged[cap + 1 : 2 * cap + 1], staged[2 * cap + 1 : 3 * cap + 1]
+        tables = staged[3 * cap + 1 :].reshape(cap, self.max_blocks)
+        query_start_loc[:] = int(num_rows.sum())
         query_start_loc[0] = 0
         query_start_loc[1 : num_reqs + 1] = np.cumsum(num_rows)
-        lens = np.zeros((2, cap), dtype=np.int32)
-        lens[0, :num_reqs] = contexts + num_rows
-        lens[1, :num_reqs] = contexts
-        tables = np.full((cap, self.max_blocks), PAD_BLOCK_ID, dtype=np.int32)
-        tables[:, 0] = self.pad_block
+        seq_lens[:] = 0
+        seq_lens[:num_reqs] = contexts + num_rows
+        context_lens[:] = 0
+        context_lens[:num_reqs] = contexts
+        tables[num_reqs:] = PAD_BLOCK_ID
+        tables[num_reqs:, 0] = self.pad_block
         tables[:num_reqs] = block_rows
-        return np.concatenate([query_start_loc, lens.reshape(-1), tables.reshape(-1)])
+        return staged
 
     def views(self, i64: torch.Tensor, i32: torch.Tensor) -> dict[str, torch.Tensor]:
         """Named views of the two device buffers (full capacity)."""

@@ -19,6 +19,8 @@ or HF penalty, on both paths (the reference path draws those rows on the host af
 
 from __future__ import annotations
 
+from functools import partial
+
 import torch
 
 from backends.models.decoder import DecoderModel
@@ -193,8 +195,9 @@ class ModelRunner:
             return PendingStep.done([])
         slots = self._validate(inputs)
         if self.fast_path is not None:
-            pending = self._pending = self.fast_path.launch(inputs, slots, self._sample_one)
-            return pending
+            sample = partial(self._sample_one, owned=True)  # rows of the step's own host copy
+            self._pending = self.fast_path.launch(inputs, slots, sample)
+            return self._pending
         with torch.no_grad():
             batch = self._prepare(inputs, slots)
             embeds = self._gather_embeds(inputs, batch)
@@ -348,17 +351,14 @@ class ModelRunner:
             self.states.generated[slots[i]].append(token)
 
     def _sample_one(self, inp: StepInput, slot: int, logits: torch.Tensor,
-                    candidates: TopCandidates | None = None, record: bool = True) -> int:
+                    candidates: TopCandidates | None = None, record: bool = True,
+                    owned: bool = False) -> int:
         params = self.states.sampling[slot]
         position = int(self.states.num_computed_tokens_np[slot])  # where the token will sit
-        ctx = SampleContext(
-            request_id=inp.request_id,
-            position=position,
-            generator=make_generator(params.seed, position, logits.device),
-            generated=self.states.generated[slot],  # live history: hooks must not mutate it
-            candidates=candidates,
-        )
-        token = sample_token(logits, params, ctx, self.states.hooks[slot])
+        generator = make_generator(params.seed, position, logits.device)
+        # generated: the live history (hooks must not mutate it)
+        ctx = SampleContext(inp.request_id, position, generator, self.states.generated[slot], candidates)
+        token = sample_token(logits, params, ctx, self.states.hooks[slot], owned)
         if record:
             self.states.generated[slot].append(token)
         return token

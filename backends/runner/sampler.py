@@ -11,6 +11,7 @@ top-p -> Gumbel-max (plain argmax when temperature is 0) -> hook.after_sample.
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from backends.runner.host_draws import filtered_draw
@@ -46,6 +47,13 @@ def apply_repetition_penalty(
     if penalty == 1.0 or not generated:
         return
     recent = generated[-window:] if window > 0 else generated
+    if logits.device.type == "cpu":  # a host row: numpy, ~5x fewer dispatches, same float32 math
+        row = logits.numpy()
+        host_ids = np.fromiter(set(recent), dtype=np.int64)
+        host_ids = host_ids[host_ids < row.shape[0]]
+        kept = row[host_ids]
+        row[host_ids] = np.where(kept > 0, kept / np.float32(penalty), kept * np.float32(penalty))
+        return
     ids = torch.tensor(sorted(set(recent)), dtype=torch.int64, device=logits.device)
     ids = ids[ids < logits.shape[0]]
     picked = logits[ids]
@@ -81,9 +89,12 @@ def sample_token(
     params: SamplingParams,
     ctx: SampleContext,
     hook: SamplingHook | None,
+    owned: bool = False,
 ) -> int:
-    """logits: [vocab] float32 (not modified) -> the final token for one request."""
-    row = logits.to(torch.float32).clone()
+    """logits: [vocab] -> the final token for one request. The row is not modified unless
+    `owned` (a float32 row that is the caller's to give away, as a step's host copy of its
+    logits: the masks and the penalty then work on it without a 600 KB copy)."""
+    row = logits if owned and logits.dtype == torch.float32 else logits.to(torch.float32, copy=True)
     apply_repetition_penalty(row, ctx.generated, params.repetition_penalty, params.penalty_window)
     forced = hook.before_sample(row, ctx) if hook is not None else None
     token = forced if forced is not None else _draw(row, params, ctx, hook is not None)

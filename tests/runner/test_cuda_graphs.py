@@ -40,6 +40,25 @@ def test_stage_fills_real_and_padding_rows(qwen3) -> None:
     torch.testing.assert_close(graphs.embeds[:4], qwen3.embed_tokens(torch.tensor([11, 12, 13, 0])))
 
 
+def test_restaging_fewer_rows_pads_the_rest(qwen3) -> None:
+    """The staging twins keep what was staged two steps before: a smaller step after larger
+    ones must still pad every row past its own (token 0, pad block, seq_len 1, scratch)."""
+    kv = KVCache(qwen3.num_layers, 9, 4, qwen3.num_kv_heads, qwen3.head_dim, torch.float32, "cpu")
+    graphs = DecodeGraphs(qwen3, kv, (1, 2, 4), 3, pad_block=8, max_seq_len=12, scratch_slot=6)
+    block_rows = np.array([[5, 1, -1], [0, 2, 3], [7, -1, -1]], dtype=np.int32)
+    for _ in range(2):  # both twins hold a 3-row step
+        graphs.stage([11, 12, 13], np.array([6, 9, 0]), block_rows, sample_slots=[2, 3, 0])
+    assert graphs.stage([21], np.array([4]), block_rows[1:2], sample_slots=[3]) == 1
+    meta = graphs._metas[4]
+    assert graphs.token_ids.tolist() == [21, 0, 0, 0]
+    assert graphs.positions.tolist() == [4, 0, 0, 0]
+    assert meta.slot_mapping.tolist() == [2 * 4, 8 * 4, 8 * 4, 8 * 4]
+    assert meta.seq_lens.tolist() == [5, 1, 1, 1]
+    assert meta.context_lens.tolist() == [4, 0, 0, 0]
+    assert meta.block_tables.tolist() == [[0, 2, 3], [8, -1, -1], [8, -1, -1], [8, -1, -1]]
+    assert graphs.sample_slots.tolist() == [3, 6, 6, 6]
+
+
 def test_sampler_reads_staged_slots_and_next_positions(qwen3) -> None:
     """With a sampler, `run` draws every bucket row from its staged sampling slot (scratch for
     padding and unsampled rows) at the position after its row, over the forward's logits."""

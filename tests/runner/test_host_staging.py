@@ -1,6 +1,8 @@
 """Host staging on CPU: values and persistent destination addresses (pinning needs CUDA).
 
-Strategy: copies must carry the exact values, and `copy_to_device` must write in place.
+Strategy: copies must carry the exact values, and `copy_to_device` must write in place;
+`PinnedStaging` must hand out its twins in turn, publish exactly the twin it handed out, and
+never move the buffer.
 """
 
 from __future__ import annotations
@@ -8,7 +10,9 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from backends.runner.host_staging import copy_to_device, to_device
+import pytest
+
+from backends.runner.host_staging import PinnedStaging, copy_to_device, to_device
 
 
 def test_to_device_and_copy_in_place() -> None:
@@ -18,3 +22,27 @@ def test_to_device_and_copy_in_place() -> None:
     address = dst.data_ptr()
     copy_to_device(dst, array)
     assert dst.tolist() == list(range(6)) and dst.data_ptr() == address
+
+
+def test_pinned_staging_alternates_twins_and_publishes_in_place() -> None:
+    buffer = torch.full((2, 3), -1, dtype=torch.int64)
+    address = buffer.data_ptr()
+    staging = PinnedStaging(buffer)
+    first = staging.host()
+    assert first.shape == (2, 3) and staging.host() is not None
+    first[:] = np.arange(6).reshape(2, 3)
+    staging.publish()
+    assert buffer.tolist() == [[0, 1, 2], [3, 4, 5]] and buffer.data_ptr() == address
+    second = staging.host()
+    assert not np.shares_memory(first, second)  # the device may still read the first
+    second[:] = 7
+    staging.publish()
+    assert buffer.tolist() == [[7] * 3] * 2
+    third = staging.host()
+    assert np.shares_memory(first, third)  # back to the first twin: stale until rewritten
+    assert third.tolist() == [[0, 1, 2], [3, 4, 5]]
+
+
+def test_pinned_staging_rejects_no_twins() -> None:
+    with pytest.raises(ValueError, match="depth"):
+        PinnedStaging(torch.zeros(1), depth=0)

@@ -56,6 +56,20 @@ LAYOUT = MixedLayout(max_reqs=4, max_tokens=8, max_blocks=3, max_query_len=4, ma
                      block_size=4, pad_block=9)  # fmt: skip
 
 
+def test_stage_into_a_used_buffer_equals_a_fresh_one() -> None:
+    """Staging writes every element of the twin it is given: a small step over a buffer that
+    held a larger one stages exactly what a new array gets."""
+    big = (np.array([4, 3, 1]), np.array([1, 7, 0]),
+           np.array([[1, 2, 3], [4, 5, 6], [0, -1, -1]], dtype=np.int32))
+    small = (np.array([2]), np.array([3]), np.array([[6, 2, -1]], dtype=np.int32))
+    i64 = LAYOUT.stage_i64(*big, np.arange(1, 9), [3, 6, 7])
+    i32 = LAYOUT.stage_i32(*big)
+    LAYOUT.stage_i64(*small, np.array([5, 6]), [1], out=i64)
+    LAYOUT.stage_i32(*small, out=i32)
+    assert i64.tolist() == LAYOUT.stage_i64(*small, np.array([5, 6]), [1]).tolist()
+    assert i32.tolist() == LAYOUT.stage_i32(*small).tolist()
+
+
 def test_stage_fills_real_and_padding_rows() -> None:
     num_rows, contexts = np.array([3, 1]), np.array([5, 2])
     block_rows = np.array([[5, 1, -1], [7, -1, -1]], dtype=np.int32)

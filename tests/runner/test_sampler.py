@@ -107,6 +107,41 @@ def test_hook_masks_forces_and_rewrites() -> None:
     assert sample_token(logits, greedy, ctx_at(7), RewriteHook()) == 142
 
 
+def test_owned_row_is_worked_on_in_place_with_the_same_draws() -> None:
+    """`owned`: the caller gives the row away (the fast path's host copy), so the penalty and
+    the hook's masks land in it instead of a copy; every draw stays what the copy gave. A row
+    of another dtype is still copied (to float32), so it is never written."""
+    params = SamplingParams(temperature=1.0, repetition_penalty=1.3, seed=3)
+    base = torch.randn(300, generator=torch.Generator().manual_seed(1))
+    history = [5, 7, 7, 250]
+    for position in range(30):
+        shared = base.clone()
+        copied = sample_token(shared, params, ctx_at(position, 3, history), RewriteHook())
+        assert torch.equal(shared, base)
+        owned = base.clone()
+        assert sample_token(owned, params, ctx_at(position, 3, history), RewriteHook(),
+                            owned=True) == copied
+        penalised = base[7] / 1.3 if base[7] > 0 else base[7] * 1.3
+        assert owned[0] == float("-inf") and owned[7] == penalised  # worked on in place
+    half = base.to(torch.bfloat16)
+    before = half.clone()
+    sample_token(half, params, ctx_at(0, 3, history), RewriteHook(), owned=True)
+    assert torch.equal(half, before)
+
+
+def test_repetition_penalty_on_a_host_row_matches_the_device_formula() -> None:
+    """The host row's numpy path is the torch formula bit for bit (float32 both ways)."""
+    row = torch.randn(5000, generator=torch.Generator().manual_seed(2)) * 8
+    generated = list(range(0, 5000, 3)) + [4999, 4999, 7000]  # an id past the row is skipped
+    expected = row.clone()
+    ids = torch.tensor(sorted(set(generated)))
+    ids = ids[ids < row.shape[0]]
+    picked = expected[ids]
+    expected[ids] = torch.where(picked > 0, picked / 1.17, picked * 1.17)
+    apply_repetition_penalty(row, generated, penalty=1.17, window=0)
+    assert torch.equal(row, expected)
+
+
 @pytest.mark.parametrize(
     "kwargs",
     [{"temperature": -1.0}, {"top_k": 0}, {"top_p": 0.0}, {"repetition_penalty": 0.0}],
