@@ -229,7 +229,9 @@ def _flow_ms(model: Token2Wav, streams: list, rng: np.random.Generator, repeats:
     def flow() -> None:
         codes = rng.integers(0, 6561, (len(streams), WINDOW_CODES)).astype(np.int32)
         with torch.inference_mode():
-            model._run_flow([StreamWindow(s, codes[b], False) for b, s in enumerate(streams)])
+            _, _, settle = model._run_flow(
+                [StreamWindow(s, codes[b], False) for b, s in enumerate(streams)])
+            settle()
 
     return timed(flow, repeats, device)
 

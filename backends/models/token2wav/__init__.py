@@ -11,7 +11,8 @@ from backends.models.token2wav.config import (
     Token2WavConfig,
 )
 from backends.models.token2wav.stream import Token2WavStream
-from backends.models.token2wav.token2wav import StreamWindow, Token2Wav, Voice
+from backends.models.token2wav.stream_window import StreamWindow
+from backends.models.token2wav.token2wav import Token2Wav, Voice
 from backends.models.token2wav.voice import VoicePrompt
 
 __all__ = [

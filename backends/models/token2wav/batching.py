@@ -14,10 +14,13 @@ import torch
 from backends.runner.host_staging import to_device
 
 
-def left_pad(rows: list[torch.Tensor], dim: int) -> torch.Tensor:
+def left_pad(rows: list[torch.Tensor], dim: int, length: int | None = None) -> torch.Tensor:
     """rows: same shape except along `dim` -> [len(rows), ...] with zeros before each row's
-    frames, so every row ends at the last index of `dim`."""
-    length = max(row.shape[dim] for row in rows)
+    frames, so every row ends at the last index of `dim` (of size `length`, default the
+    longest row). Rows that need no padding are stacked (a single one: a view of it)."""
+    length = max(row.shape[dim] for row in rows) if length is None else length
+    if all(row.shape[dim] == length for row in rows):
+        return rows[0].unsqueeze(0) if len(rows) == 1 else torch.stack(rows)
     shape = list(rows[0].shape)
     shape[dim] = length
     out = rows[0].new_zeros(len(rows), *shape)
@@ -38,13 +41,16 @@ def right_pad(rows: list[torch.Tensor], dim: int, length: int | None = None) -> 
     return out
 
 
-def key_mask(cache_lens: list[int], num_cache: int, new_lens: list[int], num_new: int,
-             device: torch.device | str) -> torch.Tensor:
-    """Keys laid out as [left-padded cache | right-padded window] ->
-    [B, num_cache + num_new] bool, True where a key is real."""
-    cache = np.arange(num_cache) >= num_cache - np.asarray(cache_lens)[:, None]
-    new = np.arange(num_new) < np.asarray(new_lens)[:, None]
-    return to_device(np.concatenate([cache, new], axis=1), device)
+def key_masks(parts: list[tuple[list[int], int, list[int], int]], device: torch.device | str,
+              ) -> list[torch.Tensor]:
+    """Key masks of one batch, each for keys laid out as [left-padded cache | right-padded
+    window] (a part: cache_lens, num_cache, new_lens, num_new) -> [B, num_cache + num_new]
+    bool each, True where a key is real; all in one queued host -> device copy."""
+    host = [np.concatenate([np.arange(num_cache) >= num_cache - np.asarray(cache_lens)[:, None],
+                            np.arange(num_new) < np.asarray(new_lens)[:, None]], axis=1)
+            for cache_lens, num_cache, new_lens, num_new in parts]
+    joined = to_device(np.concatenate(host, axis=1), device)
+    return list(joined.split([mask.shape[1] for mask in host], dim=1))
 
 
 def window_first_mask(new_lens: list[int], num_new: int, cache_lens: list[int], num_cache: int,

@@ -116,7 +116,19 @@ class UpsampleConformerEncoderV2(nn.Module):
     ) -> tuple[torch.Tensor, list[int], list[EncoderCache]]:
         """-> (features [B, T_max, d] at mel rate, valid mel frames per row, new caches; the
         attention caches are grown, not pruned)."""
-        inputs, num_frames = pack_encoder_inputs(self.config, xs, num_codes, last_chunk, caches)
+        features, mel_frames, grow = self.launch_chunk(xs, num_codes, last_chunk, caches)
+        return features, mel_frames, grow()
+
+    def launch_chunk(
+        self, xs: torch.Tensor, num_codes: list[int], last_chunk: list[bool],
+        caches: list[EncoderCache],
+    ) -> tuple[torch.Tensor, list[int], Callable[[], list[EncoderCache]]]:
+        """`forward_chunk` with the cache growth left to the caller (`unpack_encoder_outputs`):
+        call the returned `grow` once the work that needs only the features is queued, and
+        before this encoder runs again."""
+        pad_to = getattr(self.runner, "padded_sizes", None)  # graphed: pack at the bucket
+        inputs, num_frames = pack_encoder_inputs(self.config, xs, num_codes, last_chunk, caches,
+                                                 pad_to)
         return unpack_encoder_outputs(self.runner(inputs), num_frames, self.config.up_stride,
                                       caches)
 

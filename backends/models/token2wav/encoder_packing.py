@@ -2,7 +2,7 @@
 
 `UpsampleConformerEncoderV2.forward_chunk` = `pack_encoder_inputs` (host lists -> padded
 tensors and key masks) -> `run` (tensors only: CUDA-graph capturable, like the CFM's `solve`)
--> `unpack_encoder_outputs` (per-row cache cuts and growth). `pad_encoder_inputs` widens a
+-> `unpack_encoder_outputs` (per-row cache cuts and growth, deferred until asked for). `pad_encoder_inputs` widens a
 packed window to a graph's shape bucket: more window frames after every row's last one and
 more cache slots before every row's first one (the Conformer's caches are left-padded, so
 relative distances stay aligned), all masked, so no real frame changes.
@@ -10,12 +10,13 @@ relative distances stay aligned), all masked, so no real frame changes.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
-from backends.models.token2wav.batching import key_mask, left_pad, take_frames
+from backends.models.token2wav.batching import key_masks, left_pad, take_frames
 from backends.models.token2wav.config import EncoderConfig
 
 CONV2_CONTEXT = 2  # the pre-lookahead conv2 has kernel 3: 2 frames of left context
@@ -54,52 +55,71 @@ class EncoderOutputs:
     mel_kv: torch.Tensor  # [B, num_up_blocks, H, stride T, 2 dk]
 
 
+# (frames, token-rate cache, mel-rate cache) of a window -> the sizes to pack it at (>= each)
+PadSizes = Callable[[int, int, int], tuple[int, int, int]]
+
+
 def pack_encoder_inputs(
     config: EncoderConfig,
     xs: torch.Tensor,  # [B, N_max, d] code embeddings
     num_codes: list[int],
     last_chunk: list[bool],
     caches: list[EncoderCache],
+    pad_to: PadSizes | None = None,
 ) -> tuple[EncoderInputs, list[int]]:
-    """-> (the window's tensors, code frames per row: N - lookahead, or N for a final row)."""
+    """-> (the window's tensors, code frames per row: N - lookahead, or N for a final row).
+    With `pad_to` (a graph's shape buckets) the window is packed at those sizes at once, as
+    `pad_encoder_inputs` would widen it: one copy of the caches and masks, not two."""
     lookahead, stride = config.pre_lookahead_len, config.up_stride
     num_frames = [n - lookahead * (not last) for n, last in zip(num_codes, last_chunk)]
     if min(num_frames) < 1:
         raise ValueError(f"every non-final window needs more than {lookahead} codes, "
                          f"got {num_codes}")
-    length = max(num_frames) + lookahead
-    xs = F.pad(xs, (0, 0, 0, max(0, length - xs.shape[1])))[:, :length]
-    count = torch.tensor(num_codes, device=xs.device)
-    token = left_pad([c.token_kv for c in caches], dim=2)
-    mel = left_pad([c.mel_kv for c in caches], dim=2)
-    frames = max(num_frames)
+    token_lens = [c.token_kv.shape[2] for c in caches]
+    mel_lens = [c.mel_kv.shape[2] for c in caches]
+    frames, token_len, mel_len = max(num_frames), max(token_lens), max(mel_lens)
+    if pad_to is not None:
+        frames, token_len, mel_len = pad_to(frames, token_len, mel_len)
+    length = frames + lookahead
+    if xs.shape[1] != length:
+        xs = F.pad(xs, (0, 0, 0, max(0, length - xs.shape[1])))[:, :length]
+    code_valid, token_valid, mel_valid = key_masks([
+        ([0] * len(caches), 0, num_codes, length),  # codes: a window part without cache
+        (token_lens, token_len, num_frames, frames),
+        (mel_lens, mel_len, [stride * n for n in num_frames], stride * frames),
+    ], xs.device)
     return EncoderInputs(
-        xs=xs, code_valid=torch.arange(length, device=xs.device)[None, :] < count[:, None],
+        xs=xs, code_valid=code_valid,
         lookahead=torch.stack([c.lookahead for c in caches]),
         upsample=torch.stack([c.upsample for c in caches]),
-        token_kv=token, mel_kv=mel,
-        token_valid=key_mask([c.token_kv.shape[2] for c in caches], token.shape[3],
-                             num_frames, frames, xs.device),
-        mel_valid=key_mask([c.mel_kv.shape[2] for c in caches], mel.shape[3],
-                           [stride * n for n in num_frames], stride * frames, xs.device),
+        token_kv=left_pad([c.token_kv for c in caches], dim=2, length=token_len),
+        token_valid=token_valid,
+        mel_kv=left_pad([c.mel_kv for c in caches], dim=2, length=mel_len),
+        mel_valid=mel_valid,
     ), num_frames
 
 
 def unpack_encoder_outputs(
     outputs: EncoderOutputs, num_frames: list[int], stride: int, caches: list[EncoderCache]
-) -> tuple[torch.Tensor, list[int], list[EncoderCache]]:
-    """-> (features, mel frames per row, grown caches: old frames then this window's)."""
+) -> tuple[torch.Tensor, list[int], Callable[[], list[EncoderCache]]]:
+    """-> (features, mel frames per row, `grow`: returns the grown caches, old frames then
+    this window's). Deferred: the caller queues the window's solve first, then the per-row
+    cache copies (a few small ops per row). `outputs` may be a graph's: `grow` must run before
+    that graph replays again."""
     mel_frames = [stride * n for n in num_frames]
-    grown = [
-        EncoderCache(
-            lookahead=take_frames(outputs.conv2_in[b], n, CONV2_CONTEXT),
-            upsample=take_frames(outputs.up_in[b], m, 2 * stride),
-            token_kv=torch.cat([cache.token_kv, outputs.token_kv[b, :, :, :n]], dim=2),
-            mel_kv=torch.cat([cache.mel_kv, outputs.mel_kv[b, :, :, :m]], dim=2),
-        )
-        for b, (n, m, cache) in enumerate(zip(num_frames, mel_frames, caches))
-    ]
-    return outputs.features, mel_frames, grown
+
+    def grow() -> list[EncoderCache]:
+        return [
+            EncoderCache(
+                lookahead=take_frames(outputs.conv2_in[b], n, CONV2_CONTEXT),
+                upsample=take_frames(outputs.up_in[b], m, 2 * stride),
+                token_kv=torch.cat([cache.token_kv, outputs.token_kv[b, :, :, :n]], dim=2),
+                mel_kv=torch.cat([cache.mel_kv, outputs.mel_kv[b, :, :, :m]], dim=2),
+            )
+            for b, (n, m, cache) in enumerate(zip(num_frames, mel_frames, caches))
+        ]
+
+    return outputs.features, mel_frames, grow
 
 
 def pad_encoder_inputs(inputs: EncoderInputs, frames: int, token_cached: int,

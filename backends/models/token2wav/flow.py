@@ -12,6 +12,7 @@ pass, cond = prompt mel), i.e. one final window over empty caches.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -33,13 +34,14 @@ class FlowCache:
 
 @dataclass(frozen=True, slots=True)
 class Encoded:
-    """One window after the encoder: what the CFM takes, and the grown encoder caches."""
+    """One window after the encoder: what the CFM takes, and how to grow the encoder caches
+    (`grow_caches()`, once the CFM is queued: `UpsampleConformerEncoderV2.launch_chunk`)."""
 
     mu: torch.Tensor  # [R, 80, T_max]
     mel_frames: list[int]  # valid mel frames per row
     spks: torch.Tensor  # [R, 80] projected speakers
     cond: torch.Tensor  # [R, 80, T_max]
-    caches: list[EncoderCache]
+    grow_caches: Callable[[], list[EncoderCache]]
 
 
 class CausalMaskedDiffWithXvec(nn.Module):
@@ -76,7 +78,7 @@ class CausalMaskedDiffWithXvec(nn.Module):
             encoded.mu, encoded.mel_frames, encoded.spks, encoded.cond,
             [c.estimator for c in caches],
         )
-        grown = [FlowCache(e, d) for e, d in zip(encoded.caches, estimator_caches)]
+        grown = [FlowCache(e, d) for e, d in zip(encoded.grow_caches(), estimator_caches)]
         return mel, encoded.mel_frames, grown
 
     def encode(
@@ -88,15 +90,15 @@ class CausalMaskedDiffWithXvec(nn.Module):
         caches: list[EncoderCache],
         prompt_mel: torch.Tensor | None = None,  # [R, N_max * 2, 80] cond, None -> zeros
     ) -> Encoded:
-        """The part of `inference_chunk` before the CFM: the CFM's inputs, grown encoder caches."""
-        features, mel_frames, encoder_caches = self.encoder.forward_chunk(
+        """The part of `inference_chunk` before the CFM: the CFM's inputs, the cache growth."""
+        features, mel_frames, grow_caches = self.encoder.launch_chunk(
             self.input_embedding(codes), num_codes, last_chunk, caches
         )
         mu = self.encoder_proj(features).transpose(1, 2)  # [R, 80, T_max]
         cond = torch.zeros_like(mu)
         if prompt_mel is not None:
             cond[:, :, : prompt_mel.shape[1]] = prompt_mel[:, : cond.shape[2]].transpose(1, 2)
-        return Encoded(mu, mel_frames, self.project_speaker(speakers), cond, encoder_caches)
+        return Encoded(mu, mel_frames, self.project_speaker(speakers), cond, grow_caches)
 
     def setup_cache(
         self,

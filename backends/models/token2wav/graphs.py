@@ -172,13 +172,17 @@ class EncoderGraphs:
         self.runner = GraphRunner(lambda *flat: _fields(encoder.run(EncoderInputs(*flat))),
                                   max_graphs)
 
+    def padded_sizes(self, frames: int, token_cached: int, mel_cached: int,
+                     ) -> tuple[int, int, int]:
+        """The bucket of a window: (code frames, token-rate cache, mel-rate cache) -> at least
+        as large (`pack_encoder_inputs` packs at these sizes at once)."""
+        return (frame_bucket(self.stride * frames) // self.stride,
+                _round_up(token_cached, CACHE_STEP // self.stride), cache_bucket(mel_cached))
+
     def __call__(self, inputs: EncoderInputs) -> EncoderOutputs:
         frames = inputs.token_valid.shape[1] - inputs.token_kv.shape[3]
-        padded = pad_encoder_inputs(
-            inputs, frame_bucket(self.stride * frames) // self.stride,
-            _round_up(inputs.token_kv.shape[3], CACHE_STEP // self.stride),
-            cache_bucket(inputs.mel_kv.shape[3]),
-        )
+        padded = pad_encoder_inputs(  # a no-op for a window packed at `padded_sizes`
+            inputs, *self.padded_sizes(frames, inputs.token_kv.shape[3], inputs.mel_kv.shape[3]))
         rows = inputs.xs.shape[0]
         features, *rest = self.runner(*_fields(pad_encoder_batch(padded, batch_bucket(rows))))
         return EncoderOutputs(features[:rows, : self.stride * frames], *(t[:rows] for t in rest))

@@ -14,6 +14,7 @@ cache for all of them) and a decode's audio reaches the host in one copy (`to_ho
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -114,13 +115,21 @@ def _keep_tails(streams: list[Token2WavStream], kept: list[bool], mel: torch.Ten
             stream.mel_cache, stream.source_cache, stream.speech_tail = mel[j], source[j], speech[j]
 
 
-def to_host(audio: list[torch.Tensor]) -> list[np.ndarray]:
+def to_host(audio: list[torch.Tensor], before_wait: Callable[[], None] | None = None,
+            ) -> list[np.ndarray]:
     """Device audio rows -> float32 arrays: on CUDA one gather, one non-blocking copy into
     pinned memory and one sync for all rows (not a blocking copy per stream). The arrays are
-    views of that buffer (freed with the last of them)."""
+    views of that buffer (freed with the last of them). `before_wait` runs once the copy is
+    queued: device work it queues runs after the copy, and the host waits for the copy only."""
     if not audio or audio[0].device.type != "cuda":
-        return [row.float().cpu().numpy() for row in audio]
-    host = AsyncOutput({"audio": torch.cat([row.float() for row in audio])}).wait()["audio"]
+        rows = [row.float().cpu().numpy() for row in audio]
+        if before_wait is not None:
+            before_wait()
+        return rows
+    output = AsyncOutput({"audio": torch.cat([row.float() for row in audio])})
+    if before_wait is not None:
+        before_wait()
+    host = output.wait()["audio"]
     bounds = np.cumsum([row.shape[0] for row in audio])[:-1]
     return np.split(host.numpy(), bounds)
 

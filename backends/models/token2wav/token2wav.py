@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import weakref
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -39,6 +40,8 @@ from backends.models.token2wav.graphs import (
 from backends.models.token2wav.hift import HiFTGenerator
 from backends.models.token2wav.stream import Token2WavStream, emit_rows, flush, to_host
 from backends.models.token2wav.voice import VoicePrompt, build_voice_prompt
+from backends.models.token2wav.stream_window import StreamWindow, validate_windows
+from backends.runner.host_staging import to_device
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,13 +52,8 @@ class Voice:
     cache: FlowCache
 
 
-@dataclass(frozen=True, slots=True)
-class StreamWindow:
-    """One window of one stream for `Token2Wav.decode`."""
-
-    stream: Token2WavStream
-    codes: np.ndarray  # [n] int32 codes in [0, vocab_size); empty only when last_chunk
-    last_chunk: bool
+def _noop() -> None:
+    pass
 
 
 class Token2Wav(nn.Module):
@@ -205,37 +203,24 @@ class Token2Wav(nn.Module):
         """Decode one window per stream (each stream at most once) -> [samples] float32 each.
 
         Updates every stream's state; raises ValueError for a malformed window."""
-        self._validate(windows)
+        validate_windows(windows, self.config, self._pool)
         coded = [i for i, w in enumerate(windows) if len(w.codes)]
-        decoded = self._decode_coded([windows[i] for i in coded]) if coded else []
+        decoded, settle = self._decode_coded([windows[i] for i in coded]) if coded else ([], _noop)
         audio = dict(zip(coded, decoded))
-        for window in windows:
-            if window.last_chunk:
+
+        def housekeeping() -> None:  # device work queued behind the audio's copy to the host
+            settle()
+            for window in (w for w in windows if w.last_chunk):
                 self.release_stream(window.stream)
-        return to_host([audio[i] if i in audio else flush(w.stream) for i, w in enumerate(windows)])
 
-    def _validate(self, windows: list[StreamWindow]) -> None:
-        lookahead = self.config.flow.encoder.pre_lookahead_len
-        vocab = self.config.flow.vocab_size
-        if len({id(w.stream) for w in windows}) != len(windows):
-            raise ValueError("a stream may appear only once per decode")
-        for window in windows:
-            if window.stream.is_finished:
-                raise ValueError("stream already finished by a final window")
-            if (window.stream.cache_slot is not None or self._pool is not None) and not (
-                    self._pool is not None and self._pool.owns(window.stream.cache_slot)):
-                raise ValueError("stream has no live slot in this model's cache pool "
-                                 "(released, or made before enable_cache_pool)")
-            if not window.last_chunk and len(window.codes) <= lookahead:
-                raise ValueError(
-                    f"chunk_below_lookahead_window: a non-final window needs more than "
-                    f"{lookahead} codes, got {len(window.codes)}"
-                )
-            if len(window.codes) and not (0 <= window.codes.min() and window.codes.max() < vocab):
-                raise ValueError(f"codes must lie in [0, {vocab}), got {window.codes.tolist()}")
+        rows = [audio[i] if i in audio else flush(w.stream) for i, w in enumerate(windows)]
+        return to_host(rows, before_wait=housekeeping)
 
-    def _decode_coded(self, windows: list[StreamWindow]) -> list[torch.Tensor]:
-        mel, mel_frames = self._run_flow(windows)
+    def _decode_coded(self, windows: list[StreamWindow]
+                      ) -> tuple[list[torch.Tensor], Callable[[], None]]:
+        """-> (audio per window, `settle`: grows and prunes the flow caches; call it once,
+        after the audio's work is queued and before these streams decode again)."""
+        mel, mel_frames, settle = self._run_flow(windows)
         hift_inputs = [
             torch.cat([w.stream.mel_cache, mel[b, :, : mel_frames[b]].float()], dim=1)
             for b, w in enumerate(windows)
@@ -259,35 +244,43 @@ class Token2Wav(nn.Module):
                                 self.config.mel_cache_frames)
             for b, samples in zip(rows, emitted):
                 out[b] = samples
-        return out
+        return out, settle
 
     def _source_noise(self, stream: Token2WavStream, frames: int) -> torch.Tensor:
         """[480 frames, nb_harmonics + 1] standard normal from the stream's own generator."""
         shape = (frames * self.config.hift.hop_samples, self.hift.num_noise_channels())
         return torch.randn(shape, generator=stream.generator, device=self.device)
 
-    def _run_flow(self, windows: list[StreamWindow]) -> tuple[torch.Tensor, list[int]]:
-        """-> (mel [B, 80, T_max], valid mel frames per row); updates and prunes flow caches."""
+    def _run_flow(self, windows: list[StreamWindow]
+                  ) -> tuple[torch.Tensor, list[int], Callable[[], None]]:
+        """-> (mel [B, 80, T_max], valid mel frames per row, `settle`). `settle()` updates and
+        prunes the streams' flow caches: tens of small ops for a batch, so the caller queues
+        them after the window's solve and vocoder instead of before."""
         num_codes = [len(w.codes) for w in windows]
-        codes = torch.zeros(len(windows), max(num_codes), dtype=torch.int64)
+        codes = np.zeros((len(windows), max(num_codes)), dtype=np.int64)
         for b, window in enumerate(windows):
-            codes[b, : num_codes[b]] = torch.from_numpy(window.codes.astype(np.int64))
-        args = (codes.to(self.device), num_codes, [w.last_chunk for w in windows],
+            codes[b, : num_codes[b]] = window.codes
+        args = (to_device(codes, self.device), num_codes, [w.last_chunk for w in windows],
                 torch.stack([w.stream.speaker for w in windows]))
         if self._pool is None:
-            mel, mel_frames, caches = self.flow.inference_chunk(
+            mel, mel_frames, grown = self.flow.inference_chunk(
                 *args, [w.stream.flow_cache for w in windows])
+            caches: Callable[[], list[FlowCache]] = lambda: grown  # noqa: E731
         else:
             mel, mel_frames, caches = self._run_pooled_flow(windows, *args)
         keep = self.config.cache_keep_frames
-        for window, cache in zip(windows, caches):
-            window.stream.flow_cache = prune_flow_cache(cache, window.stream.prompt_frames, keep)
-        return mel, mel_frames
+
+        def settle() -> None:
+            for window, cache in zip(windows, caches()):
+                window.stream.flow_cache = prune_flow_cache(cache, window.stream.prompt_frames, keep)
+
+        return mel, mel_frames, settle
 
     def _run_pooled_flow(self, windows: list[StreamWindow], codes: torch.Tensor,
                          num_codes: list[int], last_chunk: list[bool], speakers: torch.Tensor,
-                         ) -> tuple[torch.Tensor, list[int], list[FlowCache]]:
-        """`flow.inference_chunk` with the DiT caches in the pool (already cut there)."""
+                         ) -> tuple[torch.Tensor, list[int], Callable[[], list[FlowCache]]]:
+        """`flow.inference_chunk` with the DiT caches in the pool (already cut there); the grown
+        caches come from the returned callable (deferred, as the encoder's)."""
         assert self._pool is not None
         args = (codes, num_codes, last_chunk, speakers)
         flow_caches = [w.stream.flow_cache for w in windows]
@@ -295,6 +288,9 @@ class Token2Wav(nn.Module):
         mel, cnn = self._pool.forward_chunk(
             self.flow.decoder, encoded.mu, encoded.mel_frames, encoded.spks, encoded.cond,
             [w.stream.cache_slot for w in windows], [c.estimator.cnn for c in flow_caches])
-        caches = [FlowCache(encoder, EstimatorCache(old.estimator.att, new_cnn))
-                  for encoder, old, new_cnn in zip(encoded.caches, flow_caches, cnn)]
+
+        def caches() -> list[FlowCache]:
+            return [FlowCache(encoder, EstimatorCache(old.estimator.att, new_cnn))
+                    for encoder, old, new_cnn in zip(encoded.grow_caches(), flow_caches, cnn)]
+
         return mel, encoded.mel_frames, caches

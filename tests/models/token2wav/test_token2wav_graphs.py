@@ -72,6 +72,32 @@ def test_padded_encoder_equals_unpadded(token2wav: Token2Wav, voice: Voice) -> N
     torch.testing.assert_close(padded.mel_kv[:, :, :, : 2 * frames], plain.mel_kv, atol=PAD_ATOL, rtol=0)
 
 
+@pytest.mark.parametrize("plan", [([28], [False]), ([28, 9], [False, True]), ([9, 9], [True, True])])
+def test_packing_at_the_bucket_equals_packing_then_widening(
+        token2wav: Token2Wav, voice: Voice, plan: tuple[list[int], list[bool]]) -> None:
+    """`pack_encoder_inputs(pad_to=...)` (what the graphed encoder does) gives exactly the
+    tensors of a plain pack widened by `pad_encoder_inputs`, for caches of unequal lengths."""
+    encoder, embed = token2wav.flow.encoder, token2wav.flow.input_embedding
+    num_codes, last = plan
+    codes = torch.randint(0, 6561, (len(num_codes), 28), generator=torch.Generator().manual_seed(5))
+    short = voice.cache.encoder
+    grown = encoder.forward_chunk(embed(codes[:1]), [28], [False], [short])[2][0]
+    caches = [short, grown][: len(num_codes)]
+
+    def pad_to(frames: int, token_cached: int, mel_cached: int) -> tuple[int, int, int]:
+        return frames + 3, token_cached + 25, mel_cached + 50
+
+    with torch.inference_mode():
+        xs = embed(codes)[:, : max(num_codes)]
+        plain, frames = pack_encoder_inputs(encoder.config, xs, num_codes, last, caches)
+        wide = pad_encoder_inputs(plain, *pad_to(max(frames), plain.token_kv.shape[3],
+                                                 plain.mel_kv.shape[3]))
+        packed, _ = pack_encoder_inputs(encoder.config, xs, num_codes, last, caches, pad_to)
+    for name in ("xs", "code_valid", "lookahead", "upsample", "token_kv", "token_valid", "mel_kv",
+                 "mel_valid"):
+        assert torch.equal(getattr(packed, name), getattr(wide, name)), name
+
+
 def _decode_twice(model: Token2Wav, voice: Voice) -> list[np.ndarray]:
     """Two streams over a few windows, batched: first, steady, unit-end and final windows."""
     rng = np.random.default_rng(0)
