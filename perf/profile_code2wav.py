@@ -1,6 +1,6 @@
 """Where a batched Code2Wav window spends GPU time: torch.profiler over steady windows.
 
-    PYTHONPATH=$PWD python3 perf/profile_code2wav.py --batch 16 [--graphs] [--pool]
+    PYTHONPATH=$PWD python3 perf/profile_code2wav.py --batch 16 [--graphs] [--pool] [--trace t.json]
     PYTHONPATH=$PWD python3 perf/profile_code2wav.py --hift-batches 1,16 [--cudnn-benchmark] [--no-tf32]
 
 Eager (default) lists every kernel with its GPU time, so the sum shows whether the window is
@@ -45,6 +45,8 @@ def main() -> None:
     parser.add_argument("--no-tf32", action="store_true",
                         help="cuDNN convs in full float32 (torch.backends.cudnn.allow_tf32 off)")
     parser.add_argument("--repeats", type=int, default=50)
+    parser.add_argument("--trace", default="",
+                        help="also write the windows' Chrome trace here (perf/trace_gaps.py reads it)")
     args = parser.parse_args()
     torch.backends.cudnn.allow_tf32 = not args.no_tf32
     model = random_token2wav(Token2WavConfig(), seed=0).to("cuda")
@@ -76,6 +78,9 @@ def main() -> None:
             window()
         torch.cuda.synchronize()
     print_table(prof, args.rows)
+    if args.trace:
+        prof.export_chrome_trace(args.trace)
+        print(f"trace written to {args.trace}")
 
 
 def print_table(prof: profile, rows: int) -> None:
