@@ -39,8 +39,8 @@ from backends.models.token2wav.graphs import (
 )
 from backends.models.token2wav.hift import HiFTGenerator
 from backends.models.token2wav.stream import Token2WavStream, emit_rows, flush, to_host
-from backends.models.token2wav.voice import VoicePrompt, build_voice_prompt
 from backends.models.token2wav.stream_window import StreamWindow, validate_windows
+from backends.models.token2wav.voice import VoicePrompt, build_voice_prompt
 from backends.runner.host_staging import to_device
 
 
