@@ -1,0 +1,36 @@
+"""`PinnedStaging` on a GPU: a twin is never rewritten while the device may still read it.
+
+Strategy: the stream is held busy (`torch.cuda._sleep`) so every queued copy is still pending
+when the host stages the next values. Three publishes in a row reuse the first twin on the
+third; after each publish a device-side snapshot of the buffer is queued. If `host()` handed the
+first twin back without waiting for its copy, the first snapshot would see the third values.
+Skipped without CUDA.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    pytest.skip("needs CUDA", allow_module_level=True)
+
+from backends.runner.host_staging import PinnedStaging  # noqa: E402
+
+SLEEP_CYCLES = 200_000_000  # ~0.1 s of GPU clock: far longer than the host's three stagings
+
+
+def test_third_publish_waits_for_the_first_copy() -> None:
+    buffer = torch.zeros(4096, dtype=torch.int64, device="cuda")
+    staging = PinnedStaging(buffer)
+    snapshots = []
+    torch.cuda._sleep(SLEEP_CYCLES)  # every copy below queues behind this
+    for value in (1, 2, 3):
+        twin = staging.host()  # the third call must wait for the first copy to have run
+        twin[:] = value
+        staging.publish()
+        snapshots.append(buffer.clone())
+    torch.cuda.synchronize()
+    assert [int(s.min()) for s in snapshots] == [1, 2, 3]
+    assert [int(s.max()) for s in snapshots] == [1, 2, 3]
+    assert buffer.data_ptr() == staging.buffer.data_ptr()
