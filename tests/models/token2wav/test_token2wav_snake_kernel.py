@@ -177,6 +177,15 @@ def test_to_host_keeps_rows() -> None:
     assert [a.tolist() for a in to_host(rows)] == [r.tolist() for r in rows]
 
 
+def test_to_host_runs_before_wait_exactly_once() -> None:
+    """`before_wait` (a decode's cache housekeeping, which must not be skipped or repeated)
+    runs once per call, also for a call without rows; the rows come back unchanged."""
+    calls: list[int] = []
+    out = to_host([torch.arange(4.0)], before_wait=lambda: calls.append(1))
+    assert calls == [1] and out[0].tolist() == [0.0, 1.0, 2.0, 3.0]
+    assert to_host([], before_wait=lambda: calls.append(2)) == [] and calls == [1, 2]
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_epilogue_matches_torch_on_cuda() -> None:
