@@ -2,10 +2,11 @@
 
 `UpsampleConformerEncoderV2.forward_chunk` = `pack_encoder_inputs` (host lists -> padded
 tensors and key masks) -> `run` (tensors only: CUDA-graph capturable, like the CFM's `solve`)
--> `unpack_encoder_outputs` (per-row cache cuts and growth, deferred until asked for). `pad_encoder_inputs` widens a
-packed window to a graph's shape bucket: more window frames after every row's last one and
-more cache slots before every row's first one (the Conformer's caches are left-padded, so
-relative distances stay aligned), all masked, so no real frame changes.
+-> `unpack_encoder_outputs` (per-row cache cuts and growth, deferred until asked for).
+`pad_encoder_inputs` widens a packed window to a graph's shape bucket: more window frames
+after every row's last one and more cache slots before every row's first one (the Conformer's
+caches are left-padded, so relative distances stay aligned), all masked, so no real frame
+changes.
 """
 
 from __future__ import annotations
@@ -119,7 +120,9 @@ def unpack_encoder_outputs(
             for b, (n, m, cache) in enumerate(zip(num_frames, mel_frames, caches))
         ]
 
-    return outputs.features, mel_frames, grow
+    # a window packed at a graph's bucket comes back that wide: cut to its real frames, so the
+    # CFM pads it with zeros to its own bucket as an unpadded window
+    return outputs.features[:, : max(mel_frames)], mel_frames, grow
 
 
 def pad_encoder_inputs(inputs: EncoderInputs, frames: int, token_cached: int,

@@ -16,6 +16,7 @@ from backends.models.token2wav import StreamWindow, Token2Wav, Token2WavConfig, 
 from backends.models.token2wav.assets import random_token2wav, random_voice_prompt
 from backends.models.token2wav.encoder_packing import pack_encoder_inputs, pad_encoder_inputs
 from backends.models.token2wav.graphs import (
+    EncoderGraphs,
     GraphRunner,
     cache_bucket,
     frame_bucket,
@@ -96,6 +97,23 @@ def test_packing_at_the_bucket_equals_packing_then_widening(
     for name in ("xs", "code_valid", "lookahead", "upsample", "token_kv", "token_valid", "mel_kv",
                  "mel_valid"):
         assert torch.equal(getattr(packed, name), getattr(wide, name)), name
+
+
+def test_graphed_encoder_hands_the_cfm_real_frames_only(token2wav: Token2Wav, voice: Voice) -> None:
+    """A short window packed at its graph bucket (25 code frames) comes back cut to its own
+    mel frames, as the unpadded window: the CFM then pads it with zeros to its bucket."""
+    encoder, embed = token2wav.flow.encoder, token2wav.flow.input_embedding
+    codes = torch.randint(0, 6561, (1, 9), generator=torch.Generator().manual_seed(7))
+    runner = encoder.runner
+    try:
+        with torch.inference_mode():
+            plain, frames, _ = encoder.launch_chunk(embed(codes), [9], [False], [voice.cache.encoder])
+            encoder.runner = EncoderGraphs(encoder)
+            bucketed, frames_b, _ = encoder.launch_chunk(embed(codes), [9], [False], [voice.cache.encoder])
+    finally:
+        encoder.runner = runner
+    assert frames == frames_b == [12] and bucketed.shape == plain.shape == (1, 12, plain.shape[2])
+    torch.testing.assert_close(bucketed, plain, atol=PAD_ATOL, rtol=0)
 
 
 def _decode_twice(model: Token2Wav, voice: Voice) -> list[np.ndarray]:
