@@ -5,10 +5,10 @@ request brings at most the mixed graphs' query rows (32). A new session's setup 
 reference-voice embeddings, the initial text: ~60-100 rows) or a rebuilt prompt is longer, so
 its step ran eagerly, and everyone decoding beside it waited: ~28 ms of host-bound kernel
 launches in the served 8B Thinker, once per new turn (perf/results/duplex_h200.md, sixteenth
-session). Here such an append goes in chunks of at
-most `limit` rows, split evenly (65 rows at 32: 22 + 22 + 21), each riding in a graphed mixed
-step with the other sessions' decodes; only the last chunk samples. The rows land in KV exactly
-as one prefill would put them (the same positions, attention over the same prefix).
+session). Here such an append goes in chunks of at most `limit` rows, split evenly (65 rows at
+32: 22 + 22 + 21), each riding in a graphed mixed step with the other sessions' decodes; only
+the last chunk samples. The rows land in KV exactly as one prefill would put them (the same
+positions, attention over the same prefix).
 """
 
 from __future__ import annotations
