@@ -160,9 +160,14 @@ class CausalConditionalCFM(nn.Module):
                 estimator_in, blocks[:, step : step + 1], final[step : step + 1],
                 inputs.cnn[step], att[step], inputs.key_valid, inputs.num_new, cache_index,
             )
-            v_cond, v_uncond = velocity.chunk(2)
-            x.add_(steps[step] * ((1.0 + rate) * v_cond - rate * v_uncond))
-            estimator_in[rows:, :channels].copy_(x)
+            if self.estimator.wants_fused_kernels(x):  # one kernel, the same roundings
+                from backends.models.token2wav.euler_kernel import euler_step  # imports Triton
+
+                euler_step(velocity, estimator_in, rows, channels, steps[step : step + 1], rate)
+            else:
+                v_cond, v_uncond = velocity.chunk(2)
+                x.add_(steps[step] * ((1.0 + rate) * v_cond - rate * v_uncond))
+                estimator_in[rows:, :channels].copy_(x)
             new_kv.append(kv)
             new_cnn.append(cnn)
         return SolverOutputs(mel=x.contiguous(), new_kv=torch.stack(new_kv), cnn=torch.stack(new_cnn))
