@@ -20,6 +20,31 @@ def to_device(array: np.ndarray, device: torch.device | str) -> torch.Tensor:
     return host.pin_memory().to(device, non_blocking=True)
 
 
+def to_device_packed(arrays: list[np.ndarray], device: torch.device | str) -> list[torch.Tensor]:
+    """`to_device` of each array (same shapes and dtypes) through one pinned block and one
+    queued copy: on CUDA every copy costs the host a pinned allocation and a launch, and a
+    batch's small index and mask arrays are several. Parts start at 8-byte offsets, so each
+    device tensor is a view of the copy."""
+    if torch.device(device).type != "cuda":
+        return [to_device(array, device) for array in arrays]
+    parts = [np.ascontiguousarray(array) for array in arrays]
+    offsets, total = [], 0
+    for part in parts:
+        offsets.append(total)
+        total += -(-part.nbytes // 8) * 8
+    block = torch.empty(max(total, 8), dtype=torch.uint8, pin_memory=True)
+    host = block.numpy()
+    for part, start in zip(parts, offsets):
+        host[start : start + part.nbytes] = part.reshape(-1).view(np.uint8)
+    joined = block.to(device, non_blocking=True)
+    return [joined[start : start + part.nbytes].view(_torch_dtype(part.dtype)).view(part.shape)
+            for part, start in zip(parts, offsets)]
+
+
+def _torch_dtype(dtype: np.dtype) -> torch.dtype:
+    return torch.from_numpy(np.empty(0, dtype=dtype)).dtype
+
+
 def copy_to_device(dst: torch.Tensor, array: np.ndarray) -> None:
     """Queue `dst.copy_(array)` (same number of elements); `dst` keeps its address, as a
     buffer read by a captured graph must."""

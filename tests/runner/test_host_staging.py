@@ -12,7 +12,12 @@ import torch
 
 import pytest
 
-from backends.runner.host_staging import PinnedStaging, copy_to_device, to_device
+from backends.runner.host_staging import (
+    PinnedStaging,
+    copy_to_device,
+    to_device,
+    to_device_packed,
+)
 
 
 def test_to_device_and_copy_in_place() -> None:
@@ -22,6 +27,14 @@ def test_to_device_and_copy_in_place() -> None:
     address = dst.data_ptr()
     copy_to_device(dst, array)
     assert dst.tolist() == list(range(6)) and dst.data_ptr() == address
+
+
+def test_packed_arrays_keep_values_shapes_and_dtypes() -> None:
+    """The one-copy path is CUDA's (tests/runner_gpu); on CPU each array comes back as is."""
+    arrays = [np.array([[True, False]]), np.arange(3, dtype=np.int64), np.ones(2, np.float32)]
+    for array, tensor in zip(arrays, to_device_packed(arrays, "cpu")):
+        assert tensor.dtype == torch.from_numpy(array).dtype
+        assert np.array_equal(tensor.numpy(), array)
 
 
 def test_pinned_staging_alternates_twins_and_publishes_in_place() -> None:

@@ -57,9 +57,15 @@ def window_first_mask(new_lens: list[int], num_new: int, cache_lens: list[int], 
                       device: torch.device | str) -> torch.Tensor:
     """Keys laid out as [right-padded window | right-padded cache] ->
     [B, num_new + num_cache] bool, True where a key is real."""
+    return to_device(window_first_mask_host(new_lens, num_new, cache_lens, num_cache), device)
+
+
+def window_first_mask_host(new_lens: list[int], num_new: int, cache_lens: list[int],
+                           num_cache: int) -> np.ndarray:
+    """`window_first_mask` as a host array (for a caller that copies several at once)."""
     new = np.arange(num_new) < np.asarray(new_lens)[:, None]
     cache = np.arange(num_cache) < np.asarray(cache_lens)[:, None]
-    return to_device(np.concatenate([new, cache], axis=1), device)
+    return np.concatenate([new, cache], axis=1)
 
 
 def take_frames(sequence: torch.Tensor, start: int, count: int) -> torch.Tensor:

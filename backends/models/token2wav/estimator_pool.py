@@ -26,8 +26,8 @@ from backends.models.token2wav.cfm import (
     SolverOutputs,
     rows_last,
 )
-from backends.models.token2wav.batching import window_first_mask
-from backends.runner.host_staging import to_device
+from backends.models.token2wav.batching import window_first_mask_host
+from backends.runner.host_staging import to_device, to_device_packed
 
 
 class CachePoolFullError(RuntimeError):
@@ -116,15 +116,14 @@ class EstimatorPool:
         for b, slot in enumerate(slots):
             order[b, : lengths[b]] = slot.order
         rows = [2 * slot.index for slot in slots] + [2 * slot.index + 1 for slot in slots]
-        device = mu.device
+        key_valid, num_new, pool_rows, orders = to_device_packed([  # one host -> device copy
+            window_first_mask_host(mel_frames * 2, mu.shape[2], lengths * 2, order.shape[1]),
+            np.asarray(mel_frames * 2, dtype=np.int64), np.asarray(rows, dtype=np.int64),
+            np.concatenate([order, order])], mu.device)
         return PooledSolverInputs(
             noise=cfm.start_noise(lengths, mel_frames, mu.shape[2]), mu=mu, spks=spks,
-            cond=cond, cnn=rows_last(torch.stack(cnn)),
-            key_valid=window_first_mask(mel_frames * 2, mu.shape[2], lengths * 2,
-                                        order.shape[1], device),
-            num_new=to_device(np.asarray(mel_frames * 2, dtype=np.int64), device),
-            rows=to_device(np.asarray(rows, dtype=np.int64), device),
-            order=to_device(np.concatenate([order, order]), device),
+            cond=cond, cnn=rows_last(torch.stack(cnn)), key_valid=key_valid, num_new=num_new,
+            rows=pool_rows, order=orders,
         )
 
     def commit(self, new_kv: torch.Tensor, mel_frames: list[int], slots: list[PoolSlot]) -> None:
