@@ -25,7 +25,8 @@ from perf.turn import TurnRecord
 UNIT_SAMPLES = 16000  # one unit = 1 s at 16 kHz
 METRIC_PREFIX = "minicpmo_"
 
-# (family without _sum/_count/_bucket, model label or "" with "/<stage>" when the series has a stage label)
+# (family without _sum/_count/_bucket, model label or "" with "/<stage>" or "/<kind>" when the series
+# has such a label: the orchestrator's stage calls, Code2Wav's window waits)
 SeriesKey = tuple[str, str]
 
 
@@ -144,15 +145,15 @@ def _quantile_bound(buckets: dict, key: SeriesKey, rank: float) -> float | None:
 
 def _split(after: dict[str, float], before: dict[str, float], suffix: str,
            by_bound: bool = False) -> dict:  # fmt: skip
-    """{(family, model[/stage]): after - before} of the series named `<family><suffix>{...}`;
-    with `by_bound`, keyed ((family, model[/stage]), le) (Prometheus buckets are cumulative)."""
+    """{(family, model[/stage or kind]): after - before} of the series named `<family><suffix>{...}`;
+    with `by_bound`, keyed ((family, model[/...]), le) (Prometheus buckets are cumulative)."""
     deltas: dict = {}
     for head, value in after.items():
         name, _, labels = head.partition("{")
         if not name.endswith(suffix):
             continue
-        stage = _label(labels, "stage")
-        key: object = (name[: -len(suffix)], _label(labels, "model") + (f"/{stage}" if stage else ""))
+        part = _label(labels, "stage") or _label(labels, "kind")  # a split of the family
+        key: object = (name[: -len(suffix)], _label(labels, "model") + (f"/{part}" if part else ""))
         if by_bound:
             key = (key, float(_label(labels, "le") or "inf"))
         deltas[key] = deltas.get(key, 0.0) + value - before.get(head, 0.0)

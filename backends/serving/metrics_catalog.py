@@ -71,11 +71,15 @@ STAGE_CALL = MetricSpec(
     "Orchestrator: a stage call to its first result (a Thinker unit, a Talker request's first codes, "
     "a Code2Wav window's audio), ms; only with MINICPMO_STAGE_CALL_METRICS=1", ("stage",),
     buckets=CALL_BUCKETS_MS)
+WINDOW_WAIT = MetricSpec(
+    "minicpmo_code2wav_window_wait_ms", HISTOGRAM,
+    "Code2Wav: a window's arrival to the start of the forward that decodes it, by kind (first: a "
+    "reply's first window; later: every other), ms", ("kind",), buckets=CALL_BUCKETS_MS)
 KV_BLOCKS_IN_USE = MetricSpec(
     "minicpmo_kv_blocks_in_use", GAUGE, "KV-cache blocks held by live requests of a stage runner")
 
 ALL_METRICS = (ACTIVE_SESSIONS, SESSIONS_OPENED, RESPONSES, TTFP, CHUNK_GAP, ERRORS, STEP_TIME, STAGE_CALL,
-               KV_BLOCKS_IN_USE)
+               WINDOW_WAIT, KV_BLOCKS_IN_USE)
 
 # Error channels (the `channel` label of ERRORS).
 CHANNEL_DOWNLINK = "downlink"

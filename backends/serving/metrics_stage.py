@@ -1,8 +1,9 @@
 """Metrics of a stage model (thinker, talker, code2wav) and its engine thread.
 
-The engine thread reports each step's wall time (`on_step`) and, after each round, the
-engine's `resource_counts()` (`publish`): the KV blocks in use follow from them, and the
-counts themselves go to the resource gauges (backends/serving/resource_gauges.py). Failed
+The engine thread reports each step's wall time (`on_step`), Code2Wav's window waits
+(`on_window_wait`) and, after each round, the engine's `resource_counts()` (`publish`): the KV
+blocks in use follow from them, and the counts themselves go to the resource gauges
+(backends/serving/resource_gauges.py). Failed
 requests count by error code through `MeteredSink` and `count_error`. Every update is handed
 to the instance's `MetricsThread`, the only thread that calls the metric API.
 """
@@ -10,7 +11,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from backends.serving.metrics_catalog import CHANNEL_RESPONSE, ERRORS, KV_BLOCKS_IN_USE, STEP_TIME
+from backends.serving.metrics_catalog import (
+    CHANNEL_RESPONSE,
+    ERRORS,
+    KV_BLOCKS_IN_USE,
+    STEP_TIME,
+    WINDOW_WAIT,
+)
 from backends.serving.metrics_thread import MetricsThread
 from backends.stages.sink import ResponseSink, StageError
 
@@ -24,6 +31,10 @@ class StageMetrics:
     def on_step(self, seconds: float) -> None:
         """Engine thread: one engine step took `seconds`."""
         self._metrics.observe(STEP_TIME, 1000.0 * seconds)
+
+    def on_window_wait(self, kind: str, seconds: float) -> None:
+        """Engine thread: a Code2Wav window waited `seconds` before its forward began."""
+        self._metrics.observe(WINDOW_WAIT, 1000.0 * seconds, kind=kind)
 
     def publish(self, counts: dict[str, int]) -> None:
         """Engine thread: the engine's resource counts after a round of commands and a step."""

@@ -56,6 +56,9 @@ class StageAdapter:
         if install_fault_hook(engine, name, (params or {}).get("fault_injection", "off")):
             pb_utils.Logger.log_warn(f"[{name}] fault_injection=on: requests marked 'fault-{name}' will fail")
         self._metrics = StageMetrics(MetricsThread(pb_utils, name, instance), ResourceGauges(pb_utils, name))
+        observe_waits = getattr(engine, "observe_window_waits", None)  # Code2Wav's queueing
+        if observe_waits is not None:
+            observe_waits(self._metrics.on_window_wait)
         counts = getattr(engine, "resource_counts", None)
         observer = None if counts is None else (lambda: self._metrics.publish(counts()))
         self.engine_thread = EngineThread(engine, f"{name}-engine", on_error=pb_utils.Logger.log_error,

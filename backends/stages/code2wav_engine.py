@@ -99,6 +99,9 @@ class Code2WavEngine:
     # no per-window cache copies); a request beyond it gets an internal error, the rest go on
     cache_pool_streams: int = 0
     clock: Callable[[], float] = time.monotonic  # seconds; the playout model's (tests: fake)
+    # called with ("first" | "later", seconds) for each window as its forward starts: how long
+    # it queued (first: chunk_seq 0, a reply's first window); serving: a metric
+    on_window_wait: Callable[[str, float], None] | None = None
     # request_id -> (arrival, accepted window) not yet decoded, oldest first
     _pending: OrderedDict[str, deque[tuple[float, Code2WavRequest]]] = field(
         init=False, default_factory=OrderedDict
@@ -135,7 +138,10 @@ class Code2WavEngine:
         of windows rejected since the last step."""
         results, self._errors = self._errors, []
         batch, windows = [], []
-        for request in [self._pop_oldest(request_id) for request_id in self._schedule()]:
+        start = self.clock()
+        for arrival, request in [self._pop_oldest(request_id) for request_id in self._schedule()]:
+            if self.on_window_wait is not None:
+                self.on_window_wait("first" if request.chunk_seq == 0 else "later", start - arrival)
             window = self._prepare(request, results)
             if window is not None:
                 batch.append(request)
@@ -257,12 +263,13 @@ class Code2WavEngine:
                       for request_id, queue in self._pending.items()]
         return pick(candidates, self.clock(), self.max_batch, fill_to=batch_bucket)
 
-    def _pop_oldest(self, request_id: str) -> Code2WavRequest:
+    def _pop_oldest(self, request_id: str) -> tuple[float, Code2WavRequest]:
+        """-> (its arrival, the request's oldest pending window)."""
         queue = self._pending[request_id]
-        _, request = queue.popleft()
+        oldest = queue.popleft()
         if not queue:
             del self._pending[request_id]
-        return request
+        return oldest
 
     def _stream_for(self, request: Code2WavRequest) -> Token2WavStream:
         """The request's stream; a new epoch starts from fresh state (the old one is dropped)."""

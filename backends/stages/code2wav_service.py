@@ -7,6 +7,7 @@ request or a failed forward still answers every window with exactly one FINAL.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 from backends.stages.code2wav_engine import ERROR_INTERNAL, Code2WavEngine, Code2WavResult
 from backends.stages.contracts import ACTION_STOP, Code2WavAudio, Code2WavRequest
@@ -43,6 +44,11 @@ class Code2WavService:
 
     def has_work(self) -> bool:
         return bool(self._sinks)
+
+    def observe_window_waits(self, observer: Callable[[str, float], None]) -> None:
+        """Report each window's queueing (`Code2WavEngine.on_window_wait`); before the engine
+        thread starts."""
+        self.engine.on_window_wait = observer
 
     def num_states(self) -> int:
         return self.engine.num_states()

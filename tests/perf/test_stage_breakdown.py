@@ -93,3 +93,19 @@ def test_stage_labels_split_a_family_and_buckets_bound_its_p99():
     assert (code2wav.observations, code2wav.mean, code2wav.p99_bound) == (10, pytest.approx(90.0), float("inf"))
     plain = server_series(parse_samples(BEFORE), parse_samples(AFTER))[0]
     assert plain.model == "thinker" and plain.p99_bound is None  # no bucket moved in BEFORE/AFTER: none seen
+
+
+def test_window_wait_kinds_are_separate_series():
+    before = """minicpmo_code2wav_window_wait_ms_sum{model="code2wav",kind="first"} 0
+minicpmo_code2wav_window_wait_ms_count{model="code2wav",kind="first"} 0
+minicpmo_code2wav_window_wait_ms_sum{model="code2wav",kind="later"} 0
+minicpmo_code2wav_window_wait_ms_count{model="code2wav",kind="later"} 0
+"""
+    after = (before.replace('first"} 0\nminicpmo_code2wav_window_wait_ms_count{model="code2wav",kind="first"} 0',
+                            'first"} 30\nminicpmo_code2wav_window_wait_ms_count{model="code2wav",kind="first"} 3')
+             .replace('later"} 0\nminicpmo_code2wav_window_wait_ms_count{model="code2wav",kind="later"} 0',
+                      'later"} 200\nminicpmo_code2wav_window_wait_ms_count{model="code2wav",kind="later"} 4'))
+    series = {s.model: s for s in server_series(parse_samples(before), parse_samples(after))}
+    assert sorted(series) == ["code2wav/first", "code2wav/later"]
+    assert (series["code2wav/first"].observations, series["code2wav/first"].mean) == (3, pytest.approx(10.0))
+    assert (series["code2wav/later"].observations, series["code2wav/later"].mean) == (4, pytest.approx(50.0))

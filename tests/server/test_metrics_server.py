@@ -136,6 +136,10 @@ def test_a_session_shows_up_exactly_in_the_metrics(server):
     for stage, count in calls.items():
         assert delta("minicpmo_stage_call_ms_bucket", model="duplex", stage=stage, le="+Inf") == count
         assert delta("minicpmo_stage_call_ms_sum", model="duplex", stage=stage) > 0
+    waits = {kind: delta("minicpmo_code2wav_window_wait_ms_count", model="code2wav", kind=kind)
+             for kind in ("first", "later")}
+    assert waits["first"] == len(responses_with_audio), waits  # one first window a reply
+    assert 0 < waits["first"] + waits["later"] <= calls["code2wav"], (waits, calls)
 
 
 def test_errors_count_by_code_and_channel(server, stream):

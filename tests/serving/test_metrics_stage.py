@@ -14,7 +14,7 @@ import time
 import pytest
 
 from backends.serving.engine_thread import EngineThread
-from backends.serving.metrics_catalog import ERRORS, KV_BLOCKS_IN_USE, STEP_TIME
+from backends.serving.metrics_catalog import ERRORS, KV_BLOCKS_IN_USE, STEP_TIME, WINDOW_WAIT
 from backends.serving.metrics_stage import StageMetrics
 from backends.serving.metrics_thread import MetricsThread
 from backends.serving.resource_gauges import ResourceGauges
@@ -111,3 +111,14 @@ def test_failed_requests_count_by_code_once(pb):
     assert pb.value(ERRORS.name, code="cancelled", channel="response") == 1
     assert pb.value(ERRORS.name, code="invalid_argument", channel="response") == 1
     assert pb.value(ERRORS.name, code="internal") == 1
+
+
+def test_window_waits_are_observed_by_kind(pb):
+    def script(thread, stage):
+        stage.on_window_wait("first", 0.012)
+        stage.on_window_wait("later", 0.3)
+        return []
+
+    _run(pb, script)
+    assert pb.observed(WINDOW_WAIT.name, kind="first") == [12.0]
+    assert pb.observed(WINDOW_WAIT.name, kind="later") == [300.0]

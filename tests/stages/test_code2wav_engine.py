@@ -268,3 +268,22 @@ def test_a_first_window_overtakes_a_stream_with_audio_queued(token2wav: Token2Wa
     engine.submit(_request(0, request_id="later"))
     order = [r.request_id for _ in range(3) for r in engine.step()]
     assert order == ["new", "later", "long"]
+
+
+def test_each_window_reports_how_long_it_queued(token2wav: Token2Wav, voice: Voice) -> None:
+    """`on_window_wait`, on a fake clock: (kind, seconds from arrival to its forward's start),
+    kind "first" for a reply's first window (chunk_seq 0), "later" for the others."""
+    now = [50.0]
+    waits: list[tuple[str, float]] = []
+    engine = Code2WavEngine(token2wav, voice, max_batch=1, clock=lambda: now[0])
+    engine.on_window_wait = lambda kind, seconds: waits.append((kind, round(seconds, 9)))
+    engine.submit(_request(0, request_id="a"))
+    now[0] += 0.25
+    engine.submit(_request(0, request_id="b"))
+    engine.submit(_request(1, request_id="a"))
+    order = []
+    for _ in range(3):  # least slack first: a's first window (oldest), b's, then a's second
+        order += [r.request_id for r in engine.step()]
+        now[0] += 0.1
+    assert order == ["a", "b", "a"]
+    assert waits == [("first", 0.25), ("first", 0.1), ("later", 0.2)]
