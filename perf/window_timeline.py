@@ -57,7 +57,8 @@ def _event(cuda: bool) -> torch.cuda.Event | None:
 @contextmanager
 def marked_parts(marks: list[Marks], cuda: bool) -> Iterator[None]:
     """Times every call of the three graphed parts into `marks[-1]` (class-level wrappers,
-    removed on exit)."""
+    removed on exit; a part called twice in a window, e.g. the HiFT for two mel lengths, keeps
+    its last call: steady windows call each once)."""
     saved = {name: cls.__call__ for name, cls in PARTS.items()}
 
     def timed(name: str, call: Callable) -> Callable:
