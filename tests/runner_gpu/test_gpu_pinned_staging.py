@@ -1,4 +1,5 @@
-"""`PinnedStaging` on a GPU: a twin is never rewritten while the device may still read it.
+"""`PinnedStaging` on a GPU: a twin is never rewritten while the device may still read it; and
+`to_device_packed`: several arrays through one copy, each its own view.
 
 Strategy: the stream is held busy (`torch.cuda._sleep`) so every queued copy is still pending
 when the host stages the next values. Three publishes in a row reuse the first twin on the
