@@ -83,10 +83,10 @@ def build(tiny: bool, device: torch.device, batch: int) -> tuple[Token2Wav, list
     model = random_token2wav(Token2WavConfig.tiny() if tiny else Token2WavConfig(), seed=0).to(device)
     if device.type == "cuda":
         model.set_flow_dtype(torch.bfloat16)
-    model.enable_cuda_graphs()
-    model.enable_cache_pool(batch)
+    model.enable_cache_pool(batch)  # after the dtype: the pool is allocated in it
     audio = torch.from_numpy(synthesize_reference_voice(0)).float()
     voice = model.voice_from_audio(audio, REFERENCE_VOICE_SAMPLE_RATE)
+    model.enable_cuda_graphs()  # after the voice's prompt pass, as served: window shapes only
     return model, [model.new_stream(voice) for _ in range(batch)]
 
 
