@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from backends.runner.host_staging import to_device
+from backends.runner.host_staging import to_device, to_device_packed
 
 
 def left_pad(rows: list[torch.Tensor], dim: int, length: int | None = None) -> torch.Tensor:
@@ -46,11 +46,10 @@ def key_masks(parts: list[tuple[list[int], int, list[int], int]], device: torch.
     """Key masks of one batch, each for keys laid out as [left-padded cache | right-padded
     window] (a part: cache_lens, num_cache, new_lens, num_new) -> [B, num_cache + num_new]
     bool each, True where a key is real; all in one queued host -> device copy."""
-    host = [np.concatenate([np.arange(num_cache) >= num_cache - np.asarray(cache_lens)[:, None],
-                            np.arange(num_new) < np.asarray(new_lens)[:, None]], axis=1)
-            for cache_lens, num_cache, new_lens, num_new in parts]
-    joined = to_device(np.concatenate(host, axis=1), device)
-    return list(joined.split([mask.shape[1] for mask in host], dim=1))
+    return to_device_packed([
+        np.concatenate([np.arange(num_cache) >= num_cache - np.asarray(cache_lens)[:, None],
+                        np.arange(num_new) < np.asarray(new_lens)[:, None]], axis=1)
+        for cache_lens, num_cache, new_lens, num_new in parts], device)
 
 
 def window_first_mask(new_lens: list[int], num_new: int, cache_lens: list[int], num_cache: int,
