@@ -5,6 +5,8 @@ Parameter names follow the reference (`self_attn.linear_q/k/v/out`, `self_attn.l
 1.4 and 2.1). Attention is full and bidirectional over the cached keys plus the window, with
 Transformer-XL scores: content (q + u) . k plus position (q + v) . W_pos pe(distance).
 
+On CUDA the attention runs in fewer kernels (`conformer_fused`, same function).
+
 Windows of several streams run as one batch: caches are left-padded to a common length and
 new frames right-padded, and a key mask hides both paddings; left padding keeps every row's
 distances aligned (see `rel_position`), so a row's result does not depend on the other rows.
@@ -18,6 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from backends.models.token2wav.conformer_fused import fused_attention
 from backends.models.token2wav.rel_position import shift_scores
 
 _NORM_EPS = 1e-12  # the reference's Conformer LayerNorm eps
@@ -37,6 +40,9 @@ class RelPositionMultiHeadedAttention(nn.Module):
         self.pos_bias_v = nn.Parameter(torch.empty(num_heads, self.head_dim))  # [H, dk]
         nn.init.xavier_uniform_(self.pos_bias_u)
         nn.init.xavier_uniform_(self.pos_bias_v)
+        # the fewer-kernel form (`conformer_fused`): None = on CUDA only, True also elsewhere
+        # (tests), False never (this reference form everywhere)
+        self.fused: bool | None = None
 
     def forward(
         self,
@@ -46,6 +52,8 @@ class RelPositionMultiHeadedAttention(nn.Module):
         pos_rows: torch.Tensor,  # [C + 2 T - 1, size] table rows, distances C + T - 1 .. 1 - T
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """-> (output [B, T, size], this window's keys | values [B, H, T, 2 dk])."""
+        if x.is_cuda if self.fused is None else self.fused:
+            return fused_attention(self, x, cache, key_valid, pos_rows)
         batch, length, _ = x.shape
         q = self._heads(self.linear_q(x))  # [B, H, T, dk]
         new_kv = torch.cat([self._heads(self.linear_k(x)), self._heads(self.linear_v(x))], -1)

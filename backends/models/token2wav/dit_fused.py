@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from backends.models.token2wav.derived_weights import derived
 from backends.models.token2wav.dit_attention_kernel import masked_attention
 from backends.models.token2wav.dit_gemm import linear, linear_split
 from backends.models.token2wav.dit_norm_kernels import (
@@ -40,24 +41,13 @@ Branch = tuple[Product, torch.Tensor]  # (branch output [rows, C], its gate [N, 
 
 
 def packed_qkv(attn: torch.nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
-    """[to_q; to_k; to_v] weight [3 inner, hidden] and bias, built once per weight version and
-    kept on the module (rebuilt when the weights are replaced, cast or loaded into)."""
-    parts = [attn.to_q.weight, attn.to_k.weight, attn.to_v.weight,
-             attn.to_q.bias, attn.to_k.bias, attn.to_v.bias]
-    key = tuple((p.data_ptr(), p.dtype, p.device, _version(p)) for p in parts)
-    cached = attn.__dict__.get("_packed_qkv")
-    if cached is None or cached[0] != key:
-        with torch.no_grad():
-            cached = (key, torch.cat(parts[:3]), torch.cat(parts[3:]))
-        attn.__dict__["_packed_qkv"] = cached
-    return cached[1], cached[2]
-
-
-def _version(tensor: torch.Tensor) -> int:
-    try:
-        return tensor._version
-    except RuntimeError:  # an inference tensor keeps no version counter
-        return -1
+    """[to_q; to_k; to_v] weight [3 inner, hidden] and bias, kept on the module until a weight
+    changes (`derived_weights`)."""
+    layers = (attn.to_q, attn.to_k, attn.to_v)
+    params = [layer.weight for layer in layers] + [layer.bias for layer in layers]
+    weight, bias = derived(attn, "_packed_qkv", params,
+                           lambda: (torch.cat(params[:3]), torch.cat(params[3:])))
+    return weight, bias
 
 
 def _conv_gemm(taps: torch.Tensor, conv: torch.nn.Conv1d) -> Product:

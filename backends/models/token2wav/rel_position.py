@@ -64,7 +64,8 @@ def shift_scores(scores: torch.Tensor, num_keys: int) -> torch.Tensor:
     num_queries, width = scores.shape[-2], scores.shape[-1]
     if width != num_keys + num_queries - 1:
         raise ValueError(f"scores width {width} != {num_keys} keys + {num_queries} queries - 1")
-    scores = scores.contiguous()
+    if scores.stride(-1) != 1 or scores.stride(-2) != width:
+        scores = scores.contiguous()  # the view below needs whole rows; other dims may stride
     # row i starts at column T - 1 - i: one strided view, no arithmetic
     strides = (*scores.stride()[:-2], width - 1, 1)
     size = (*scores.shape[:-1], num_keys)

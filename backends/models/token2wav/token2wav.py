@@ -27,6 +27,7 @@ from backends.audio.codec_windows import SILENCE_CODE
 from backends.models.token2wav.cache_pruning import prune_flow_cache
 from backends.models.token2wav.cfm import EstimatorCache
 from backends.models.token2wav.config import Token2WavConfig
+from backends.models.token2wav.conformer import RelPositionMultiHeadedAttention
 from backends.models.token2wav.estimator_pool import EstimatorPool
 from backends.models.token2wav.flow import CausalMaskedDiffWithXvec, FlowCache
 from backends.models.token2wav.graphs import (
@@ -133,11 +134,14 @@ class Token2Wav(nn.Module):
                             self._pool and self._pool.solver, self._hift_graphs)
 
     def set_fused_kernels(self, enabled: bool | None = None) -> None:
-        """The fused Triton kernels of the DiT (`dit_fused`) and the HiFT (`snake_kernel`):
-        None (the default) uses them on CUDA only, False never (the torch reference path),
-        True on any device (CPU: only under Triton's interpreter, for tests)."""
+        """The fused kernels of the DiT (`dit_fused`), HiFT (`snake_kernel`) and encoder
+        attention (`conformer_fused`): None (default) on CUDA only, False never (the torch
+        reference path), True on any device (CPU: Triton's under its interpreter, tests)."""
         self.flow.decoder.estimator.fused = enabled
         self.hift.fused = enabled
+        for module in self.flow.encoder.modules():
+            if isinstance(module, RelPositionMultiHeadedAttention):
+                module.fused = enabled
 
     def set_flow_dtype(self, dtype: torch.dtype) -> None:
         """Run the flow (weights, caches, noise) in `dtype`, e.g. bfloat16 on GPU, like the
