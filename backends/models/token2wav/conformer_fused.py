@@ -41,7 +41,8 @@ def fused_attention(
     """Same contract as `RelPositionMultiHeadedAttention.forward`."""
     batch, length, size = x.shape
     heads, dk = attn.num_heads, attn.head_dim
-    q_u, q_v, kv = F.linear(x, *packed_projection(attn)).split([size, size, 2 * size], -1)
+    weight, bias, masked = packed_projection(attn)
+    q_u, q_v, kv = F.linear(x, weight, bias).split([size, size, 2 * size], -1)
     new_kv = kv.view(batch, length, heads, 2 * dk).transpose(1, 2)  # [B, H, T, 2 dk], a view
     keys, values = torch.cat([cache, new_kv], dim=2).chunk(2, dim=-1)  # [B, H, C + T, dk]
     # position scores per head over all rows at once: [H, B T, dk] @ [H, dk, C + 2 T - 1]
@@ -49,24 +50,27 @@ def fused_attention(
     position = torch.bmm(q_v.reshape(batch * length, heads, dk).transpose(0, 1), pos)
     position = shift_scores(position.view(heads, batch, length, -1).transpose(0, 1),
                             keys.shape[2])  # [B, H, T, C + T]
-    bias = _aligned_like(position)
-    masked = torch.tensor(float("-inf"), dtype=bias.dtype)  # a host scalar: no kernel
-    torch.where(key_valid[:, None, None, :], position, masked, out=bias)
+    scores_bias = _aligned_like(position)
+    torch.where(key_valid[:, None, None, :], position, masked, out=scores_bias)
     q_u = q_u.view(batch, length, heads, dk).transpose(1, 2)
-    out = F.scaled_dot_product_attention(q_u, keys, values, attn_mask=bias, scale=1.0)
+    out = F.scaled_dot_product_attention(q_u, keys, values, attn_mask=scores_bias, scale=1.0)
     return attn.linear_out(out.transpose(1, 2).reshape(batch, length, size)), new_kv
 
 
-def packed_projection(attn: RelPositionMultiHeadedAttention) -> tuple[torch.Tensor, torch.Tensor]:
+def packed_projection(attn: RelPositionMultiHeadedAttention,
+                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Weight [4 size, size] and bias of one GEMM whose output columns are [(q + u) s |
-    (q + v) s | per head: its keys, then its values], s = 1 / sqrt(dk)."""
+    (q + v) s | per head: its keys, then its values], s = 1 / sqrt(dk); and the masked keys'
+    score, -inf, as a 0-dim tensor on the weights' device (a host scalar would be copied
+    over, synchronously, on every call, and cannot be inside a CUDA graph)."""
     q, k, v = attn.linear_q, attn.linear_k, attn.linear_v
     params = (q.weight, q.bias, k.weight, k.bias, v.weight, v.bias, attn.pos_bias_u,
               attn.pos_bias_v)
     return derived(attn, "_packed_projection", params, lambda: _build_projection(attn))
 
 
-def _build_projection(attn: RelPositionMultiHeadedAttention) -> tuple[torch.Tensor, torch.Tensor]:
+def _build_projection(attn: RelPositionMultiHeadedAttention,
+                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     q, k, v = attn.linear_q, attn.linear_k, attn.linear_v
     heads, scale = attn.num_heads, attn.head_dim ** -0.5
     scaled = q.weight * scale
@@ -76,7 +80,7 @@ def _build_projection(attn: RelPositionMultiHeadedAttention) -> tuple[torch.Tens
     q_biases = [((q.bias.float() + u.flatten().float()) * scale).to(q.bias.dtype)
                 for u in (attn.pos_bias_u, attn.pos_bias_v)]
     return (torch.cat([scaled, scaled, kv_weight.flatten(0, 2)]),
-            torch.cat([*q_biases, kv_bias.flatten()]))
+            torch.cat([*q_biases, kv_bias.flatten()]), q.weight.new_full((), float("-inf")))
 
 
 def _aligned_like(scores: torch.Tensor) -> torch.Tensor:

@@ -83,7 +83,8 @@ def test_packed_projection_layout_and_rebuilds() -> None:
     attn = _layer(torch.float32)
     heads, dk = attn.num_heads, attn.head_dim
     size = heads * dk
-    weight, bias = packed_projection(attn)
+    weight, bias, masked = packed_projection(attn)
+    assert masked.dim() == 0 and masked.item() == float("-inf")
     assert weight.shape == (4 * size, size) and packed_projection(attn)[0] is weight
     kv = weight[2 * size :].view(heads, 2, dk, size)
     assert torch.equal(kv[:, 0], attn.linear_k.weight.view(heads, dk, size))
