@@ -7,7 +7,8 @@ Names follow the reference wrapper (token2wav_facts.md 1.3): `input_embedding`,
 `setup_cache` runs a voice prompt (prompt codes + 3 look-ahead codes, prompt mel, speaker) and
 keeps only the caches; `inference_chunk` decodes one window for a batch of streams with
 cond = zeros; `inference` is the reference's whole-utterance path (prompt and codes in one
-pass, cond = prompt mel), i.e. one final window over empty caches.
+pass, cond = prompt mel), i.e. one final window over empty caches. The windowed calls take
+projected speakers (`project_speaker`; `Token2Wav` keeps each stream's normalized speaker).
 """
 
 from __future__ import annotations
@@ -39,7 +40,6 @@ class Encoded:
 
     mu: torch.Tensor  # [R, 80, T_max]
     mel_frames: list[int]  # valid mel frames per row
-    spks: torch.Tensor  # [R, 80] projected speakers
     cond: torch.Tensor  # [R, 80, T_max]
     grow_caches: Callable[[], list[EncoderCache]]
 
@@ -57,25 +57,29 @@ class CausalMaskedDiffWithXvec(nn.Module):
     def new_cache(self, device: torch.device | str) -> FlowCache:
         return FlowCache(self.encoder.new_cache(device), self.decoder.new_cache(device))
 
+    def normalize_speaker(self, speakers: torch.Tensor) -> torch.Tensor:
+        """speakers: [R, spk_embed_dim] -> unit length in the flow's dtype, row by row (each
+        row's bits do not depend on the others: a stream keeps its own)."""
+        return F.normalize(speakers, dim=1).to(self.spk_embed_affine_layer.weight.dtype)
+
     def project_speaker(self, speakers: torch.Tensor) -> torch.Tensor:
         """speakers: [R, spk_embed_dim] -> [R, 80]; only the direction of a speaker matters."""
-        weight = self.spk_embed_affine_layer.weight
-        return self.spk_embed_affine_layer(F.normalize(speakers, dim=1).to(weight.dtype))
+        return self.spk_embed_affine_layer(self.normalize_speaker(speakers))
 
     def inference_chunk(
         self,
         codes: torch.Tensor,  # [R, N_max] int64 codes in [0, vocab), any valid code past a row's end
         num_codes: list[int],
         last_chunk: list[bool],
-        speakers: torch.Tensor,  # [R, spk_embed_dim] float32
+        spks: torch.Tensor,  # [R, 80] projected speakers (`project_speaker`), the flow's dtype
         caches: list[FlowCache],
         prompt_mel: torch.Tensor | None = None,  # [R, N_max * 2, 80] cond, None -> zeros
     ) -> tuple[torch.Tensor, list[int], list[FlowCache]]:
         """-> (mel [R, 80, T_max] float32, valid mel frames per row, grown (unpruned) caches)."""
-        encoded = self.encode(codes, num_codes, last_chunk, speakers,
-                              [c.encoder for c in caches], prompt_mel)
+        encoded = self.encode(codes, num_codes, last_chunk, [c.encoder for c in caches],
+                              prompt_mel)
         mel, estimator_caches = self.decoder.forward_chunk(
-            encoded.mu, encoded.mel_frames, encoded.spks, encoded.cond,
+            encoded.mu, encoded.mel_frames, spks, encoded.cond,
             [c.estimator for c in caches],
         )
         grown = [FlowCache(e, d) for e, d in zip(encoded.grow_caches(), estimator_caches)]
@@ -86,7 +90,6 @@ class CausalMaskedDiffWithXvec(nn.Module):
         codes: torch.Tensor,  # [R, N_max] int64
         num_codes: list[int],
         last_chunk: list[bool],
-        speakers: torch.Tensor,  # [R, spk_embed_dim] float32
         caches: list[EncoderCache],
         prompt_mel: torch.Tensor | None = None,  # [R, N_max * 2, 80] cond, None -> zeros
     ) -> Encoded:
@@ -98,7 +101,7 @@ class CausalMaskedDiffWithXvec(nn.Module):
         cond = torch.zeros_like(mu)
         if prompt_mel is not None:
             cond[:, :, : prompt_mel.shape[1]] = prompt_mel[:, : cond.shape[2]].transpose(1, 2)
-        return Encoded(mu, mel_frames, self.project_speaker(speakers), cond, grow_caches)
+        return Encoded(mu, mel_frames, cond, grow_caches)
 
     def setup_cache(
         self,
@@ -112,7 +115,7 @@ class CausalMaskedDiffWithXvec(nn.Module):
             raise ValueError(f"prompt mel has {prompt_mel.shape[0]} frames; {codes.shape[0]} "
                              f"codes with look-ahead need {frames}")
         _, _, (cache,) = self.inference_chunk(
-            codes[None], [codes.shape[0]], [False], speaker[None],
+            codes[None], [codes.shape[0]], [False], self.project_speaker(speaker[None]),
             [self.new_cache(codes.device)], prompt_mel[None],
         )
         return cache
@@ -127,7 +130,7 @@ class CausalMaskedDiffWithXvec(nn.Module):
         """Whole utterance: -> mel [80, 2 N] for `codes` after the prompt."""
         everything = torch.cat([prompt_codes, codes])
         mel, _, _ = self.inference_chunk(
-            everything[None], [everything.shape[0]], [True], speaker[None],
+            everything[None], [everything.shape[0]], [True], self.project_speaker(speaker[None]),
             [self.new_cache(codes.device)], prompt_mel[None],
         )
         return mel[0, :, prompt_mel.shape[0] :]

@@ -52,10 +52,6 @@ class Voice:
     cache: FlowCache
 
 
-def _noop() -> None:
-    pass
-
-
 class Token2Wav(nn.Module):
     def __init__(self, config: Token2WavConfig) -> None:
         super().__init__()
@@ -181,8 +177,10 @@ class Token2Wav(nn.Module):
         """A stream from `voice`'s caches; `seed` fixes its source-noise sequence."""
         device = self.device
         generator = torch.Generator(device=device).manual_seed(seed)
+        with torch.inference_mode():  # once per stream, not per window
+            speaker = self.flow.normalize_speaker(voice.prompt.speaker.to(device)[None])[0]
         stream = Token2WavStream(
-            speaker=voice.prompt.speaker.to(device),
+            speaker=speaker,
             prompt_frames=voice.prompt.num_mel_frames,
             flow_cache=voice.cache,
             generator=generator,
@@ -205,7 +203,7 @@ class Token2Wav(nn.Module):
         Updates every stream's state; raises ValueError for a malformed window."""
         validate_windows(windows, self.config, self._pool)
         coded = [i for i, w in enumerate(windows) if len(w.codes)]
-        decoded, settle = self._decode_coded([windows[i] for i in coded]) if coded else ([], _noop)
+        decoded, settle = self._decode_coded([windows[i] for i in coded]) if coded else ([], lambda: None)
         audio = dict(zip(coded, decoded))
 
         def housekeeping() -> None:  # device work queued behind the audio's copy to the host
@@ -260,11 +258,10 @@ class Token2Wav(nn.Module):
         codes = np.zeros((len(windows), max(num_codes)), dtype=np.int64)
         for b, window in enumerate(windows):
             codes[b, : num_codes[b]] = window.codes
-        args = (to_device(codes, self.device), num_codes, [w.last_chunk for w in windows],
-                torch.stack([w.stream.speaker for w in windows]))
+        args = (to_device(codes, self.device), num_codes, [w.last_chunk for w in windows])
         if self._pool is None:
             mel, mel_frames, grown = self.flow.inference_chunk(
-                *args, [w.stream.flow_cache for w in windows])
+                *args, self._project_speakers(windows), [w.stream.flow_cache for w in windows])
             caches: Callable[[], list[FlowCache]] = lambda: grown  # noqa: E731
         else:
             mel, mel_frames, caches = self._run_pooled_flow(windows, *args)
@@ -276,17 +273,22 @@ class Token2Wav(nn.Module):
 
         return mel, mel_frames, settle
 
+    def _project_speakers(self, windows: list[StreamWindow]) -> torch.Tensor:
+        """-> [R, 80]. The linear stays per window: its rows' last bits depend on the batch
+        size, so projecting per stream would move batched audio."""
+        return self.flow.spk_embed_affine_layer(torch.stack([w.stream.speaker for w in windows]))
+
     def _run_pooled_flow(self, windows: list[StreamWindow], codes: torch.Tensor,
-                         num_codes: list[int], last_chunk: list[bool], speakers: torch.Tensor,
+                         num_codes: list[int], last_chunk: list[bool],
                          ) -> tuple[torch.Tensor, list[int], Callable[[], list[FlowCache]]]:
         """`flow.inference_chunk` with the DiT caches in the pool (already cut there); the grown
         caches come from the returned callable (deferred, as the encoder's)."""
         assert self._pool is not None
-        args = (codes, num_codes, last_chunk, speakers)
         flow_caches = [w.stream.flow_cache for w in windows]
-        encoded = self.flow.encode(*args, [c.encoder for c in flow_caches])
-        mel, cnn = self._pool.forward_chunk(
-            self.flow.decoder, encoded.mu, encoded.mel_frames, encoded.spks, encoded.cond,
+        encoded = self.flow.encode(codes, num_codes, last_chunk, [c.encoder for c in flow_caches])
+        mel, cnn = self._pool.forward_chunk(  # the speakers after the encoder's launch
+            self.flow.decoder, encoded.mu, encoded.mel_frames, self._project_speakers(windows),
+            encoded.cond,
             [w.stream.cache_slot for w in windows], [c.estimator.cnn for c in flow_caches])
 
         def caches() -> list[FlowCache]:
