@@ -8,14 +8,17 @@ Names follow the reference wrapper (token2wav_facts.md 1.3): `input_embedding`,
 keeps only the caches; `inference_chunk` decodes one window for a batch of streams with
 cond = zeros; `inference` is the reference's whole-utterance path (prompt and codes in one
 pass, cond = prompt mel), i.e. one final window over empty caches. The windowed calls take
-projected speakers (`project_speaker`; `Token2Wav` keeps each stream's normalized speaker).
+projected speakers (`project_speaker`; `Token2Wav` keeps each stream's normalized speaker)
+and host codes: the codes travel with the encoder's key masks in one copy, and embedding,
+encoder and `encoder_proj` run as one fixed-shape pass (`run_encoder`, graphed on CUDA).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -23,6 +26,7 @@ from torch import nn
 from backends.models.token2wav.cfm import CausalConditionalCFM, EstimatorCache
 from backends.models.token2wav.config import FlowConfig
 from backends.models.token2wav.encoder import EncoderCache, UpsampleConformerEncoderV2
+from backends.models.token2wav.encoder_packing import EncoderInputs, EncoderOutputs
 
 
 @dataclass(slots=True)
@@ -53,6 +57,9 @@ class CausalMaskedDiffWithXvec(nn.Module):
         self.encoder = UpsampleConformerEncoderV2(config.input_size, config.encoder)
         self.encoder_proj = nn.Linear(config.encoder.output_size, config.output_size)
         self.decoder = CausalConditionalCFM(config.decoder)
+        # what runs `run_encoder`: itself, or its CUDA-graph replays (`graphs.EncoderGraphs`)
+        self.encoder_runner: Callable[[EncoderInputs], EncoderOutputs] = self.run_encoder
+        self._zeros: torch.Tensor | None = None  # the last window's cond (see `_zero_cond`)
 
     def new_cache(self, device: torch.device | str) -> FlowCache:
         return FlowCache(self.encoder.new_cache(device), self.decoder.new_cache(device))
@@ -68,7 +75,7 @@ class CausalMaskedDiffWithXvec(nn.Module):
 
     def inference_chunk(
         self,
-        codes: torch.Tensor,  # [R, N_max] int64 codes in [0, vocab), any valid code past a row's end
+        codes: np.ndarray,  # [R, N_max] host codes in [0, vocab), any valid code past a row's end
         num_codes: list[int],
         last_chunk: list[bool],
         spks: torch.Tensor,  # [R, 80] projected speakers (`project_speaker`), the flow's dtype
@@ -87,7 +94,7 @@ class CausalMaskedDiffWithXvec(nn.Module):
 
     def encode(
         self,
-        codes: torch.Tensor,  # [R, N_max] int64
+        codes: np.ndarray,  # [R, N_max] host codes
         num_codes: list[int],
         last_chunk: list[bool],
         caches: list[EncoderCache],
@@ -95,13 +102,29 @@ class CausalMaskedDiffWithXvec(nn.Module):
     ) -> Encoded:
         """The part of `inference_chunk` before the CFM: the CFM's inputs, the cache growth."""
         features, mel_frames, grow_caches = self.encoder.launch_chunk(
-            self.input_embedding(codes), num_codes, last_chunk, caches
-        )
-        mu = self.encoder_proj(features).transpose(1, 2)  # [R, 80, T_max]
+            codes, num_codes, last_chunk, caches, self.encoder_runner)
+        mu = features.transpose(1, 2)  # [R, 80, T_max]
+        if prompt_mel is None:
+            return Encoded(mu, mel_frames, self._zero_cond(mu), grow_caches)
         cond = torch.zeros_like(mu)
-        if prompt_mel is not None:
-            cond[:, :, : prompt_mel.shape[1]] = prompt_mel[:, : cond.shape[2]].transpose(1, 2)
+        cond[:, :, : prompt_mel.shape[1]] = prompt_mel[:, : cond.shape[2]].transpose(1, 2)
         return Encoded(mu, mel_frames, cond, grow_caches)
+
+    def run_encoder(self, inputs: EncoderInputs) -> EncoderOutputs:
+        """`encoder.run` between the code embedding and `encoder_proj` (inputs.xs: int64 codes;
+        features: [B, stride T, 80]): one fixed-shape pass, so one CUDA graph for all three."""
+        outputs = self.encoder.run(replace(inputs, xs=self.input_embedding(inputs.xs)))
+        return replace(outputs, features=self.encoder_proj(outputs.features))
+
+    def _zero_cond(self, mu: torch.Tensor) -> torch.Tensor:
+        """Zeros like `mu`, kept for the next window of its shape: nothing writes a window's
+        cond (the CFM and its graphs only read it), so one tensor serves every window."""
+        kept = self._zeros
+        if torch.is_grad_enabled() or kept is None or kept.shape != mu.shape or (
+                kept.dtype != mu.dtype or kept.device != mu.device):
+            kept = torch.zeros(mu.shape, dtype=mu.dtype, device=mu.device)
+            self._zeros = None if torch.is_grad_enabled() else kept
+        return kept
 
     def setup_cache(
         self,
@@ -115,8 +138,8 @@ class CausalMaskedDiffWithXvec(nn.Module):
             raise ValueError(f"prompt mel has {prompt_mel.shape[0]} frames; {codes.shape[0]} "
                              f"codes with look-ahead need {frames}")
         _, _, (cache,) = self.inference_chunk(
-            codes[None], [codes.shape[0]], [False], self.project_speaker(speaker[None]),
-            [self.new_cache(codes.device)], prompt_mel[None],
+            codes.cpu().numpy()[None], [codes.shape[0]], [False],
+            self.project_speaker(speaker[None]), [self.new_cache(prompt_mel.device)], prompt_mel[None],
         )
         return cache
 
@@ -128,9 +151,9 @@ class CausalMaskedDiffWithXvec(nn.Module):
         speaker: torch.Tensor,  # [spk_embed_dim] float32
     ) -> torch.Tensor:
         """Whole utterance: -> mel [80, 2 N] for `codes` after the prompt."""
-        everything = torch.cat([prompt_codes, codes])
+        everything = torch.cat([prompt_codes, codes]).cpu().numpy()
         mel, _, _ = self.inference_chunk(
             everything[None], [everything.shape[0]], [True], self.project_speaker(speaker[None]),
-            [self.new_cache(codes.device)], prompt_mel[None],
+            [self.new_cache(prompt_mel.device)], prompt_mel[None],
         )
         return mel[0, :, prompt_mel.shape[0] :]

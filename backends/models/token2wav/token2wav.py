@@ -41,7 +41,6 @@ from backends.models.token2wav.hift import HiFTGenerator
 from backends.models.token2wav.stream import Token2WavStream, emit_rows, flush, to_host
 from backends.models.token2wav.stream_window import StreamWindow, validate_windows
 from backends.models.token2wav.voice import VoicePrompt, build_voice_prompt
-from backends.runner.host_staging import to_device
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,14 +66,15 @@ class Token2Wav(nn.Module):
         (up to its ISTFT) from CUDA graphs, captured per shape bucket on first use; a no-op on
         CPU (the same code runs eagerly)."""
         flow = self.flow
-        flow.encoder.runner = EncoderGraphs(flow.encoder, max_graphs) if encoder else flow.encoder.run
+        flow.encoder_runner = (EncoderGraphs(flow.encoder, max_graphs, flow.run_encoder) if encoder
+                               else flow.run_encoder)
         flow.decoder.solver = SolverGraphs(flow.decoder, max_graphs)
         self._hift_graphs = HiFTGraphs(self.hift, max_graphs)
         self._max_graphs = max_graphs
         self._set_pool_solver()
 
     def disable_cuda_graphs(self) -> None:
-        self.flow.encoder.runner = self.flow.encoder.run
+        self.flow.encoder_runner = self.flow.run_encoder
         self.flow.decoder.solver = self.flow.decoder.solve
         self._hift_graphs = None
         self._max_graphs = 0
@@ -125,7 +125,7 @@ class Token2Wav(nn.Module):
 
     def graph_counts(self) -> dict[str, int]:
         """Graphs captured and eager CUDA calls (`graphs.graph_counts`) of every graphed part."""
-        return graph_counts(self.flow.encoder.runner, self.flow.decoder.solver,
+        return graph_counts(self.flow.encoder_runner, self.flow.decoder.solver,
                             self._pool and self._pool.solver, self._hift_graphs)
 
     def set_fused_kernels(self, enabled: bool | None = None) -> None:
@@ -163,14 +163,14 @@ class Token2Wav(nn.Module):
         Always eager, also once CUDA graphs are on: the one-off prompt pass of a voice prepared
         while serving (a session's reference) must not capture a graph of its own."""
         lookahead = torch.full((self.config.flow.encoder.pre_lookahead_len,), SILENCE_CODE)
-        codes = torch.cat([prompt.codes.cpu(), lookahead]).to(self.device)
-        decoder, encoder = self.flow.decoder, self.flow.encoder
+        codes = torch.cat([prompt.codes.cpu(), lookahead])  # host codes: the flow copies them
+        flow, decoder = self.flow, self.flow.decoder
         solver, decoder.solver = decoder.solver, decoder.solve
-        runner, encoder.runner = encoder.runner, encoder.run
+        runner, flow.encoder_runner = flow.encoder_runner, flow.run_encoder
         try:
-            cache = self.flow.setup_cache(codes, prompt.mel.to(self.device), prompt.speaker.to(self.device))
+            cache = flow.setup_cache(codes, prompt.mel.to(self.device), prompt.speaker.to(self.device))
         finally:
-            decoder.solver, encoder.runner = solver, runner
+            decoder.solver, flow.encoder_runner = solver, runner
         return Voice(prompt, cache)
 
     def new_stream(self, voice: Voice, seed: int = 0) -> Token2WavStream:
@@ -258,7 +258,7 @@ class Token2Wav(nn.Module):
         codes = np.zeros((len(windows), max(num_codes)), dtype=np.int64)
         for b, window in enumerate(windows):
             codes[b, : num_codes[b]] = window.codes
-        args = (to_device(codes, self.device), num_codes, [w.last_chunk for w in windows])
+        args = (codes, num_codes, [w.last_chunk for w in windows])  # codes go with the masks
         if self._pool is None:
             mel, mel_frames, grown = self.flow.inference_chunk(
                 *args, self._project_speakers(windows), [w.stream.flow_cache for w in windows])
@@ -278,7 +278,7 @@ class Token2Wav(nn.Module):
         size, so projecting per stream would move batched audio."""
         return self.flow.spk_embed_affine_layer(torch.stack([w.stream.speaker for w in windows]))
 
-    def _run_pooled_flow(self, windows: list[StreamWindow], codes: torch.Tensor,
+    def _run_pooled_flow(self, windows: list[StreamWindow], codes: np.ndarray,
                          num_codes: list[int], last_chunk: list[bool],
                          ) -> tuple[torch.Tensor, list[int], Callable[[], list[FlowCache]]]:
         """`flow.inference_chunk` with the DiT caches in the pool (already cut there); the grown
