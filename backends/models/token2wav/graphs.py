@@ -94,7 +94,7 @@ class GraphRunner:
     def __call__(self, *inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
         if inputs[0].device.type != "cuda":
             return self.fn(*inputs)
-        key = tuple((tuple(t.shape), t.dtype) for t in inputs)
+        key = tuple((t.shape, t.dtype) for t in inputs)  # torch.Size is a tuple already
         entry = self._graphs.get(key)
         if entry is None:
             if len(self._graphs) >= self.max_graphs or self.sealed:
