@@ -212,13 +212,15 @@ def bench_code2wav(model: Token2Wav, batch: int, mode: str, repeats: int,
 
 def _encoder_ms(model: Token2Wav, streams: list, rng: np.random.Generator, repeats: int,
                 device: torch.device) -> float:
-    """The Conformer encoder alone over the streams' current caches."""
-    def encode() -> None:  # through `encoder.runner`: graphed unless the mode says +eagerenc
-        codes = torch.from_numpy(rng.integers(0, 6561, (len(streams), WINDOW_CODES))).to(device)
+    """The Conformer encoder (with the code embedding and `encoder_proj`) alone over the
+    streams' current caches."""
+    def encode() -> None:  # through `flow.encoder_runner`: graphed unless the mode says +eagerenc
+        codes = rng.integers(0, 6561, (len(streams), WINDOW_CODES))
         with torch.inference_mode():
-            model.flow.encoder.forward_chunk(
-                model.flow.input_embedding(codes), [WINDOW_CODES] * len(streams),
-                [False] * len(streams), [s.flow_cache.encoder for s in streams])
+            _, _, grow = model.flow.encoder.launch_chunk(
+                codes, [WINDOW_CODES] * len(streams), [False] * len(streams),
+                [s.flow_cache.encoder for s in streams], model.flow.encoder_runner)
+            grow()
 
     return timed(encode, repeats, device)
 

@@ -46,10 +46,14 @@ def key_masks(parts: list[tuple[list[int], int, list[int], int]], device: torch.
     """Key masks of one batch, each for keys laid out as [left-padded cache | right-padded
     window] (a part: cache_lens, num_cache, new_lens, num_new) -> [B, num_cache + num_new]
     bool each, True where a key is real; all in one queued host -> device copy."""
-    return to_device_packed([
-        np.concatenate([np.arange(num_cache) >= num_cache - np.asarray(cache_lens)[:, None],
-                        np.arange(num_new) < np.asarray(new_lens)[:, None]], axis=1)
-        for cache_lens, num_cache, new_lens, num_new in parts], device)
+    return to_device_packed(key_masks_host(parts), device)
+
+
+def key_masks_host(parts: list[tuple[list[int], int, list[int], int]]) -> list[np.ndarray]:
+    """`key_masks` as host arrays (for a caller that copies more with them)."""
+    return [np.concatenate([np.arange(num_cache) >= num_cache - np.asarray(cache_lens)[:, None],
+                            np.arange(num_new) < np.asarray(new_lens)[:, None]], axis=1)
+            for cache_lens, num_cache, new_lens, num_new in parts]
 
 
 def window_first_mask(new_lens: list[int], num_new: int, cache_lens: list[int], num_cache: int,

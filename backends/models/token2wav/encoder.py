@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -88,8 +89,6 @@ class UpsampleConformerEncoderV2(nn.Module):
         self.up_embed = LinearNoSubsampling(size, size)
         self.up_encoders = nn.ModuleList(self._layer() for _ in range(config.num_up_blocks))
         self.after_norm = nn.LayerNorm(size, eps=_EMBED_NORM_EPS)
-        # what runs `run`: itself, or its CUDA-graph replays (`graphs.EncoderGraphs`)
-        self.runner: Callable[[EncoderInputs], EncoderOutputs] = self.run
 
     def _layer(self) -> ConformerEncoderLayer:
         c = self.config
@@ -120,17 +119,19 @@ class UpsampleConformerEncoderV2(nn.Module):
         return features, mel_frames, grow()
 
     def launch_chunk(
-        self, xs: torch.Tensor, num_codes: list[int], last_chunk: list[bool],
-        caches: list[EncoderCache],
+        self, xs: torch.Tensor | np.ndarray, num_codes: list[int], last_chunk: list[bool],
+        caches: list[EncoderCache], run: Callable[[EncoderInputs], EncoderOutputs] | None = None,
     ) -> tuple[torch.Tensor, list[int], Callable[[], list[EncoderCache]]]:
         """`forward_chunk` with the cache growth left to the caller (`unpack_encoder_outputs`):
         call the returned `grow` once the work that needs only the features is queued, and
-        before this encoder runs again."""
-        pad_to = getattr(self.runner, "padded_sizes", None)  # graphed: pack at the bucket
+        before this encoder runs again. `run` runs the packed window: `self.run` (default), its
+        graph replays (`graphs.EncoderGraphs`) or a caller's wider pass (`xs` host codes:
+        `CausalMaskedDiffWithXvec.run_encoder`)."""
+        run = self.run if run is None else run
+        pad_to = getattr(run, "padded_sizes", None)  # graphed: pack at the bucket
         inputs, num_frames = pack_encoder_inputs(self.config, xs, num_codes, last_chunk, caches,
                                                  pad_to)
-        return unpack_encoder_outputs(self.runner(inputs), num_frames, self.config.up_stride,
-                                      caches)
+        return unpack_encoder_outputs(run(inputs), num_frames, self.config.up_stride, caches)
 
     def run(self, inputs: EncoderInputs) -> EncoderOutputs:
         """The tensor part of `forward_chunk` (fixed shapes: CUDA-graph capturable)."""

@@ -3,6 +3,9 @@
 `UpsampleConformerEncoderV2.forward_chunk` = `pack_encoder_inputs` (host lists -> padded
 tensors and key masks) -> `run` (tensors only: CUDA-graph capturable, like the CFM's `solve`)
 -> `unpack_encoder_outputs` (per-row cache cuts and growth, deferred until asked for).
+The window comes as code embeddings (a device tensor) or as the codes themselves (a host
+array: padded on the host and copied with the key masks in one copy, for a `run` that embeds
+them, `CausalMaskedDiffWithXvec.run_encoder`).
 `pad_encoder_inputs` widens a packed window to a graph's shape bucket: more window frames
 after every row's last one and more cache slots before every row's first one (the Conformer's
 caches are left-padded, so relative distances stay aligned), all masked, so no real frame
@@ -14,11 +17,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
-from backends.models.token2wav.batching import key_masks, left_pad, take_frames
+from backends.models.token2wav.batching import key_masks_host, left_pad, take_frames
 from backends.models.token2wav.config import EncoderConfig
+from backends.runner.host_staging import to_device_packed
 
 CONV2_CONTEXT = 2  # the pre-lookahead conv2 has kernel 3: 2 frames of left context
 
@@ -37,7 +42,7 @@ class EncoderCache:
 class EncoderInputs:
     """One window of B streams: T code frames (T + lookahead embeddings), padded caches."""
 
-    xs: torch.Tensor  # [B, T + lookahead, d] code embeddings
+    xs: torch.Tensor  # [B, T + lookahead, d] code embeddings, or [B, T + lookahead] int64 codes
     code_valid: torch.Tensor  # [B, T + lookahead] bool: False past a row's codes
     lookahead: torch.Tensor  # [B, d, 2]
     upsample: torch.Tensor  # [B, d, 2 stride]
@@ -49,7 +54,7 @@ class EncoderInputs:
 
 @dataclass(frozen=True, slots=True)
 class EncoderOutputs:
-    features: torch.Tensor  # [B, stride T, d] mel-rate features
+    features: torch.Tensor  # [B, stride T, d] mel-rate features (d = 80 once projected)
     conv2_in: torch.Tensor  # [B, d, 2 + T] conv2's input with its context
     up_in: torch.Tensor  # [B, d, 2 stride + stride T] the up-sampling conv's input
     token_kv: torch.Tensor  # [B, num_blocks, H, T, 2 dk] this window's keys | values
@@ -62,7 +67,7 @@ PadSizes = Callable[[int, int, int], tuple[int, int, int]]
 
 def pack_encoder_inputs(
     config: EncoderConfig,
-    xs: torch.Tensor,  # [B, N_max, d] code embeddings
+    xs: torch.Tensor | np.ndarray,  # [B, N_max, d] code embeddings, or [B, N_max] host codes
     num_codes: list[int],
     last_chunk: list[bool],
     caches: list[EncoderCache],
@@ -82,13 +87,20 @@ def pack_encoder_inputs(
     if pad_to is not None:
         frames, token_len, mel_len = pad_to(frames, token_len, mel_len)
     length = frames + lookahead
-    if xs.shape[1] != length:
-        xs = F.pad(xs, (0, 0, 0, max(0, length - xs.shape[1])))[:, :length]
-    code_valid, token_valid, mel_valid = key_masks([
+    masks = key_masks_host([
         ([0] * len(caches), 0, num_codes, length),  # codes: a window part without cache
         (token_lens, token_len, num_frames, frames),
         (mel_lens, mel_len, [stride * n for n in num_frames], stride * frames),
-    ], xs.device)
+    ])
+    device = caches[0].lookahead.device
+    if isinstance(xs, np.ndarray):  # codes: padded with code 0 (masked), one copy with the masks
+        codes = np.zeros((len(caches), length), dtype=np.int64)
+        codes[:, : min(length, xs.shape[1])] = xs[:, :length]
+        xs, code_valid, token_valid, mel_valid = to_device_packed([codes, *masks], device)
+    else:
+        if xs.shape[1] != length:
+            xs = F.pad(xs, (0, 0, 0, max(0, length - xs.shape[1])))[:, :length]
+        code_valid, token_valid, mel_valid = to_device_packed(masks, device)
     return EncoderInputs(
         xs=xs, code_valid=code_valid,
         lookahead=torch.stack([c.lookahead for c in caches]),
@@ -122,7 +134,10 @@ def unpack_encoder_outputs(
 
     # a window packed at a graph's bucket comes back that wide: cut to its real frames, so the
     # CFM pads it with zeros to its own bucket as an unpadded window
-    return outputs.features[:, : max(mel_frames)], mel_frames, grow
+    features = outputs.features
+    if features.shape[1] != max(mel_frames):
+        features = features[:, : max(mel_frames)]
+    return features, mel_frames, grow
 
 
 def pad_encoder_inputs(inputs: EncoderInputs, frames: int, token_cached: int,
@@ -136,7 +151,7 @@ def pad_encoder_inputs(inputs: EncoderInputs, frames: int, token_cached: int,
     if extra == extra_token == extra_mel == 0:
         return inputs
     return EncoderInputs(
-        xs=F.pad(inputs.xs, (0, 0, 0, extra)),
+        xs=F.pad(inputs.xs, (0, 0) * (inputs.xs.dim() - 2) + (0, extra)),  # embeddings or codes
         code_valid=F.pad(inputs.code_valid, (0, extra)),
         lookahead=inputs.lookahead,
         upsample=inputs.upsample,

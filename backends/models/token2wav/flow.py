@@ -7,14 +7,18 @@ Names follow the reference wrapper (token2wav_facts.md 1.3): `input_embedding`,
 `setup_cache` runs a voice prompt (prompt codes + 3 look-ahead codes, prompt mel, speaker) and
 keeps only the caches; `inference_chunk` decodes one window for a batch of streams with
 cond = zeros; `inference` is the reference's whole-utterance path (prompt and codes in one
-pass, cond = prompt mel), i.e. one final window over empty caches.
+pass, cond = prompt mel), i.e. one final window over empty caches. The windowed calls take
+projected speakers (`project_speaker`; `Token2Wav` keeps each stream's normalized speaker)
+and host codes: the codes travel with the encoder's key masks in one copy, and embedding,
+encoder and `encoder_proj` run as one fixed-shape pass (`run_encoder`, graphed on CUDA).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -22,6 +26,7 @@ from torch import nn
 from backends.models.token2wav.cfm import CausalConditionalCFM, EstimatorCache
 from backends.models.token2wav.config import FlowConfig
 from backends.models.token2wav.encoder import EncoderCache, UpsampleConformerEncoderV2
+from backends.models.token2wav.encoder_packing import EncoderInputs, EncoderOutputs
 
 
 @dataclass(slots=True)
@@ -39,7 +44,6 @@ class Encoded:
 
     mu: torch.Tensor  # [R, 80, T_max]
     mel_frames: list[int]  # valid mel frames per row
-    spks: torch.Tensor  # [R, 80] projected speakers
     cond: torch.Tensor  # [R, 80, T_max]
     grow_caches: Callable[[], list[EncoderCache]]
 
@@ -53,29 +57,36 @@ class CausalMaskedDiffWithXvec(nn.Module):
         self.encoder = UpsampleConformerEncoderV2(config.input_size, config.encoder)
         self.encoder_proj = nn.Linear(config.encoder.output_size, config.output_size)
         self.decoder = CausalConditionalCFM(config.decoder)
+        # what runs `run_encoder`: itself, or its CUDA-graph replays (`graphs.EncoderGraphs`)
+        self.encoder_runner: Callable[[EncoderInputs], EncoderOutputs] = self.run_encoder
+        self._zeros: torch.Tensor | None = None  # the last window's cond (see `_zero_cond`)
 
     def new_cache(self, device: torch.device | str) -> FlowCache:
         return FlowCache(self.encoder.new_cache(device), self.decoder.new_cache(device))
 
+    def normalize_speaker(self, speakers: torch.Tensor) -> torch.Tensor:
+        """speakers: [R, spk_embed_dim] -> unit length in the flow's dtype, row by row (each
+        row's bits do not depend on the others: a stream keeps its own)."""
+        return F.normalize(speakers, dim=1).to(self.spk_embed_affine_layer.weight.dtype)
+
     def project_speaker(self, speakers: torch.Tensor) -> torch.Tensor:
         """speakers: [R, spk_embed_dim] -> [R, 80]; only the direction of a speaker matters."""
-        weight = self.spk_embed_affine_layer.weight
-        return self.spk_embed_affine_layer(F.normalize(speakers, dim=1).to(weight.dtype))
+        return self.spk_embed_affine_layer(self.normalize_speaker(speakers))
 
     def inference_chunk(
         self,
-        codes: torch.Tensor,  # [R, N_max] int64 codes in [0, vocab), any valid code past a row's end
+        codes: np.ndarray,  # [R, N_max] host codes in [0, vocab), any valid code past a row's end
         num_codes: list[int],
         last_chunk: list[bool],
-        speakers: torch.Tensor,  # [R, spk_embed_dim] float32
+        spks: torch.Tensor,  # [R, 80] projected speakers (`project_speaker`), the flow's dtype
         caches: list[FlowCache],
         prompt_mel: torch.Tensor | None = None,  # [R, N_max * 2, 80] cond, None -> zeros
     ) -> tuple[torch.Tensor, list[int], list[FlowCache]]:
         """-> (mel [R, 80, T_max] float32, valid mel frames per row, grown (unpruned) caches)."""
-        encoded = self.encode(codes, num_codes, last_chunk, speakers,
-                              [c.encoder for c in caches], prompt_mel)
+        encoded = self.encode(codes, num_codes, last_chunk, [c.encoder for c in caches],
+                              prompt_mel)
         mel, estimator_caches = self.decoder.forward_chunk(
-            encoded.mu, encoded.mel_frames, encoded.spks, encoded.cond,
+            encoded.mu, encoded.mel_frames, spks, encoded.cond,
             [c.estimator for c in caches],
         )
         grown = [FlowCache(e, d) for e, d in zip(encoded.grow_caches(), estimator_caches)]
@@ -83,22 +94,37 @@ class CausalMaskedDiffWithXvec(nn.Module):
 
     def encode(
         self,
-        codes: torch.Tensor,  # [R, N_max] int64
+        codes: np.ndarray,  # [R, N_max] host codes
         num_codes: list[int],
         last_chunk: list[bool],
-        speakers: torch.Tensor,  # [R, spk_embed_dim] float32
         caches: list[EncoderCache],
         prompt_mel: torch.Tensor | None = None,  # [R, N_max * 2, 80] cond, None -> zeros
     ) -> Encoded:
         """The part of `inference_chunk` before the CFM: the CFM's inputs, the cache growth."""
         features, mel_frames, grow_caches = self.encoder.launch_chunk(
-            self.input_embedding(codes), num_codes, last_chunk, caches
-        )
-        mu = self.encoder_proj(features).transpose(1, 2)  # [R, 80, T_max]
+            codes, num_codes, last_chunk, caches, self.encoder_runner)
+        mu = features.transpose(1, 2)  # [R, 80, T_max]
+        if prompt_mel is None:
+            return Encoded(mu, mel_frames, self._zero_cond(mu), grow_caches)
         cond = torch.zeros_like(mu)
-        if prompt_mel is not None:
-            cond[:, :, : prompt_mel.shape[1]] = prompt_mel[:, : cond.shape[2]].transpose(1, 2)
-        return Encoded(mu, mel_frames, self.project_speaker(speakers), cond, grow_caches)
+        cond[:, :, : prompt_mel.shape[1]] = prompt_mel[:, : cond.shape[2]].transpose(1, 2)
+        return Encoded(mu, mel_frames, cond, grow_caches)
+
+    def run_encoder(self, inputs: EncoderInputs) -> EncoderOutputs:
+        """`encoder.run` between the code embedding and `encoder_proj` (inputs.xs: int64 codes;
+        features: [B, stride T, 80]): one fixed-shape pass, so one CUDA graph for all three."""
+        outputs = self.encoder.run(replace(inputs, xs=self.input_embedding(inputs.xs)))
+        return replace(outputs, features=self.encoder_proj(outputs.features))
+
+    def _zero_cond(self, mu: torch.Tensor) -> torch.Tensor:
+        """Zeros like `mu`, kept for the next window of its shape: nothing writes a window's
+        cond (the CFM and its graphs only read it), so one tensor serves every window."""
+        kept = self._zeros
+        if torch.is_grad_enabled() or kept is None or kept.shape != mu.shape or (
+                kept.dtype != mu.dtype or kept.device != mu.device):
+            kept = torch.zeros(mu.shape, dtype=mu.dtype, device=mu.device)
+            self._zeros = None if torch.is_grad_enabled() else kept
+        return kept
 
     def setup_cache(
         self,
@@ -112,8 +138,8 @@ class CausalMaskedDiffWithXvec(nn.Module):
             raise ValueError(f"prompt mel has {prompt_mel.shape[0]} frames; {codes.shape[0]} "
                              f"codes with look-ahead need {frames}")
         _, _, (cache,) = self.inference_chunk(
-            codes[None], [codes.shape[0]], [False], speaker[None],
-            [self.new_cache(codes.device)], prompt_mel[None],
+            codes.cpu().numpy()[None], [codes.shape[0]], [False],
+            self.project_speaker(speaker[None]), [self.new_cache(prompt_mel.device)], prompt_mel[None],
         )
         return cache
 
@@ -125,9 +151,9 @@ class CausalMaskedDiffWithXvec(nn.Module):
         speaker: torch.Tensor,  # [spk_embed_dim] float32
     ) -> torch.Tensor:
         """Whole utterance: -> mel [80, 2 N] for `codes` after the prompt."""
-        everything = torch.cat([prompt_codes, codes])
+        everything = torch.cat([prompt_codes, codes]).cpu().numpy()
         mel, _, _ = self.inference_chunk(
-            everything[None], [everything.shape[0]], [True], speaker[None],
-            [self.new_cache(codes.device)], prompt_mel[None],
+            everything[None], [everything.shape[0]], [True], self.project_speaker(speaker[None]),
+            [self.new_cache(prompt_mel.device)], prompt_mel[None],
         )
         return mel[0, :, prompt_mel.shape[0] :]

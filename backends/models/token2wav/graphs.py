@@ -94,7 +94,7 @@ class GraphRunner:
     def __call__(self, *inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
         if inputs[0].device.type != "cuda":
             return self.fn(*inputs)
-        key = tuple((tuple(t.shape), t.dtype) for t in inputs)
+        key = tuple((t.shape, t.dtype) for t in inputs)  # torch.Size is a tuple already
         entry = self._graphs.get(key)
         if entry is None:
             if len(self._graphs) >= self.max_graphs or self.sealed:
@@ -162,15 +162,16 @@ class PooledSolverGraphs:
 
 
 class EncoderGraphs:
-    """Replaces `UpsampleConformerEncoderV2.run` with bucketed graph replays: code frames to
-    half a `FRAME_BUCKETS` entry, caches to multiples of `CACHE_STEP` (mel rate) and half of
-    it (token rate)."""
+    """Replaces `UpsampleConformerEncoderV2.run` (or `run`, a pass around it such as the
+    flow's `run_encoder`) with bucketed graph replays: code frames to half a `FRAME_BUCKETS`
+    entry, caches to multiples of `CACHE_STEP` (mel rate) and half of it (token rate)."""
 
     def __init__(self, encoder: UpsampleConformerEncoderV2,
-                 max_graphs: int = DEFAULT_MAX_GRAPHS) -> None:
+                 max_graphs: int = DEFAULT_MAX_GRAPHS,
+                 run: Callable[[EncoderInputs], EncoderOutputs] | None = None) -> None:
         self.stride = encoder.config.up_stride
-        self.runner = GraphRunner(lambda *flat: _fields(encoder.run(EncoderInputs(*flat))),
-                                  max_graphs)
+        run = encoder.run if run is None else run
+        self.runner = GraphRunner(lambda *flat: _fields(run(EncoderInputs(*flat))), max_graphs)
 
     def padded_sizes(self, frames: int, token_cached: int, mel_cached: int,
                      ) -> tuple[int, int, int]:
@@ -183,9 +184,11 @@ class EncoderGraphs:
         frames = inputs.token_valid.shape[1] - inputs.token_kv.shape[3]
         padded = pad_encoder_inputs(  # a no-op for a window packed at `padded_sizes`
             inputs, *self.padded_sizes(frames, inputs.token_kv.shape[3], inputs.mel_kv.shape[3]))
-        rows = inputs.xs.shape[0]
-        features, *rest = self.runner(*_fields(pad_encoder_batch(padded, batch_bucket(rows))))
-        return EncoderOutputs(features[:rows, : self.stride * frames], *(t[:rows] for t in rest))
+        rows, bucket = inputs.xs.shape[0], batch_bucket(inputs.xs.shape[0])
+        features, *rest = self.runner(*_fields(pad_encoder_batch(padded, bucket)))
+        if rows < bucket:
+            rest = [t[:rows] for t in rest]
+        return EncoderOutputs(features[:rows, : self.stride * frames], *rest)
 
 
 class HiFTGraphs:

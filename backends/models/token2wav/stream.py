@@ -29,7 +29,7 @@ from backends.models.token2wav.flow import FlowCache
 class Token2WavStream:
     """Created by `Token2Wav.new_stream`, owned and keyed by the caller (one per request)."""
 
-    speaker: torch.Tensor  # [spk_embed_dim] float32
+    speaker: torch.Tensor  # [spk_embed_dim] the voice's speaker normalized in the flow's dtype
     prompt_frames: int  # P: prompt mel frames, the origin the cache pruning keeps
     flow_cache: FlowCache  # starts as the voice's setup caches (shared, never written in place)
     generator: torch.Generator  # draws this stream's HiFT source noise, on the model's device

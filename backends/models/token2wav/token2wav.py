@@ -42,7 +42,6 @@ from backends.models.token2wav.hift import HiFTGenerator
 from backends.models.token2wav.stream import Token2WavStream, emit_rows, flush, to_host
 from backends.models.token2wav.stream_window import StreamWindow, validate_windows
 from backends.models.token2wav.voice import VoicePrompt, build_voice_prompt
-from backends.runner.host_staging import to_device
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,10 +50,6 @@ class Voice:
 
     prompt: VoicePrompt
     cache: FlowCache
-
-
-def _noop() -> None:
-    pass
 
 
 class Token2Wav(nn.Module):
@@ -72,14 +67,15 @@ class Token2Wav(nn.Module):
         (up to its ISTFT) from CUDA graphs, captured per shape bucket on first use; a no-op on
         CPU (the same code runs eagerly)."""
         flow = self.flow
-        flow.encoder.runner = EncoderGraphs(flow.encoder, max_graphs) if encoder else flow.encoder.run
+        flow.encoder_runner = (EncoderGraphs(flow.encoder, max_graphs, flow.run_encoder) if encoder
+                               else flow.run_encoder)
         flow.decoder.solver = SolverGraphs(flow.decoder, max_graphs)
         self._hift_graphs = HiFTGraphs(self.hift, max_graphs)
         self._max_graphs = max_graphs
         self._set_pool_solver()
 
     def disable_cuda_graphs(self) -> None:
-        self.flow.encoder.runner = self.flow.encoder.run
+        self.flow.encoder_runner = self.flow.run_encoder
         self.flow.decoder.solver = self.flow.decoder.solve
         self._hift_graphs = None
         self._max_graphs = 0
@@ -130,7 +126,7 @@ class Token2Wav(nn.Module):
 
     def graph_counts(self) -> dict[str, int]:
         """Graphs captured and eager CUDA calls (`graphs.graph_counts`) of every graphed part."""
-        return graph_counts(self.flow.encoder.runner, self.flow.decoder.solver,
+        return graph_counts(self.flow.encoder_runner, self.flow.decoder.solver,
                             self._pool and self._pool.solver, self._hift_graphs)
 
     def set_fused_kernels(self, enabled: bool | None = None) -> None:
@@ -171,22 +167,24 @@ class Token2Wav(nn.Module):
         Always eager, also once CUDA graphs are on: the one-off prompt pass of a voice prepared
         while serving (a session's reference) must not capture a graph of its own."""
         lookahead = torch.full((self.config.flow.encoder.pre_lookahead_len,), SILENCE_CODE)
-        codes = torch.cat([prompt.codes.cpu(), lookahead]).to(self.device)
-        decoder, encoder = self.flow.decoder, self.flow.encoder
+        codes = torch.cat([prompt.codes.cpu(), lookahead])  # host codes: the flow copies them
+        flow, decoder = self.flow, self.flow.decoder
         solver, decoder.solver = decoder.solver, decoder.solve
-        runner, encoder.runner = encoder.runner, encoder.run
+        runner, flow.encoder_runner = flow.encoder_runner, flow.run_encoder
         try:
-            cache = self.flow.setup_cache(codes, prompt.mel.to(self.device), prompt.speaker.to(self.device))
+            cache = flow.setup_cache(codes, prompt.mel.to(self.device), prompt.speaker.to(self.device))
         finally:
-            decoder.solver, encoder.runner = solver, runner
+            decoder.solver, flow.encoder_runner = solver, runner
         return Voice(prompt, cache)
 
     def new_stream(self, voice: Voice, seed: int = 0) -> Token2WavStream:
         """A stream from `voice`'s caches; `seed` fixes its source-noise sequence."""
         device = self.device
         generator = torch.Generator(device=device).manual_seed(seed)
+        with torch.inference_mode():  # once per stream, not per window
+            speaker = self.flow.normalize_speaker(voice.prompt.speaker.to(device)[None])[0]
         stream = Token2WavStream(
-            speaker=voice.prompt.speaker.to(device),
+            speaker=speaker,
             prompt_frames=voice.prompt.num_mel_frames,
             flow_cache=voice.cache,
             generator=generator,
@@ -209,7 +207,7 @@ class Token2Wav(nn.Module):
         Updates every stream's state; raises ValueError for a malformed window."""
         validate_windows(windows, self.config, self._pool)
         coded = [i for i, w in enumerate(windows) if len(w.codes)]
-        decoded, settle = self._decode_coded([windows[i] for i in coded]) if coded else ([], _noop)
+        decoded, settle = self._decode_coded([windows[i] for i in coded]) if coded else ([], lambda: None)
         audio = dict(zip(coded, decoded))
 
         def housekeeping() -> None:  # device work queued behind the audio's copy to the host
@@ -264,11 +262,10 @@ class Token2Wav(nn.Module):
         codes = np.zeros((len(windows), max(num_codes)), dtype=np.int64)
         for b, window in enumerate(windows):
             codes[b, : num_codes[b]] = window.codes
-        args = (to_device(codes, self.device), num_codes, [w.last_chunk for w in windows],
-                torch.stack([w.stream.speaker for w in windows]))
+        args = (codes, num_codes, [w.last_chunk for w in windows])  # codes go with the masks
         if self._pool is None:
             mel, mel_frames, grown = self.flow.inference_chunk(
-                *args, [w.stream.flow_cache for w in windows])
+                *args, self._project_speakers(windows), [w.stream.flow_cache for w in windows])
             caches: Callable[[], list[FlowCache]] = lambda: grown  # noqa: E731
         else:
             mel, mel_frames, caches = self._run_pooled_flow(windows, *args)
@@ -280,17 +277,22 @@ class Token2Wav(nn.Module):
 
         return mel, mel_frames, settle
 
-    def _run_pooled_flow(self, windows: list[StreamWindow], codes: torch.Tensor,
-                         num_codes: list[int], last_chunk: list[bool], speakers: torch.Tensor,
+    def _project_speakers(self, windows: list[StreamWindow]) -> torch.Tensor:
+        """-> [R, 80]. The linear stays per window: its rows' last bits depend on the batch
+        size, so projecting per stream would move batched audio."""
+        return self.flow.spk_embed_affine_layer(torch.stack([w.stream.speaker for w in windows]))
+
+    def _run_pooled_flow(self, windows: list[StreamWindow], codes: np.ndarray,
+                         num_codes: list[int], last_chunk: list[bool],
                          ) -> tuple[torch.Tensor, list[int], Callable[[], list[FlowCache]]]:
         """`flow.inference_chunk` with the DiT caches in the pool (already cut there); the grown
         caches come from the returned callable (deferred, as the encoder's)."""
         assert self._pool is not None
-        args = (codes, num_codes, last_chunk, speakers)
         flow_caches = [w.stream.flow_cache for w in windows]
-        encoded = self.flow.encode(*args, [c.encoder for c in flow_caches])
-        mel, cnn = self._pool.forward_chunk(
-            self.flow.decoder, encoded.mu, encoded.mel_frames, encoded.spks, encoded.cond,
+        encoded = self.flow.encode(codes, num_codes, last_chunk, [c.encoder for c in flow_caches])
+        mel, cnn = self._pool.forward_chunk(  # the speakers after the encoder's launch
+            self.flow.decoder, encoded.mu, encoded.mel_frames, self._project_speakers(windows),
+            encoded.cond,
             [w.stream.cache_slot for w in windows], [c.estimator.cnn for c in flow_caches])
 
         def caches() -> list[FlowCache]:

@@ -252,6 +252,21 @@ def test_the_voice_changes_the_audio(token2wav: Token2Wav, voice: Voice) -> None
     assert np.abs(default - other).max() > 1e-3
 
 
+def test_a_stream_normalizes_its_speaker_once_as_a_window_did(token2wav: Token2Wav, voice: Voice) -> None:
+    """`new_stream` keeps the voice's normalized speaker, bit for bit the row a batched
+    `normalize_speaker` gives; decode projects it with the flow's affine layer per window."""
+    speakers = torch.stack([-voice.prompt.speaker, voice.prompt.speaker, 2 * voice.prompt.speaker])
+    with torch.inference_mode():
+        batched = token2wav.flow.normalize_speaker(speakers)
+    stream = token2wav.new_stream(voice)
+    assert stream.speaker.shape == (192,) and torch.equal(stream.speaker, batched[1])
+    codes = np.arange(28, dtype=np.int32)
+    default = token2wav.decode([StreamWindow(stream, codes, False)])[0]
+    other = token2wav.new_stream(voice)
+    other.speaker = -other.speaker
+    assert np.abs(default - token2wav.decode([StreamWindow(other, codes, False)])[0]).max() > 1e-3
+
+
 def test_one_window_is_fast(token2wav: Token2Wav, voice: Voice) -> None:
     stream = token2wav.new_stream(voice)
     codes = np.arange(28, dtype=np.int32)

@@ -104,14 +104,10 @@ def test_graphed_encoder_hands_the_cfm_real_frames_only(token2wav: Token2Wav, vo
     mel frames, as the unpadded window: the CFM then pads it with zeros to its bucket."""
     encoder, embed = token2wav.flow.encoder, token2wav.flow.input_embedding
     codes = torch.randint(0, 6561, (1, 9), generator=torch.Generator().manual_seed(7))
-    runner = encoder.runner
-    try:
-        with torch.inference_mode():
-            plain, frames, _ = encoder.launch_chunk(embed(codes), [9], [False], [voice.cache.encoder])
-            encoder.runner = EncoderGraphs(encoder)
-            bucketed, frames_b, _ = encoder.launch_chunk(embed(codes), [9], [False], [voice.cache.encoder])
-    finally:
-        encoder.runner = runner
+    with torch.inference_mode():
+        plain, frames, _ = encoder.launch_chunk(embed(codes), [9], [False], [voice.cache.encoder])
+        bucketed, frames_b, _ = encoder.launch_chunk(embed(codes), [9], [False], [voice.cache.encoder],
+                                                     EncoderGraphs(encoder))
     assert frames == frames_b == [12] and bucketed.shape == plain.shape == (1, 12, plain.shape[2])
     torch.testing.assert_close(bucketed, plain, atol=PAD_ATOL, rtol=0)
 
@@ -147,7 +143,7 @@ def test_graph_counts_cover_every_graphed_part() -> None:
     model.enable_cache_pool(max_streams=2)
     assert model.graph_counts() == {"cuda_graphs": 0, "graph_eager_calls": 0}
     model.enable_cuda_graphs()
-    runners = [model.flow.encoder.runner.runner, model.flow.decoder.solver.runner,
+    runners = [model.flow.encoder_runner.runner, model.flow.decoder.solver.runner,
                model.cache_pool.solver.runner, model._hift_graphs.runner]
     for weight, runner in enumerate(runners):
         runner.eager_calls = 10**weight
@@ -222,7 +218,7 @@ def test_fused_graphed_decoding_equals_eager_unfused_on_cuda(dtype: torch.dtype)
                     np.testing.assert_allclose(a, b, atol=GPU_ATOL, rtol=0)
                 else:
                     _assert_no_worse_than(b, a, ref)
-        assert model.flow.encoder.runner.runner.num_graphs() > 0
+        assert model.flow.encoder_runner.runner.num_graphs() > 0
         assert model.flow.decoder.estimator.uses_fused_kernels(torch.zeros(1, 1, 8, device="cuda"))
     finally:
         torch.backends.cudnn.allow_tf32 = tf32
