@@ -94,6 +94,11 @@ class UpsampleConformerEncoderV2(nn.Module):
         c = self.config
         return ConformerEncoderLayer(c.output_size, c.attention_heads, c.linear_units)
 
+    def set_fused_attention(self, enabled: bool | None) -> None:
+        """Every layer's attention form (`RelPositionMultiHeadedAttention.fused`)."""
+        for layer in (*self.encoders, *self.up_encoders):
+            layer.self_attn.fused = enabled
+
     def new_cache(self, device: torch.device | str) -> EncoderCache:
         c = self.config
         head_dim = c.output_size // c.attention_heads

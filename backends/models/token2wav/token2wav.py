@@ -27,7 +27,6 @@ from backends.audio.codec_windows import SILENCE_CODE
 from backends.models.token2wav.cache_pruning import prune_flow_cache
 from backends.models.token2wav.cfm import EstimatorCache
 from backends.models.token2wav.config import Token2WavConfig
-from backends.models.token2wav.conformer import RelPositionMultiHeadedAttention
 from backends.models.token2wav.estimator_pool import EstimatorPool
 from backends.models.token2wav.flow import CausalMaskedDiffWithXvec, FlowCache
 from backends.models.token2wav.graphs import (
@@ -135,9 +134,7 @@ class Token2Wav(nn.Module):
         reference path), True on any device (CPU: Triton's under its interpreter, tests)."""
         self.flow.decoder.estimator.fused = enabled
         self.hift.fused = enabled
-        for module in self.flow.encoder.modules():
-            if isinstance(module, RelPositionMultiHeadedAttention):
-                module.fused = enabled
+        self.flow.encoder.set_fused_attention(enabled)
 
     def set_flow_dtype(self, dtype: torch.dtype) -> None:
         """Run the flow (weights, caches, noise) in `dtype`, e.g. bfloat16 on GPU, like the
