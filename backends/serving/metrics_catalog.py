@@ -73,8 +73,9 @@ STAGE_CALL = MetricSpec(
     buckets=CALL_BUCKETS_MS)
 WINDOW_WAIT = MetricSpec(
     "minicpmo_code2wav_window_wait_ms", HISTOGRAM,
-    "Code2Wav: a window's arrival to the start of the forward that decodes it, by kind (first: a "
-    "reply's first window; later: every other), ms", ("kind",), buckets=CALL_BUCKETS_MS)
+    "Code2Wav: a window's acceptance by the engine thread (between forwards) to the start of the "
+    "forward that decodes it, by kind (first: a reply's first window; later: every other), ms",
+    ("kind",), buckets=CALL_BUCKETS_MS)
 KV_BLOCKS_IN_USE = MetricSpec(
     "minicpmo_kv_blocks_in_use", GAUGE, "KV-cache blocks held by live requests of a stage runner")
 

@@ -100,7 +100,8 @@ class Code2WavEngine:
     cache_pool_streams: int = 0
     clock: Callable[[], float] = time.monotonic  # seconds; the playout model's (tests: fake)
     # called with ("first" | "later", seconds) for each window as its forward starts: how long
-    # it queued (first: chunk_seq 0, a reply's first window); serving: a metric
+    # it waited since `submit` (first: chunk_seq 0, a reply's first window); serving: a metric.
+    # Time before `submit` (the serving thread's inbox, drained between forwards) is not in it
     on_window_wait: Callable[[str, float], None] | None = None
     # request_id -> (arrival, accepted window) not yet decoded, oldest first
     _pending: OrderedDict[str, deque[tuple[float, Code2WavRequest]]] = field(

@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from backends.runner.host_staging import to_device, to_device_packed
+from backends.runner.host_staging import to_device
 
 
 def left_pad(rows: list[torch.Tensor], dim: int, length: int | None = None) -> torch.Tensor:
@@ -31,8 +31,11 @@ def left_pad(rows: list[torch.Tensor], dim: int, length: int | None = None) -> t
 
 def right_pad(rows: list[torch.Tensor], dim: int, length: int | None = None) -> torch.Tensor:
     """rows: same shape except along `dim` -> [len(rows), ...] with zeros after each row's
-    frames (padded to `length`, default the longest row)."""
+    frames (padded to `length`, default the longest row). Rows that need no padding are
+    stacked."""
     length = max(row.shape[dim] for row in rows) if length is None else length
+    if all(row.shape[dim] == length for row in rows):
+        return torch.stack(rows)
     shape = list(rows[0].shape)
     shape[dim] = length
     out = rows[0].new_zeros(len(rows), *shape)
@@ -41,16 +44,11 @@ def right_pad(rows: list[torch.Tensor], dim: int, length: int | None = None) -> 
     return out
 
 
-def key_masks(parts: list[tuple[list[int], int, list[int], int]], device: torch.device | str,
-              ) -> list[torch.Tensor]:
+def key_masks(parts: list[tuple[list[int], int, list[int], int]]) -> list[np.ndarray]:
     """Key masks of one batch, each for keys laid out as [left-padded cache | right-padded
     window] (a part: cache_lens, num_cache, new_lens, num_new) -> [B, num_cache + num_new]
-    bool each, True where a key is real; all in one queued host -> device copy."""
-    return to_device_packed(key_masks_host(parts), device)
-
-
-def key_masks_host(parts: list[tuple[list[int], int, list[int], int]]) -> list[np.ndarray]:
-    """`key_masks` as host arrays (for a caller that copies more with them)."""
+    bool host arrays, True where a key is real (the caller queues them with its other arrays
+    in one copy: `host_staging.to_device_packed`)."""
     return [np.concatenate([np.arange(num_cache) >= num_cache - np.asarray(cache_lens)[:, None],
                             np.arange(num_new) < np.asarray(new_lens)[:, None]], axis=1)
             for cache_lens, num_cache, new_lens, num_new in parts]

@@ -114,10 +114,8 @@ class CausalConditionalCFM(nn.Module):
 
     def start_noise(self, lengths: list[int], mel_frames: list[int], frames: int) -> torch.Tensor:
         """[R, 80, frames]: each row's slice of the noise stream at its cache length."""
-        rows = [self._noise(offset, count) for offset, count in zip(lengths, mel_frames)]
-        if all(count == frames for count in mel_frames):  # steady windows: nothing to pad
-            return torch.stack(rows)
-        return right_pad(rows, dim=1, length=frames)
+        return right_pad([self._noise(offset, count) for offset, count in
+                          zip(lengths, mel_frames)], dim=1, length=frames)
 
     def pack(self, mu: torch.Tensor, mel_frames: list[int], spks: torch.Tensor,
              cond: torch.Tensor, caches: list[EstimatorCache]) -> SolverInputs:

@@ -21,7 +21,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from backends.models.token2wav.batching import key_masks_host, left_pad, take_frames
+from backends.models.token2wav.batching import key_masks, left_pad, take_frames
 from backends.models.token2wav.config import EncoderConfig
 from backends.runner.host_staging import to_device_packed
 
@@ -87,7 +87,7 @@ def pack_encoder_inputs(
     if pad_to is not None:
         frames, token_len, mel_len = pad_to(frames, token_len, mel_len)
     length = frames + lookahead
-    masks = key_masks_host([
+    masks = key_masks([
         ([0] * len(caches), 0, num_codes, length),  # codes: a window part without cache
         (token_lens, token_len, num_frames, frames),
         (mel_lens, mel_len, [stride * n for n in num_frames], stride * frames),
