@@ -71,10 +71,14 @@ def test_padded_encoder_of_three_streams_equals_unpadded() -> None:
 
 def _decode_three(model: Token2Wav) -> list[np.ndarray]:
     """Three streams; the third joins one window late, so batches mix a new stream's empty
-    HiFT source cache with steady ones (and 2-row batches run as 2, 3-row ones as 4)."""
+    HiFT source cache with steady ones (and 2-row batches run as 2, 3-row ones as 4). Every
+    batch holds a full 28-code window, so rows pad in batch only, never in time: a lone short
+    window padded to its frame bucket is checked part by part in test_token2wav_graphs (whole
+    decodes of such a window moved by 1.4e-6 to 4.6e-5 between AVX-512, AVX2 and unvectorised
+    CPU kernels: the random tiny model's 10-step solve grows the last-bit differences)."""
     voice = model.prepare_voice(random_voice_prompt(0))
     rng = np.random.default_rng(1)
-    plans = [[28, 28, 28, 28, 12, 0], [28, 28, 9, 28, 28, 0], [0, 28, 28, 28, 28, 20]]
+    plans = [[28, 28, 28, 28, 12, 0], [28, 28, 9, 28, 28, 28], [0, 28, 28, 28, 28, 20]]
     streams = [model.new_stream(voice, seed=b) for b in range(3)]
     audio: list[list[np.ndarray]] = [[] for _ in plans]
     for step in range(6):
