@@ -4,6 +4,8 @@
 The thread drains all pending commands, then runs one engine step, and sleeps on the
 command queue whenever the engine has nothing to do (no polling). An optional `observer` runs
 on this thread after each round (the resource gauges: one thread per process updates metrics).
+`on_inbox_wait` gets each submitted request's time in the queue: commands are drained only
+between steps, so a request posted during a forward waits for that forward to end.
 """
 from __future__ import annotations
 
@@ -35,12 +37,14 @@ class SteppedEngine(Protocol):
 class EngineThread:
     def __init__(self, engine: SteppedEngine, name: str, on_error: Callable[[str], None] | None = None,
                  observer: Callable[[], None] | None = None,
-                 on_step: Callable[[float], None] | None = None) -> None:
+                 on_step: Callable[[float], None] | None = None,
+                 on_inbox_wait: Callable[[float], None] | None = None) -> None:
         self.engine = engine
         self._commands: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._on_error = on_error or log.error
         self._observer = observer
         self._on_step = on_step  # called on this thread with each step's wall time in seconds
+        self._on_inbox_wait = on_inbox_wait  # called on this thread: seconds from submit to acceptance
         # The CUDA device is per host thread: the engine thread steps on the one its builder chose
         # (a stage on GPU 1 would otherwise make its streams and graphs on GPU 0).
         self._cuda_device = torch.cuda.current_device() if torch.cuda.is_initialized() else None
@@ -48,7 +52,7 @@ class EngineThread:
         self._thread.start()
 
     def submit(self, request: Any, sink: ResponseSink) -> None:
-        self._commands.put((self._submit, (request, sink)))
+        self._commands.put((self._submit, (request, sink, time.perf_counter())))
 
     def stop_request(self, request_id: str) -> None:
         self._commands.put((self.engine.stop, (request_id,)))
@@ -65,7 +69,9 @@ class EngineThread:
         self._commands.put(_STOP)
         self._thread.join(timeout_s)
 
-    def _submit(self, request: Any, sink: ResponseSink) -> None:
+    def _submit(self, request: Any, sink: ResponseSink, posted: float) -> None:
+        if self._on_inbox_wait is not None:
+            self._run_command((self._on_inbox_wait, (time.perf_counter() - posted,)))
         try:
             self.engine.submit(request, sink)
         except StageFailure as exc:

@@ -23,6 +23,8 @@ TTFP_BUCKETS_MS = (50.0, 100.0, 200.0, 300.0, 400.0, 500.0, 750.0, 1000.0, 1500.
 # playback starts to underrun a 200 ms client buffer.
 GAP_BUCKETS_MS = (10.0, 25.0, 50.0, 100.0, 200.0, 300.0, 500.0, 750.0, 1000.0, 1500.0, 2000.0, 5000.0)
 STEP_BUCKETS_MS = (1.0, 2.0, 5.0, 10.0, 20.0, 35.0, 50.0, 75.0, 100.0, 200.0, 500.0, 1000.0, 2000.0)
+# A request's wait for its engine thread: ~0 when idle, up to a forward (5-50 ms) when busy.
+INBOX_BUCKETS_MS = (0.1, 0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 35.0, 50.0, 100.0, 200.0, 500.0, 1000.0)
 # A stage call's first result: ~15-70 ms on an H200 when nothing queues, rare stalls of 250-600.
 CALL_BUCKETS_MS = (5.0, 10.0, 20.0, 35.0, 50.0, 75.0, 100.0, 150.0, 200.0, 300.0, 500.0, 1000.0, 2000.0,
                    5000.0)
@@ -71,16 +73,22 @@ STAGE_CALL = MetricSpec(
     "Orchestrator: a stage call to its first result (a Thinker unit, a Talker request's first codes, "
     "a Code2Wav window's audio), ms; only with MINICPMO_STAGE_CALL_METRICS=1", ("stage",),
     buckets=CALL_BUCKETS_MS)
+INBOX_WAIT = MetricSpec(
+    "minicpmo_stage_inbox_wait_ms", HISTOGRAM,
+    "A stage request's arrival at its engine thread (posted by execute) to the thread taking it "
+    "in; the thread does so only between steps, so this is mostly the wait for a running forward, ms",
+    buckets=INBOX_BUCKETS_MS)
 WINDOW_WAIT = MetricSpec(
     "minicpmo_code2wav_window_wait_ms", HISTOGRAM,
-    "Code2Wav: a window's acceptance by the engine thread (between forwards) to the start of the "
-    "forward that decodes it, by kind (first: a reply's first window; later: every other), ms",
+    "Code2Wav: a window's acceptance by the engine thread (between forwards; the wait before it is "
+    "minicpmo_stage_inbox_wait_ms) to the start of the forward that decodes it, by kind (first: a "
+    "reply's first window; later: every other), ms",
     ("kind",), buckets=CALL_BUCKETS_MS)
 KV_BLOCKS_IN_USE = MetricSpec(
     "minicpmo_kv_blocks_in_use", GAUGE, "KV-cache blocks held by live requests of a stage runner")
 
 ALL_METRICS = (ACTIVE_SESSIONS, SESSIONS_OPENED, RESPONSES, TTFP, CHUNK_GAP, ERRORS, STEP_TIME, STAGE_CALL,
-               WINDOW_WAIT, KV_BLOCKS_IN_USE)
+               INBOX_WAIT, WINDOW_WAIT, KV_BLOCKS_IN_USE)
 
 # Error channels (the `channel` label of ERRORS).
 CHANNEL_DOWNLINK = "downlink"

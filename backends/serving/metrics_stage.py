@@ -1,7 +1,7 @@
 """Metrics of a stage model (thinker, talker, code2wav) and its engine thread.
 
-The engine thread reports each step's wall time (`on_step`), Code2Wav's window waits
-(`on_window_wait`) and, after each round, the engine's `resource_counts()` (`publish`): the KV
+The engine thread reports each step's wall time (`on_step`), each request's wait for the thread
+(`on_inbox_wait`), Code2Wav's window waits (`on_window_wait`) and, after each round, the engine's `resource_counts()` (`publish`): the KV
 blocks in use follow from them, and the counts themselves go to the resource gauges
 (backends/serving/resource_gauges.py). Failed requests count by error code through
 `MeteredSink` and `count_error`. Every update is handed to the instance's `MetricsThread`, the
@@ -14,6 +14,7 @@ from typing import Any
 from backends.serving.metrics_catalog import (
     CHANNEL_RESPONSE,
     ERRORS,
+    INBOX_WAIT,
     KV_BLOCKS_IN_USE,
     STEP_TIME,
     WINDOW_WAIT,
@@ -31,6 +32,10 @@ class StageMetrics:
     def on_step(self, seconds: float) -> None:
         """Engine thread: one engine step took `seconds`."""
         self._metrics.observe(STEP_TIME, 1000.0 * seconds)
+
+    def on_inbox_wait(self, seconds: float) -> None:
+        """Engine thread: a request waited `seconds` between its submit and its acceptance."""
+        self._metrics.observe(INBOX_WAIT, 1000.0 * seconds)
 
     def on_window_wait(self, kind: str, seconds: float) -> None:
         """Engine thread: a Code2Wav window waited `seconds` before its forward began."""

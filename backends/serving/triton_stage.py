@@ -62,7 +62,8 @@ class StageAdapter:
         counts = getattr(engine, "resource_counts", None)
         observer = None if counts is None else (lambda: self._metrics.publish(counts()))
         self.engine_thread = EngineThread(engine, f"{name}-engine", on_error=pb_utils.Logger.log_error,
-                                          observer=observer, on_step=self._metrics.on_step)
+                                          observer=observer, on_step=self._metrics.on_step,
+                                          on_inbox_wait=self._metrics.on_inbox_wait)
         if observer is not None:  # publish the idle engine's counts now, not at the first request
             self.engine_thread.call(observer)
 

@@ -140,6 +140,9 @@ def test_a_session_shows_up_exactly_in_the_metrics(server):
              for kind in ("first", "later")}
     assert waits["first"] == len(responses_with_audio), waits  # one first window a reply
     assert 0 < waits["first"] + waits["later"] <= calls["code2wav"], (waits, calls)
+    inbox = {stage: delta("minicpmo_stage_inbox_wait_ms_count", model=stage) for stage in calls}
+    assert inbox["thinker"] >= calls["thinker"] and inbox["talker"] >= calls["talker"], (inbox, calls)
+    assert inbox["code2wav"] >= waits["first"] + waits["later"], (inbox, waits)  # each window went through
 
 
 def test_errors_count_by_code_and_channel(server, stream):

@@ -1,9 +1,11 @@
-"""Stage metrics: step times and KV blocks from a real EngineThread over a scripted engine,
-error counts through the metered sink, all applied by the one MetricsThread.
+"""Stage metrics: step times, inbox waits and KV blocks from a real EngineThread over a
+scripted engine, error counts through the metered sink, all applied by the one MetricsThread.
 
 Strategy: a scripted engine with a known number of steps and known resource counts runs on
 a real EngineThread; after shutdown the fake metric API must hold exactly one step-time
-observation per step, the final KV-in-use value, and one error per failed request. The
+observation per step, the final KV-in-use value, one inbox wait per submitted request (a
+request posted during a held step waits at least as long as the step is held) and one error
+per failed request. The
 resource gauges (another writer of the process) must also run on the metrics thread.
 """
 from __future__ import annotations
@@ -14,7 +16,7 @@ import time
 import pytest
 
 from backends.serving.engine_thread import EngineThread
-from backends.serving.metrics_catalog import ERRORS, KV_BLOCKS_IN_USE, STEP_TIME, WINDOW_WAIT
+from backends.serving.metrics_catalog import ERRORS, INBOX_WAIT, KV_BLOCKS_IN_USE, STEP_TIME, WINDOW_WAIT
 from backends.serving.metrics_stage import StageMetrics
 from backends.serving.metrics_thread import MetricsThread
 from backends.serving.resource_gauges import ResourceGauges
@@ -60,11 +62,25 @@ class ScriptedEngine:
                 "kv_free_blocks": BLOCKS - BLOCKS_PER_REQUEST * len(self.live)}
 
 
-def _run(pb, script) -> tuple[ScriptedEngine, StageMetrics, list[ListSink]]:
-    engine = ScriptedEngine()
+class HeldEngine(ScriptedEngine):
+    """Its first step signals `stepping`, then runs only once `release` is set."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stepping, self.release = threading.Event(), threading.Event()
+
+    def step(self) -> None:
+        self.stepping.set()
+        assert self.release.wait(10), "the test never released the step"
+        super().step()
+
+
+def _run(pb, script, engine: ScriptedEngine | None = None
+         ) -> tuple[ScriptedEngine, StageMetrics, list[ListSink]]:
+    engine = engine or ScriptedEngine()
     stage = StageMetrics(MetricsThread(pb, "talker", "talker_0_0"), ResourceGauges(pb, "talker"))
     thread = EngineThread(engine, "test-engine", observer=lambda: stage.publish(engine.resource_counts()),
-                          on_step=stage.on_step)
+                          on_step=stage.on_step, on_inbox_wait=stage.on_inbox_wait)
     sinks = script(thread, stage)
     deadline = time.monotonic() + 10
     while any(not s.closed for s in sinks) and time.monotonic() < deadline:
@@ -122,3 +138,25 @@ def test_window_waits_are_observed_by_kind(pb):
     _run(pb, script)
     assert pb.observed(WINDOW_WAIT.name, kind="first") == [12.0]
     assert pb.observed(WINDOW_WAIT.name, kind="later") == [300.0]
+
+
+HELD_S = 0.03
+
+
+def test_a_request_posted_during_a_step_waits_for_it_in_the_inbox(pb):
+    engine = HeldEngine()
+
+    def script(thread, stage):
+        sinks = [ListSink(), ListSink()]
+        thread.submit(("a", 2), stage.sink(sinks[0]))
+        assert engine.stepping.wait(10)
+        thread.submit(("b", 1), stage.sink(sinks[1]))  # posted while "a"'s first step runs
+        time.sleep(HELD_S)
+        engine.release.set()
+        return sinks
+
+    _run(pb, script, engine)
+    waits = pb.observed(INBOX_WAIT.name, model="talker")
+    assert len(waits) == 2, "one wait per submitted request"
+    assert waits[1] >= 1000.0 * HELD_S * 0.9, waits  # never shorter than the step was held
+    assert waits[0] < waits[1]
