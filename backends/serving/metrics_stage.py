@@ -1,11 +1,11 @@
 """Metrics of a stage model (thinker, talker, code2wav) and its engine thread.
 
 The engine thread reports each step's wall time (`on_step`), each request's wait for the thread
-(`on_inbox_wait`), Code2Wav's window waits (`on_window_wait`) and, after each round, the engine's `resource_counts()` (`publish`): the KV
-blocks in use follow from them, and the counts themselves go to the resource gauges
-(backends/serving/resource_gauges.py). Failed requests count by error code through
-`MeteredSink` and `count_error`. Every update is handed to the instance's `MetricsThread`, the
-only thread that calls the metric API.
+(`on_inbox_wait`), Code2Wav's window waits (`on_window_wait`) and, after each round, the
+engine's `resource_counts()` (`publish`): the KV blocks in use follow from them, and the
+counts themselves go to the resource gauges (backends/serving/resource_gauges.py). Failed
+requests count by error code through `MeteredSink` and `count_error`. Every update is handed
+to the instance's `MetricsThread`, the only thread that calls the metric API.
 """
 from __future__ import annotations
 
