@@ -5,8 +5,8 @@ Strategy: a scripted engine with a known number of steps and known resource coun
 a real EngineThread; after shutdown the fake metric API must hold exactly one step-time
 observation per step, the final KV-in-use value, one inbox wait per submitted request (a
 request posted during a held step waits at least as long as the step is held) and one error
-per failed request. The
-resource gauges (another writer of the process) must also run on the metrics thread.
+per failed request. The resource gauges (another writer of the process) must also run on the
+metrics thread.
 """
 from __future__ import annotations
 
@@ -63,7 +63,8 @@ class ScriptedEngine:
 
 
 class HeldEngine(ScriptedEngine):
-    """Its first step signals `stepping`, then runs only once `release` is set."""
+    """Each step signals `stepping`, then runs only once `release` is set (set once: the
+    first step is held, the later ones run at once)."""
 
     def __init__(self) -> None:
         super().__init__()
