@@ -75,6 +75,9 @@ class MeteredSink:
     def send(self, result: Any) -> None:
         self._inner.send(result)
 
+    def finish(self, result: Any) -> None:
+        self._inner.finish(result)
+
     def close(self, error: StageError | None = None) -> None:
         if error is not None and not self.closed and not self._counted:
             self._counted = True

@@ -2,7 +2,8 @@
 
 `ResponseThread` owns every `response_sender.send` of a model instance, so engine threads
 never block on IPC to the server. `TritonSink` is the ResponseSink the engines write to:
-its `close()` is idempotent and always ends the request with FINAL (with an error or not).
+its `close()` is idempotent and always ends the request with FINAL (with an error or not);
+`finish(result)` puts the FINAL flag on the last result's own response.
 
 Triton 2.51 BLS: a decoupled child's error response reaches the caller's ResponseIterator only
 when it is the request's first response (later ones carry no iterator id and are dropped, the
@@ -101,6 +102,15 @@ class TritonSink:
                 raise RuntimeError("send after FINAL")
             self._responses.put(self._sender, self._encode(result), 0)
             self._sent = True
+
+    def finish(self, result: Any) -> None:
+        """The last result and the FINAL flag in one response (one send, one gRPC message)."""
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("finish after FINAL")
+            response = self._encode(result)
+            self._closed = self._sent = True
+            self._responses.put(self._sender, response, self._pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
 
     def close(self, error: StageError | None = None) -> None:
         with self._lock:

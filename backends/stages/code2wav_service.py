@@ -77,8 +77,8 @@ class Code2WavService:
                 self.stop(result.request_id)
             sink.close(StageError("internal" if code == ERROR_INTERNAL else "invalid_argument", f"{code}: {detail}"))
             return
-        sink.send(Code2WavAudio(result.request_id, result.chunk_seq, result.audio))
-        sink.close()
+        # one response with FINAL: the caller emits the audio once the FINAL is in
+        sink.finish(Code2WavAudio(result.request_id, result.chunk_seq, result.audio))
 
     def abort_all(self, error: StageError) -> None:
         for key in list(self._sinks):

@@ -37,6 +37,10 @@ class QueueSink:
         self._closed = True
         self._queue.put(_END if error is None else error)
 
+    def finish(self, result: Any) -> None:
+        self.send(result)
+        self.close()
+
     def __iter__(self) -> Iterator[Any]:
         while True:
             try:

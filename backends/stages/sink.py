@@ -1,7 +1,10 @@
 """Where a stage engine delivers results: one sink per Triton request.
 
 The serving layer implements a sink over a Triton response sender; tests implement it with
-a list. A sink is closed exactly once: `close()` after the last result, or `close(error)`.
+a list. A sink is closed exactly once: `close()` after the last result, `finish(result)` with
+it, or `close(error)`. `finish` exists for the transport: over Triton the last result and the
+FINAL flag travel as one response, where `send` + `close` cost a second IPC message and a
+second gRPC message that the caller waits for.
 """
 from __future__ import annotations
 
@@ -30,6 +33,10 @@ class ResponseSink(Protocol):
 
     def close(self, error: StageError | None = None) -> None: ...
 
+    def finish(self, result: Any) -> None:
+        """`send(result)` then `close()`, as one answer where the transport can."""
+        ...
+
 
 class ListSink:
     """A sink that records results in memory (tests, in-process pipelines)."""
@@ -49,3 +56,7 @@ class ListSink:
             raise RuntimeError("sink closed twice")
         self.closed = True
         self.error = error
+
+    def finish(self, result: Any) -> None:
+        self.send(result)
+        self.close()

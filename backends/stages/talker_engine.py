@@ -235,8 +235,7 @@ class TalkerEngine:
             # It still opens a new turn: later conditions must not extend the old prompt.
             self._readmit(stream, condition.request.seed)
         request, frames = condition.request, np.zeros((0,), dtype=np.int32)  # [0] int32
-        condition.sink.send(TalkerCodes(request.request_id, request.condition_seq, frames, True))
-        condition.sink.close()
+        condition.sink.finish(TalkerCodes(request.request_id, request.condition_seq, frames, True))
 
     def _readmit(self, stream: TalkerStream, seed: int) -> None:
         """Drop the request's KV and start again from position 0 (same hook, same history)."""
@@ -272,8 +271,7 @@ class TalkerEngine:
 
     def _finish_chunk(self, stream: TalkerStream, chunk: ActiveChunk) -> None:
         sink = chunk.condition.sink
-        sink.send(chunk.take_group(finished=True))
-        sink.close()
+        sink.finish(chunk.take_group(finished=True))
         stream.active = None
         stream.last_chunk = ChunkRecord(chunk.condition.embeds, tuple(chunk.codes))
 

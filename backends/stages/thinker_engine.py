@@ -176,13 +176,13 @@ class ThinkerEngine:
         if unit is None and (active.rows is not None or not active.is_setup):
             return  # still prefilling, or decoding
         session.active = None  # the sink is closed here, never again by _end
+        if unit is None:  # a setup append answers with no unit
+            return active.sink.close()
         try:
-            if unit is not None:  # a setup append answers with no unit
-                active.sink.send(unit)
+            active.sink.finish(unit)
         except Exception as err:
             _close_quietly(active.sink, StageError("internal", f"delivering a unit failed: {err}"))
             raise
-        active.sink.close()
 
     # ---- session life ----------------------------------------------------------------------
 

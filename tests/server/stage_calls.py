@@ -26,6 +26,8 @@ ANSWER_TIMEOUT_S = 60.0
 class Answer:
     results: list[Any] = field(default_factory=list)
     error: str | None = None  # the in-band error of the request, if any
+    responses: int = 0  # responses received, the FINAL included
+    final_carried_result: bool = False  # the FINAL response had outputs (the last result)
 
 
 class StageCall:
@@ -50,6 +52,8 @@ class StageCall:
                 break
             response = result.get_response()
             self.done = response.parameters["triton_final_response"].bool_param
+            self.answer.responses += 1
+            self.answer.final_carried_result = self.done and bool(response.outputs)
             if self._result_cls is not None and response.outputs:
                 decoded = from_arrays(self._result_cls, result.as_numpy)
                 self.answer.results.append(decoded)

@@ -12,11 +12,16 @@ import numpy as np
 import pytest
 from server_resources import ServerResources, settled, wait_for_gauges
 from session_probe import silence_units
+from stage_calls import call, stop
 
+from backends.audio.codec_windows import CodecWindowBridge
 from backends.checkpoint.tiny_config import TINY_HIDDEN
 from backends.duplex.stage_clients import StageCallError
 from backends.serving.grpc_stages import DEFAULT_STREAM_IDLE_S, GrpcStageClients
-from backends.stages.contracts import TalkerRequest, ThinkerRequest
+from backends.stages.code2wav_engine import request_from_window
+from backends.stages.contracts import (
+    Code2WavAudio, TalkerCodes, TalkerRequest, ThinkerRequest, ThinkerUnitResult,
+)
 
 IDLE_STREAMS = ("stage_idle_streams", "duplex")
 REPLY = {"initial_user_text": "Hello.", "reply_units": 1, "reply_tokens_per_unit": 2}
@@ -43,6 +48,34 @@ def test_calls_leave_streams_open_and_idle_ones_close(reliability_server, probes
     # closed within the idle time, the closer's period and a gauge publication (0.5 s)
     closed = wait_for_gauges(reliability_server, {IDLE_STREAMS: 0.0}, timeout_s=DEFAULT_STREAM_IDLE_S + 8.0)
     assert closed == {IDLE_STREAMS: 0.0}
+
+
+def test_each_stage_sends_its_last_result_on_the_final(reliability_server, baseline):
+    """A Thinker unit, a Talker chunk and a Code2Wav window each end with one response that
+    carries the last result and the FINAL flag, not a data response and then an empty FINAL:
+    the orchestrator plays a window's audio once its call has ended, so a separate FINAL would
+    add a message round to every reply's first audio."""
+    url = reliability_server.grpc_url
+    hidden = np.random.default_rng(0).standard_normal((4, TINY_HIDDEN)).astype(np.float32)
+    window = CodecWindowBridge().push(np.random.default_rng(1).integers(0, 6561, 25).tolist())[0]
+    try:
+        answers = {
+            "thinker": call(url, "thinker", ThinkerRequest(
+                request_id="fin-t.e0", audio=np.zeros(16000, np.float32), seq=0, initial_user_text="Hello.",
+                reply_units=1, reply_tokens_per_unit=2), ThinkerUnitResult),
+            "talker": call(url, "talker", TalkerRequest(
+                request_id="fin-k.e0", condition_seq=0, token_ids=np.arange(5, 9, dtype=np.int32), hidden=hidden,
+                turn_start=True, turn_end=True, seed=1), TalkerCodes),
+            "code2wav": call(url, "code2wav", request_from_window("fin-c.e0", window), Code2WavAudio),
+        }
+    finally:
+        for model, request_id in (("thinker", "fin-t.e0"), ("talker", "fin-k.e0"), ("code2wav", "fin-c.e0")):
+            stop(url, model, request_id)
+    for model, answer in answers.items():
+        assert answer.error is None and answer.results, (model, answer)
+        assert answer.final_carried_result, (model, answer.responses)
+        assert answer.responses == len(answer.results), (model, answer.responses)
+    assert settled(reliability_server, baseline).tracked() == baseline.tracked()
 
 
 WORKERS = 3  # below the reliability profile's 6 requests per stage: admission never refuses one

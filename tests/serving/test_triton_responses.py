@@ -57,6 +57,30 @@ def test_a_completed_request_ends_with_a_plain_final(pb, responses):
     assert _sent(sender) == [("data", 0), ("none", FINAL)]
 
 
+def test_a_finished_request_sends_its_last_result_on_the_final(pb, responses):
+    sender = pb.Sender()
+    sink = _sink(pb, responses, sender)
+    sink.send(object())
+    sink.finish(object())
+    sink.close()  # idempotent after finish: nothing more goes
+    assert _sent(sender) == [("data", 0), ("data", FINAL)]
+    with pytest.raises(RuntimeError, match="after FINAL"):
+        sink.finish(object())
+
+
+def test_a_result_that_fails_to_encode_leaves_the_sink_open_for_its_error(pb, responses):
+    sender = pb.Sender()
+
+    def refuse(result):
+        raise ValueError("cannot encode")
+
+    sink = TritonSink(pb, sender, responses, refuse)
+    with pytest.raises(ValueError):
+        sink.finish(object())
+    sink.close(STOPPED)
+    assert _sent(sender) == [("error", FINAL)]
+
+
 class RefusingSender:
     """The server refuses a response (e.g. it cannot be serialized); a plain FINAL goes."""
 
@@ -72,4 +96,10 @@ class RefusingSender:
 def test_a_final_whose_response_is_refused_still_ends_the_request(pb, responses):
     sender = RefusingSender(pb)
     _sink(pb, responses, sender).close(STOPPED)
+    assert _sent(sender.inner) == [("none", FINAL)]
+
+
+def test_a_refused_last_result_still_ends_the_request(pb, responses):
+    sender = RefusingSender(pb)
+    _sink(pb, responses, sender).finish(object())
     assert _sent(sender.inner) == [("none", FINAL)]
