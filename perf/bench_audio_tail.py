@@ -67,11 +67,13 @@ class Row:
     peak_gib: float | None
 
 
-def timed(run: Callable[[], None], repeats: int, device: torch.device) -> float:
-    """Median wall time in ms of `run` (synchronised before and after)."""
+def timed(run: Callable[[], None], repeats: int, device: torch.device, idle_s: float = 0.0) -> float:
+    """Median wall time in ms of `run` (synchronised before and after), each run after the
+    device and this thread idled `idle_s` seconds."""
     samples = []
     for _ in range(repeats):
         _sync(device)
+        time.sleep(idle_s)
         start = time.perf_counter()
         run()
         _sync(device)
@@ -177,7 +179,7 @@ def code2wav_model(tiny: bool, device: torch.device) -> Token2Wav:
 
 
 def bench_code2wav(model: Token2Wav, batch: int, mode: str, repeats: int,
-                   device: torch.device) -> Row:
+                   device: torch.device, idle_s: float = 0.0) -> Row:
     _reset_peak(device)
     options = set(mode.split("+")[1:])
     if mode.startswith("on"):
@@ -202,16 +204,18 @@ def bench_code2wav(model: Token2Wav, batch: int, mode: str, repeats: int,
 
     for _ in range(STEADY_WINDOWS + 2):  # steady caches; graphs captured
         window()
-    median = timed(window, repeats, device)
-    encoder = _encoder_ms(model, streams, rng, repeats, device)
-    flow = _flow_ms(model, streams, rng, repeats, device)
+    median = timed(window, repeats, device, idle_s)
+    encoder = _encoder_ms(model, streams, rng, repeats, device, idle_s)
+    flow = _flow_ms(model, streams, rng, repeats, device, idle_s)
     torch.backends.cuda.matmul.allow_tf32 = False
     split = f"encoder {encoder:.1f}, CFM + caches {flow - encoder:.1f}, HiFT + rest {median - flow:.1f}"
+    if idle_s:
+        split = f"each after {idle_s:g} s idle: {split}"
     return Row("code2wav", batch, mode, median, split, _peak_gib(device))
 
 
 def _encoder_ms(model: Token2Wav, streams: list, rng: np.random.Generator, repeats: int,
-                device: torch.device) -> float:
+                device: torch.device, idle_s: float = 0.0) -> float:
     """The Conformer encoder (with the code embedding and `encoder_proj`) alone over the
     streams' current caches."""
     def encode() -> None:  # through `flow.encoder_runner`: graphed unless the mode says +eagerenc
@@ -222,11 +226,11 @@ def _encoder_ms(model: Token2Wav, streams: list, rng: np.random.Generator, repea
                 [s.flow_cache.encoder for s in streams], model.flow.encoder_runner)
             grow()
 
-    return timed(encode, repeats, device)
+    return timed(encode, repeats, device, idle_s)
 
 
 def _flow_ms(model: Token2Wav, streams: list, rng: np.random.Generator, repeats: int,
-             device: torch.device) -> float:
+             device: torch.device, idle_s: float = 0.0) -> float:
     """Encoder + CFM (with packing and cache cuts) of one steady window per stream."""
     def flow() -> None:
         codes = rng.integers(0, 6561, (len(streams), WINDOW_CODES)).astype(np.int32)
@@ -235,7 +239,7 @@ def _flow_ms(model: Token2Wav, streams: list, rng: np.random.Generator, repeats:
                 [StreamWindow(s, codes[b], False) for b, s in enumerate(streams)])
             settle()
 
-    return timed(flow, repeats, device)
+    return timed(flow, repeats, device, idle_s)
 
 
 # -- report -------------------------------------------------------------------------------------
@@ -289,13 +293,17 @@ def main() -> int:
                         help="the Talker's decode matmuls (served: triton on CUDA)")
     parser.add_argument("--talker-chains", default=None,
                         help="decode chain lengths, e.g. 24,8 (default: the engine's choice)")
+    parser.add_argument("--idle-s", type=float, default=0.0,
+                        help="Code2Wav: time each window after the GPU idled this long (served "
+                             "windows of one stream come ~1 s apart)")
     parser.add_argument("--commit", default="unknown")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
     args.command = "python perf/bench_audio_tail.py " + " ".join(
         f"--{k} {v}" for k, v in (("batches", args.batches), ("repeats", args.repeats),
                                   ("stages", args.stages), ("code2wav-modes", args.code2wav_modes),
-                                  ("talker-policy", args.talker_policy), ("gemv", args.gemv)))
+                                  ("talker-policy", args.talker_policy), ("gemv", args.gemv),
+                                  ("idle-s", args.idle_s)))
     device = torch.device(args.device)
     batches = [int(b) for b in args.batches.split(",")]
     if args.code2wav_modes == "fusion":
@@ -333,7 +341,7 @@ def run_all(args: argparse.Namespace, device: torch.device, batches: list[int],
         model = code2wav_model(args.tiny, device)
         for mode in args.code2wav_modes.split(","):  # bf16 last: it rounds the weights
             for batch in batches:
-                record(guarded(lambda: bench_code2wav(model, batch, mode, args.repeats, device),
+                record(guarded(lambda: bench_code2wav(model, batch, mode, args.repeats, device, args.idle_s),
                                "code2wav", batch, mode))
 
 

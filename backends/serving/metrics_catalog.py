@@ -28,6 +28,8 @@ INBOX_BUCKETS_MS = (0.1, 0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 35.0, 50.0, 100.0, 200.
 # A stage call's first result: ~15-70 ms on an H200 when nothing queues, rare stalls of 250-600.
 CALL_BUCKETS_MS = (5.0, 10.0, 20.0, 35.0, 50.0, 75.0, 100.0, 150.0, 200.0, 300.0, 500.0, 1000.0, 2000.0,
                    5000.0)
+# One hop of a stage call (orchestrator -> stage, stage -> server): ~0.1-1 ms on an idle host.
+HOP_BUCKETS_MS = (0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 500.0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,11 +86,21 @@ WINDOW_WAIT = MetricSpec(
     "minicpmo_stage_inbox_wait_ms) to the start of the forward that decodes it, by kind (first: a "
     "reply's first window; later: every other), ms",
     ("kind",), buckets=CALL_BUCKETS_MS)
+STAGE_ARRIVAL = MetricSpec(
+    "minicpmo_stage_arrival_ms", HISTOGRAM,
+    "A stage request's trip from the orchestrator's send (its sent_ns parameter: the host's monotonic "
+    "clock) to the stage's execute: gRPC client, Triton's frontend and scheduler, the stub's IPC, ms; "
+    "only with MINICPMO_STAGE_CALL_METRICS=1", buckets=HOP_BUCKETS_MS)
+STAGE_SEND = MetricSpec(
+    "minicpmo_stage_send_ms", HISTOGRAM,
+    "A stage response from the engine handing it over (encoded) to the stub's send returning (the "
+    "server holds it): the response thread's queue and the stub's IPC, ms; only with "
+    "MINICPMO_STAGE_CALL_METRICS=1", buckets=HOP_BUCKETS_MS)
 KV_BLOCKS_IN_USE = MetricSpec(
     "minicpmo_kv_blocks_in_use", GAUGE, "KV-cache blocks held by live requests of a stage runner")
 
 ALL_METRICS = (ACTIVE_SESSIONS, SESSIONS_OPENED, RESPONSES, TTFP, CHUNK_GAP, ERRORS, STEP_TIME, STAGE_CALL,
-               INBOX_WAIT, WINDOW_WAIT, KV_BLOCKS_IN_USE)
+               INBOX_WAIT, WINDOW_WAIT, STAGE_ARRIVAL, STAGE_SEND, KV_BLOCKS_IN_USE)
 
 # Error channels (the `channel` label of ERRORS).
 CHANNEL_DOWNLINK = "downlink"

@@ -1,7 +1,9 @@
 """Metrics of a stage model (thinker, talker, code2wav) and its engine thread.
 
 The engine thread reports each step's wall time (`on_step`), each request's wait for the thread
-(`on_inbox_wait`), Code2Wav's window waits (`on_window_wait`) and, after each round, the
+(`on_inbox_wait`), Code2Wav's window waits (`on_window_wait`); with the stage call metrics on,
+`execute` reports each request's trip from the orchestrator (`on_arrival`) and the response
+thread each response's way to the server (`on_send`); after each round, the
 engine's `resource_counts()` (`publish`): the KV blocks in use follow from them, and the
 counts themselves go to the resource gauges (backends/serving/resource_gauges.py). Failed
 requests count by error code through `MeteredSink` and `count_error`. Every update is handed
@@ -16,6 +18,8 @@ from backends.serving.metrics_catalog import (
     ERRORS,
     INBOX_WAIT,
     KV_BLOCKS_IN_USE,
+    STAGE_ARRIVAL,
+    STAGE_SEND,
     STEP_TIME,
     WINDOW_WAIT,
 )
@@ -40,6 +44,14 @@ class StageMetrics:
     def on_window_wait(self, kind: str, seconds: float) -> None:
         """Engine thread: a Code2Wav window waited `seconds` before its forward began."""
         self._metrics.observe(WINDOW_WAIT, 1000.0 * seconds, kind=kind)
+
+    def on_arrival(self, nanoseconds: int) -> None:
+        """execute: a request arrived `nanoseconds` after the orchestrator sent it."""
+        self._metrics.observe(STAGE_ARRIVAL, nanoseconds / 1e6)
+
+    def on_send(self, seconds: float) -> None:
+        """Response thread: a response reached the server `seconds` after it was handed over."""
+        self._metrics.observe(STAGE_SEND, 1000.0 * seconds)
 
     def publish(self, counts: dict[str, int]) -> None:
         """Engine thread: the engine's resource counts after a round of commands and a step."""

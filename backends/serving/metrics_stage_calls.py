@@ -8,9 +8,15 @@ first audio waited on. Off unless MINICPMO_STAGE_CALL_METRICS=1: every observati
 update through the instance's `MetricsThread`, whose calls into the metric API take the
 orchestrator's GIL, and at 32 sessions that is ~100 more per second (not yet measured on a GPU).
 Iterators are closed when the caller stops early, as the wrapped clients expect.
+
+The same switch has the stage models time the hops of a call: every orchestrator request
+carries its send time (`SENT_NS_PARAMETER`, the host's monotonic clock, which every process on
+the host shares), from which a stage observes the request's arrival at `execute`
+(`minicpmo_stage_arrival_ms`), and each response's way to the server (`minicpmo_stage_send_ms`).
 """
 from __future__ import annotations
 
+import json
 import os
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -24,13 +30,28 @@ from backends.stages.contracts import (
 )
 
 CALL_METRICS_ENV = "MINICPMO_STAGE_CALL_METRICS"  # "1": observe every stage call
+SENT_NS_PARAMETER = "sent_ns"  # request parameter: time.monotonic_ns() when the orchestrator sent it
 T = TypeVar("T")
+
+
+def call_metrics_enabled(environ: Mapping[str, str] = os.environ) -> bool:
+    return environ.get(CALL_METRICS_ENV, "0") == "1"
 
 
 def with_call_metrics(clients: StageClients, metrics: MetricsThread,
                       environ: Mapping[str, str] = os.environ) -> StageClients:  # fmt: skip
     """`clients`, metered when CALL_METRICS_ENV is "1"."""
-    return MeteredStageClients(clients, metrics) if environ.get(CALL_METRICS_ENV, "0") == "1" else clients
+    return MeteredStageClients(clients, metrics) if call_metrics_enabled(environ) else clients
+
+
+def sent_ns_of(parameters: str) -> int | None:
+    """A stage request's send time from its parameters (Triton's JSON); None when absent or
+    not an integer (a client other than the orchestrator)."""
+    try:
+        value = json.loads(parameters or "{}").get(SENT_NS_PARAMETER)
+    except (ValueError, AttributeError):
+        return None
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 class MeteredStageClients:

@@ -26,6 +26,7 @@ import numpy as np
 import tritonclient.grpc as grpcclient
 
 from backends.duplex.stage_clients import StageCallError
+from backends.serving.metrics_stage_calls import SENT_NS_PARAMETER
 from backends.serving.triton_responses import parse_error_message
 from backends.stages.sink import StageError
 from client.stream_close import half_close
@@ -73,7 +74,8 @@ class StageChannel:
         answers = self._open_stream()
         try:
             self._client.async_stream_infer(model, infer_inputs(arrays), request_id=uuid.uuid4().hex,
-                                            enable_empty_final_response=True)
+                                            enable_empty_final_response=True,
+                                            parameters={SENT_NS_PARAMETER: time.monotonic_ns()})
         except Exception:
             self.usable = False  # the stream refused the request: it is not worth another call
             raise

@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+import time
 from typing import Any, Callable
 
 from backends.stages.sink import StageError
@@ -49,14 +50,15 @@ def parse_error_message(message: str) -> StageError:
 
 
 class ResponseThread:
-    def __init__(self, pb_utils: Any, name: str) -> None:
+    def __init__(self, pb_utils: Any, name: str, on_sent: Callable[[float], None] | None = None) -> None:
         self._pb = pb_utils
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._on_sent = on_sent  # seconds from `put` to the send's return, per response
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
     def put(self, sender: Any, response: Any, flags: int) -> None:
-        self._queue.put((sender, response, flags))
+        self._queue.put((sender, response, flags, time.perf_counter()))
 
     def shutdown(self, timeout_s: float = 10.0) -> None:
         self._queue.put(None)
@@ -64,7 +66,9 @@ class ResponseThread:
 
     def _run(self) -> None:
         while (item := self._queue.get()) is not None:
-            self._send(*item)
+            self._send(*item[:3])
+            if self._on_sent is not None:
+                self._on_sent(time.perf_counter() - item[3])
             # Hold no sender while waiting: the stub frees a request's response factory, which
             # pins its model (unload waits for it), only when the sender object is destroyed.
             item = None

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from typing import Any, Callable
 
 from backends.serving.gil_switch import configure_switch_interval
@@ -18,6 +19,7 @@ from backends.serving.engine_thread import EngineThread, SteppedEngine
 from backends.serving.fault_injection import install_fault_hook
 from backends.serving.health import ACTION_HEALTH
 from backends.serving.metrics_stage import StageMetrics
+from backends.serving.metrics_stage_calls import call_metrics_enabled, sent_ns_of
 from backends.serving.metrics_thread import MetricsThread
 from backends.serving.resource_gauges import ResourceGauges
 from backends.serving.triton_responses import ResponseThread, TritonSink, triton_error
@@ -52,10 +54,12 @@ class StageAdapter:
         self._pb = pb_utils
         self._name = name
         self._request_cls = request_cls
-        self._responses = ResponseThread(pb_utils, f"{name}-responses")
         if install_fault_hook(engine, name, (params or {}).get("fault_injection", "off")):
             pb_utils.Logger.log_warn(f"[{name}] fault_injection=on: requests marked 'fault-{name}' will fail")
         self._metrics = StageMetrics(MetricsThread(pb_utils, name, instance), ResourceGauges(pb_utils, name))
+        self._time_hops = call_metrics_enabled()  # arrival and send of every request (diagnostics)
+        self._responses = ResponseThread(pb_utils, f"{name}-responses",
+                                         on_sent=self._metrics.on_send if self._time_hops else None)
         observe_waits = getattr(engine, "observe_window_waits", None)  # Code2Wav's queueing
         if observe_waits is not None:
             observe_waits(self._metrics.on_window_wait)
@@ -78,6 +82,8 @@ class StageAdapter:
         return None
 
     def _accept(self, request: Any) -> None:
+        if self._time_hops and (sent_ns := sent_ns_of(request.parameters())) is not None:
+            self._metrics.on_arrival(time.monotonic_ns() - sent_ns)
         sender = request.get_response_sender()
         try:
             parsed = decode_request(self._pb, request, self._request_cls)

@@ -143,6 +143,12 @@ def test_a_session_shows_up_exactly_in_the_metrics(server):
     inbox = {stage: delta("minicpmo_stage_inbox_wait_ms_count", model=stage) for stage in calls}
     assert inbox["thinker"] >= calls["thinker"] and inbox["talker"] >= calls["talker"], (inbox, calls)
     assert inbox["code2wav"] >= waits["first"] + waits["later"], (inbox, waits)  # each window went through
+    # every orchestrator call carries its send time; each answer's last response is timed too
+    arrivals = {stage: delta("minicpmo_stage_arrival_ms_count", model=stage) for stage in calls}
+    sends = {stage: delta("minicpmo_stage_send_ms_count", model=stage) for stage in calls}
+    assert all(arrivals[stage] >= calls[stage] for stage in calls), (arrivals, calls)
+    assert all(sends[stage] >= arrivals[stage] for stage in calls), (sends, arrivals)
+    assert all(delta("minicpmo_stage_arrival_ms_sum", model=stage) > 0 for stage in calls)
 
 
 def test_errors_count_by_code_and_channel(server, stream):

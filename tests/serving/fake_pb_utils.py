@@ -99,9 +99,13 @@ class Sender:
 class Request:
     inputs: dict[str, Tensor]
     sender: Sender = field(default_factory=Sender)
+    parameters_json: str = "{}"  # what `parameters()` returns: the request's parameters as JSON
 
     def get_response_sender(self) -> Sender:
         return self.sender
+
+    def parameters(self) -> str:
+        return self.parameters_json
 
 
 def request_from_arrays(arrays: dict[str, np.ndarray]) -> Request:

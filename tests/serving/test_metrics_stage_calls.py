@@ -4,18 +4,27 @@ Strategy: a fake clock and fake stage clients whose results arrive at known time
 must be observed once, at its first result, under its stage's label, and the results pass
 through unchanged; a caller that stops early must close the wrapped iterator (the gRPC
 clients end their stream there), a call that fails before its first result observes nothing,
-and the switch decides whether the orchestrator's clients are wrapped at all. On a real
-server: tests/server/test_metrics_server.py.
+and the switch decides whether the orchestrator's clients are wrapped at all. The same switch
+has a stage model (a real StageAdapter over a fake pb_utils) time each request's arrival from
+its `sent_ns` parameter and each response's send. On a real server:
+tests/server/test_metrics_server.py.
 """
 from __future__ import annotations
 
+import json
+import time
 from collections.abc import Iterator
 
 import pytest
 from test_metrics_duplex import Clock  # the sibling module's scripted clock
 
-from backends.serving.metrics_catalog import STAGE_CALL
-from backends.serving.metrics_stage_calls import CALL_METRICS_ENV, MeteredStageClients, with_call_metrics
+from backends.serving.metrics_catalog import STAGE_ARRIVAL, STAGE_CALL, STAGE_SEND
+from backends.serving.metrics_stage_calls import (
+    CALL_METRICS_ENV, SENT_NS_PARAMETER, MeteredStageClients, sent_ns_of, with_call_metrics,
+)
+from backends.serving.triton_stage import StageAdapter
+from backends.stages.contracts import TalkerRequest, stop_request
+from backends.stages.tensor_codec import to_arrays
 
 
 class Recorder:
@@ -106,3 +115,53 @@ def test_the_switch_decides_whether_calls_are_metered():
     assert with_call_metrics(stages, metrics, {}) is stages
     assert with_call_metrics(stages, metrics, {CALL_METRICS_ENV: "0"}) is stages
     assert isinstance(with_call_metrics(stages, metrics, {CALL_METRICS_ENV: "1"}), MeteredStageClients)
+
+
+def test_a_request_s_send_time_is_read_from_its_parameters():
+    assert sent_ns_of(json.dumps({SENT_NS_PARAMETER: 123, "other": "x"})) == 123
+    for parameters in ("", "{}", "not json", "[1]", json.dumps({SENT_NS_PARAMETER: "123"}),
+                       json.dumps({SENT_NS_PARAMETER: True}), json.dumps({SENT_NS_PARAMETER: 1.5})):
+        assert sent_ns_of(parameters) is None, parameters
+
+
+class AnswerAtOnce:
+    """An engine that ends each request as it arrives."""
+
+    def submit(self, request, sink) -> None:
+        sink.close()
+
+    def stop(self, request_id: str) -> None:
+        pass
+
+    def has_work(self) -> bool:
+        return False
+
+    def step(self) -> None:
+        pass
+
+
+AGO_MS = 5.0
+
+
+def _stop_request(pb, parameters: dict) -> object:
+    request = pb.request_from_arrays(to_arrays(stop_request("talker", "r.e0")))
+    request.parameters_json = json.dumps(parameters)
+    return request
+
+
+@pytest.mark.parametrize("switch", ["1", "0"])
+def test_a_stage_times_a_request_s_arrival_and_its_response_s_send(pb, monkeypatch, switch):
+    monkeypatch.setenv(CALL_METRICS_ENV, switch)
+    adapter = StageAdapter(pb, "talker", TalkerRequest, AnswerAtOnce())
+    sent = [_stop_request(pb, {SENT_NS_PARAMETER: time.monotonic_ns() - int(AGO_MS * 1e6)}),
+            _stop_request(pb, {})]  # a client other than the orchestrator: no send time
+    adapter.execute(sent)
+    assert all(request.sender.done.wait(5) for request in sent)
+    adapter.finalize()  # flushes the metrics thread
+    assert [r.sender.sent for r in sent] == [[(None, pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)]] * 2
+    arrivals, sends = pb.observed(STAGE_ARRIVAL.name, model="talker"), pb.observed(STAGE_SEND.name, model="talker")
+    if switch == "0":
+        assert arrivals == [] and sends == []
+        return
+    assert len(arrivals) == 1 and AGO_MS <= arrivals[0] < AGO_MS + 5000, arrivals
+    assert len(sends) == 2 and all(0 <= ms < 5000 for ms in sends), sends

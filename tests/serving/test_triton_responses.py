@@ -7,6 +7,8 @@ fails is retried without its response. A fake sender records what would reach th
 """
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from backends.serving.triton_responses import ResponseThread, TritonSink
@@ -103,3 +105,30 @@ def test_a_refused_last_result_still_ends_the_request(pb, responses):
     sender = RefusingSender(pb)
     _sink(pb, responses, sender).finish(object())
     assert _sent(sender.inner) == [("none", FINAL)]
+
+
+class SlowSender:
+    """The server takes SLOW_S to accept each response."""
+
+    def __init__(self, pb) -> None:
+        self.inner = pb.Sender()
+
+    def send(self, response=None, flags: int = 0) -> None:
+        time.sleep(SLOW_S)
+        self.inner.send(response, flags)
+
+
+SLOW_S = 0.02
+
+
+def test_each_response_s_send_time_is_reported(pb):
+    seconds: list[float] = []
+    thread = ResponseThread(pb, "timed-responses", on_sent=seconds.append)
+    sender = SlowSender(pb)
+    sink = TritonSink(pb, sender, thread, lambda result: pb.InferenceResponse())
+    sink.send(object())
+    sink.finish(object())
+    assert _sent(sender.inner) == [("data", 0), ("data", FINAL)]
+    thread.shutdown()
+    assert len(seconds) == 2 and seconds[0] >= SLOW_S and seconds[1] >= SLOW_S, seconds
+    assert seconds[1] >= seconds[0], "the second waited behind the first"
