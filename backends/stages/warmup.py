@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from backends.audio.codec_windows import CodecWindowBridge
+from backends.audio.codec_windows import CodecWindowBridge, CodecWindowConfig
 from backends.models.token2wav.batch_buckets import BATCH_BUCKETS, batch_bucket
 from backends.stages.code2wav_engine import request_from_window
 from backends.stages.contracts import Code2WavRequest, TalkerRequest, ThinkerRequest
@@ -43,6 +43,15 @@ CODE2WAV_WINDOWS = 5  # first, second (cache growing), two steady (cache cut) an
 # has; final windows of 0-22 new codes share the steady windows' graphs
 # (backends/models/token2wav/graphs.py FRAME_BUCKETS).
 CODE2WAV_FINAL_FRAMES = (24,)
+# The HiFT, though, runs a final window at the window's own length (14 + 2 x new codes mel
+# frames: its convolutions see the window's end, so it cannot pad as the flow does) and its
+# graphs are sealed after the warm-up: a final length no warm-up stream ended on ran its HiFT
+# eagerly, ~16 ms of the engine thread per reply on an H200 (stack samples,
+# perf/results/duplex_h200.md, 2026-12-02) that other replies' first windows waited behind.
+# So a lone stream per other final length: its flow replays the steady windows' graphs, its
+# final window captures that length's HiFT graph.
+CODE2WAV_LONE_FINAL_FRAMES = tuple(new for new in range(CodecWindowConfig().chunk_frames)
+                                   if new not in CODE2WAV_FINAL_FRAMES)
 
 CODE2WAV_CODEBOOK = 6561  # speech codes (the vocoder's vocabulary; the Talker adds EOS ids)
 RequestMaker = Callable[[str, int], Any]  # (request id, append index) -> a stage request
@@ -126,10 +135,14 @@ def code2wav_request_maker(
 
 
 def warm_up_code2wav(service: Any, max_sessions: int, max_batch: int, pool_streams: int) -> float:
-    """Whole streams through every batch bucket, once per final-window shape; returns seconds."""
+    """Whole streams through every batch bucket, once per final-window shape, then a lone
+    stream ending on each other final length (`CODE2WAV_LONE_FINAL_FRAMES`); returns seconds."""
     sizes = code2wav_warmup_sizes(max_batch, pool_streams)
-    return sum(warm_up(service, "code2wav", code2wav_request_maker(final_frames=final), max_sessions,
-                       sizes, CODE2WAV_WINDOWS) for final in CODE2WAV_FINAL_FRAMES)  # fmt: skip
+    seconds = sum(warm_up(service, "code2wav", code2wav_request_maker(final_frames=final), max_sessions,
+                          sizes, CODE2WAV_WINDOWS) for final in CODE2WAV_FINAL_FRAMES)  # fmt: skip
+    return seconds + sum(warm_up(service, f"code2wav (final window of {final} codes)",
+                                 code2wav_request_maker(final_frames=final), max_sessions, [1], CODE2WAV_WINDOWS)
+                         for final in CODE2WAV_LONE_FINAL_FRAMES)  # fmt: skip
 
 
 def _run_group(engine: Any, prefix: str, size: int, make_request: RequestMaker, appends: int) -> None:

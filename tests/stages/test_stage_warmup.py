@@ -1,18 +1,20 @@
 """The stage warm-up drives real requests through the Thinker, Talker and Code2Wav engines
 and leaves nothing held; a failing warm-up request fails the load; Code2Wav's warm-up runs
 every batch bucket with first, growing, steady and final windows, for a partial final window
-and for the look-ahead flush alone."""
+and for the look-ahead flush alone, and runs the HiFT at every final window's length (the one
+part a final window cannot pad into a captured graph)."""
 
 from __future__ import annotations
 
 import pytest
 
+from backends.models.token2wav import graphs
 from backends.models.token2wav.graphs import frame_bucket
 from backends.stages.factory import (
     WARMUP_TEXT_TOKEN, build_code2wav_engine, build_talker_engine, build_thinker_engine,
 )
 from backends.stages.warmup import (
-    CODE2WAV_FINAL_FRAMES, CODE2WAV_WINDOWS, code2wav_request_maker, code2wav_warmup_sizes,
+    CODE2WAV_FINAL_FRAMES, CODE2WAV_LONE_FINAL_FRAMES, CODE2WAV_WINDOWS, code2wav_request_maker, code2wav_warmup_sizes,
     talker_request_maker, thinker_request, warm_up, warm_up_code2wav, warmup_group_sizes,
 )
 
@@ -93,7 +95,8 @@ def test_code2wav_warm_up_covers_every_final_window_bucket() -> None:
 
 def test_code2wav_warm_up_ends_its_streams_on_a_final_window() -> None:
     """The served warm-up (`warm_up_code2wav`) runs every bucket's streams, ending on a
-    24-code final window, each stream's windows in order and nothing held after it."""
+    24-code final window, then a lone stream ending on each other final length (0-23 new
+    codes), each stream's windows in order and nothing held after it."""
     service = build_code2wav_engine({**TINY, "max_batch": "4"})
     token2wav = service.engine.token2wav
     token2wav.enable_cuda_graphs()
@@ -109,7 +112,34 @@ def test_code2wav_warm_up_ends_its_streams_on_a_final_window() -> None:
     assert CODE2WAV_FINAL_FRAMES == (24,)
     warm_up_code2wav(service, max_sessions=4, max_batch=4, pool_streams=8)
     sizes = code2wav_warmup_sizes(4, 8)
-    assert finals == [(3 + 24,)] * len(sizes)
+    assert finals == [(3 + 24,)] * len(sizes) + [(3 + new,) for new in range(24)]
+    assert CODE2WAV_LONE_FINAL_FRAMES == tuple(range(24))
     counts = service.resource_counts()
     assert counts["codec_states"] == counts["codec_sequences"] == counts["codec_pending"] == 0, counts
     assert token2wav.cache_pool.num_free() == 8
+
+
+def test_code2wav_warm_up_runs_the_hift_at_every_final_window_length(monkeypatch) -> None:
+    """The HiFT graphs are sealed after the warm-up, and a final window's HiFT runs at its own
+    length: a stream ending on any final window (0-24 new codes, each one lone stream, as a
+    reply's last window is) calls the HiFT at shapes the warm-up called it at, so it replays
+    a graph instead of running eagerly."""
+    service = build_code2wav_engine({**TINY, "max_batch": "4"})
+    service.engine.token2wav.enable_cuda_graphs()  # on CPU: the graph wrappers, run eagerly
+    shapes: list[tuple[int, int, tuple[int, ...]]] = []  # (rows, mel frames, source-cache lengths)
+    call = graphs.HiFTGraphs.__call__
+
+    def spy(self, mel, source_cache, noise):
+        shapes.append((mel.shape[0], mel.shape[2], tuple(c.shape[0] for c in source_cache)))
+        return call(self, mel, source_cache, noise)
+
+    monkeypatch.setattr(graphs.HiFTGraphs, "__call__", spy)
+    warm_up_code2wav(service, max_sessions=4, max_batch=4, pool_streams=8)
+    warmed = set(shapes)
+    shapes.clear()
+    for new in range(25):
+        warm_up(service, "code2wav", code2wav_request_maker(final_frames=new, seed=new + 1), 4, [1],
+                CODE2WAV_WINDOWS)
+    served = set(shapes)
+    assert len(served) == 26  # the first window's, the steady windows' and 24 final lengths
+    assert served <= warmed, sorted(served - warmed)
