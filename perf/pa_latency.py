@@ -2,10 +2,11 @@
 
 perf_analyzer's own latency for decoupled models runs to the last response (triton_notes.md
 0.10), so the streaming numbers come from the export: per request, `timestamp` (sent, ns),
-`response_timestamps` (ns) and `response_outputs`. Every model here answers with its data
-responses and then FINAL as its own empty response, so the last timestamp of a request is the
-FINAL and the ones before it are data. Requests without data (a stage `stop`, a duplex uplink
-ack) count in `acks`, not in the latencies.
+`response_timestamps` (ns) and `response_outputs`. The responses with outputs are the data: a
+stage puts its last result on the FINAL response, and a request without data (a stage `stop`, a
+duplex uplink ack) is answered by an empty FINAL alone and counts in `acks`, not in the
+latencies. An export read by scanning its text has no outputs: there every response counts as
+data, a `stop`'s answer too.
 
 For `duplex`, the START request carries the whole downlink: its `EVENT` outputs say which
 response is the first audio (TTFP from START), and the audio deltas give the inter-chunk gaps;
@@ -78,7 +79,7 @@ def timestamps_only(text: str) -> list[dict[str, Any]]:
 def stream_latency(requests: Iterable[dict[str, Any]]) -> StreamLatency:
     first, inter, last, acks, count = [], [], [], 0, 0
     for request in requests:
-        data = _offsets_ms(request)[:-1]  # the last response is the empty FINAL
+        data = _data_offsets_ms(request)
         if not data:
             acks += 1
             continue
@@ -114,6 +115,14 @@ def to_json(result: StreamLatency | DuplexLatency) -> dict[str, Any]:
 def _offsets_ms(request: dict[str, Any]) -> list[float]:
     sent = request["timestamp"]
     return [(t - sent) / NS_PER_MS for t in request.get("response_timestamps", [])]
+
+
+def _data_offsets_ms(request: dict[str, Any]) -> list[float]:
+    """The offsets of the responses that carried outputs (all of them when the export gave
+    no outputs: a text-scanned one)."""
+    outputs = request.get("response_outputs")
+    offsets = _offsets_ms(request)
+    return offsets if outputs is None else [t for t, out in zip(offsets, outputs) if out]
 
 
 def _events(request: dict[str, Any]) -> list[tuple[float, dict[str, Any]]]:

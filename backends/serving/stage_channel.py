@@ -86,10 +86,12 @@ class StageChannel:
                 if error is not None:
                     finished = True  # the stage's error is its FINAL; a stream error breaks the channel
                     raise StageCallError(model, self._stage_error(model, error))
+                # A stage's last result comes on its FINAL: the call is finished before it is
+                # handed out, in case the caller stops reading there.
+                finished = _is_final(result)
                 if result.get_response().outputs:
                     yield result
-                if _is_final(result):
-                    finished = True
+                if finished:
                     return
         finally:
             self.last_used = time.monotonic()

@@ -1,5 +1,6 @@
 """perf/pa_latency.py on hand-written perf_analyzer exports: first / inter-response times
-exclude the empty FINAL, FINAL-only requests are acks, duplex events give TTFP and gaps."""
+count the responses that carry outputs (a stage's last result rides on its FINAL; an older
+empty FINAL is no data), FINAL-only requests are acks, duplex events give TTFP and gaps."""
 from __future__ import annotations
 
 import json
@@ -17,13 +18,18 @@ def request(sent_ms, responses_ms, outputs=None):
             "response_outputs": outputs or [{} for _ in responses_ms]}
 
 
-def test_stream_latency_drops_the_final_and_counts_acks():
-    requests = [request(0, [10, 30, 35]), request(100, [120, 121]), request(200, [201])]
+DATA = {"AUDIO": [0.0]}
+
+
+def test_stream_latency_counts_the_responses_with_outputs_and_the_acks():
+    requests = [request(0, [10, 30, 35], [DATA, DATA, {}]),  # data, then an empty FINAL
+                request(100, [120, 121], [DATA, DATA]),  # the last result on the FINAL
+                request(200, [201], [{}])]  # a stop: the FINAL alone
     result = stream_latency(requests)
     assert (result.requests, result.acks) == (2, 1)
     assert result.first_response_ms.mean == pytest.approx(15.0, abs=EXACT)  # 10 and 20
-    assert result.inter_response_ms.count == 1
-    assert result.inter_response_ms.mean == pytest.approx(20.0, abs=EXACT)
+    assert result.inter_response_ms.count == 2
+    assert result.inter_response_ms.mean == pytest.approx(10.5, abs=EXACT)  # 20 and 1
     assert result.last_response_ms.max == pytest.approx(30.0, abs=EXACT)
 
 
@@ -50,10 +56,12 @@ def test_duplex_latency_reads_the_downlink_events(tmp_path):
 
 def test_an_export_that_is_not_json_still_gives_its_timestamps(tmp_path):
     """perf_analyzer 2.51 wrote an export for Code2Wav's audio outputs that json cannot read
-    (on an H200); the timestamps are still there and give the same latencies."""
-    requests = [request(0, [10, 30, 35]), request(100, [120, 121]), request(200, [201])]
+    (on an H200); the timestamps are still there and, every response counting as data, give
+    the latencies of requests that all answered with data."""
+    requests = [request(0, [10, 30, 35], [DATA] * 3), request(100, [120, 121], [DATA] * 2)]
     good = {"experiments": [{"requests": requests}]}
-    text = json.dumps(good).replace('"response_outputs": [{}, {}, {}]', '"response_outputs": [{"AUDIO": "\x01"bad"}]', 1)
+    text = json.dumps(good).replace('"response_outputs": [{"AUDIO": [0.0]}, {"AUDIO": [0.0]}, {"AUDIO": [0.0]}]',
+                                    '"response_outputs": [{"AUDIO": "\x01"bad"}]', 1)
     broken = tmp_path / "export.json"
     broken.write_text(text)
     with pytest.raises(json.JSONDecodeError):

@@ -81,12 +81,14 @@ def _collect(responses: queue.Queue, request_id: str) -> list[tuple[int, int]]:
     while True:
         result, error = responses.get(timeout=RESPONSE_TIMEOUT_S)
         assert error is None, error
-        if result.get_response().parameters["triton_final_response"].bool_param:
+        response = result.get_response()
+        if response.outputs:  # the last chunk may come on the FINAL response itself
+            assert response.id == request_id
+            audio = result.as_numpy("AUDIO")
+            assert audio.dtype == np.float32 and np.isfinite(audio).all()
+            chunks.append((int(result.as_numpy("CHUNK_SEQ")[0]), audio.shape[0]))
+        if response.parameters["triton_final_response"].bool_param:
             return chunks
-        assert result.get_response().id == request_id
-        audio = result.as_numpy("AUDIO")
-        assert audio.dtype == np.float32 and np.isfinite(audio).all()
-        chunks.append((int(result.as_numpy("CHUNK_SEQ")[0]), audio.shape[0]))
 
 
 def test_a_condition_streams_its_audio_through_the_ensemble(ensemble_server) -> None:

@@ -271,6 +271,18 @@ def test_a_call_that_ends_early_drains_on_its_stream_without_a_cancel(channel):
     assert channel._client.streams == 1 and channel._client.stops == [], "the stream was ended or cancelled"
 
 
+def test_a_call_read_only_to_its_last_result_on_the_final_is_finished(channel):
+    """A stage puts its last result on the FINAL: a caller that stops reading once it has it
+    (a Thinker unit's one answer) leaves a channel ready for the next call, not draining."""
+    FakeClient.answers = [(FakeResult(True, True), None)]
+    calls = channel.call("thinker", to_arrays(REQUEST))
+    next(calls)
+    calls.close()
+    assert not channel.draining and channel.ready()
+    assert len(list(channel.call("thinker", to_arrays(REQUEST)))) == 1
+    assert channel._client.streams == 1 and channel._client.stops == []
+
+
 def test_a_draining_stream_ends_with_the_stage_error_or_breaks_with_a_stream_error(channel):
     for error, usable in ((FakeError("[cancelled] stopped"), True),
                           (FakeError("Socket closed", status="StatusCode.UNAVAILABLE"), False)):
