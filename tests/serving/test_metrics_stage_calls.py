@@ -125,7 +125,8 @@ def test_a_request_s_send_time_is_read_from_its_parameters():
 
 
 class AnswerAtOnce:
-    """An engine that ends each request as it arrives."""
+    """An engine that ends each request as it arrives (the `stop` requests below never reach
+    it: the adapter answers those itself)."""
 
     def submit(self, request, sink) -> None:
         sink.close()
