@@ -9,9 +9,9 @@ update through the instance's `MetricsThread`, whose calls into the metric API t
 orchestrator's GIL, and at 32 sessions that is ~100 more per second (not yet measured on a GPU).
 Iterators are closed when the caller stops early, as the wrapped clients expect.
 
-The same switch has the stage models time the hops of a call: every orchestrator request
-carries its send time (`SENT_NS_PARAMETER`, the host's monotonic clock, which every process on
-the host shares), from which a stage observes the request's arrival at `execute`
+The same switch has the stage models time the hops of a call: with it, every orchestrator
+request carries its send time (`SENT_NS_PARAMETER`, the host's monotonic clock, which every
+process on the host shares), from which a stage observes the request's arrival at `execute`
 (`minicpmo_stage_arrival_ms`), and each response's way to the server (`minicpmo_stage_send_ms`).
 """
 from __future__ import annotations

@@ -26,7 +26,7 @@ import numpy as np
 import tritonclient.grpc as grpcclient
 
 from backends.duplex.stage_clients import StageCallError
-from backends.serving.metrics_stage_calls import SENT_NS_PARAMETER
+from backends.serving.metrics_stage_calls import SENT_NS_PARAMETER, call_metrics_enabled
 from backends.serving.triton_responses import parse_error_message
 from backends.stages.sink import StageError
 from client.stream_close import half_close
@@ -58,6 +58,7 @@ class StageChannel:
     def __init__(self, url: str, timeout_s: float) -> None:
         self._timeout_s = timeout_s
         self._client = grpcclient.InferenceServerClient(url)
+        self._stamp_sends = call_metrics_enabled()  # the stages time each request's arrival from it
         self._answers: queue.SimpleQueue[tuple[Any, Any]] | None = None  # the open stream's
         self.usable = True  # cleared when the channel itself broke
         self.draining = False  # a call ended before its FINAL, which has not arrived yet
@@ -75,7 +76,8 @@ class StageChannel:
         try:
             self._client.async_stream_infer(model, infer_inputs(arrays), request_id=uuid.uuid4().hex,
                                             enable_empty_final_response=True,
-                                            parameters={SENT_NS_PARAMETER: time.monotonic_ns()})
+                                            parameters=({SENT_NS_PARAMETER: time.monotonic_ns()}
+                                                        if self._stamp_sends else None))
         except Exception:
             self.usable = False  # the stream refused the request: it is not worth another call
             raise

@@ -213,6 +213,7 @@ class FakeClient:
         self._callback, self._stream = callback, object()
 
     def async_stream_infer(self, model, inputs, **kwargs) -> None:
+        self.parameters = kwargs.get("parameters")
         for result, error in FakeClient.answers:
             self._callback(result=result, error=error)
 
@@ -281,6 +282,23 @@ def test_a_call_read_only_to_its_last_result_on_the_final_is_finished(channel):
     assert not channel.draining and channel.ready()
     assert len(list(channel.call("thinker", to_arrays(REQUEST)))) == 1
     assert channel._client.streams == 1 and channel._client.stops == []
+
+
+@pytest.mark.parametrize("switch", ["1", "0"])
+def test_requests_carry_their_send_time_only_with_the_call_metrics(monkeypatch, switch):
+    from backends.serving import stage_channel
+    from backends.serving.metrics_stage_calls import CALL_METRICS_ENV, SENT_NS_PARAMETER
+
+    monkeypatch.setenv(CALL_METRICS_ENV, switch)
+    monkeypatch.setattr(stage_channel.grpcclient, "InferenceServerClient", FakeClient)
+    channel = stage_channel.StageChannel("host:1", timeout_s=0.2)
+    FakeClient.answers = [(FakeResult(True, True), None)]
+    before = time.monotonic_ns()
+    list(channel.call("talker", to_arrays(REQUEST)))
+    if switch == "0":
+        assert channel._client.parameters is None
+    else:
+        assert before <= channel._client.parameters[SENT_NS_PARAMETER] <= time.monotonic_ns()
 
 
 def test_a_draining_stream_ends_with_the_stage_error_or_breaks_with_a_stream_error(channel):
