@@ -10,6 +10,7 @@ otherwise restart them (facts edge cases 1 and 7).
 """
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -24,6 +25,8 @@ from backends.stages.sink import StageError
 
 if TYPE_CHECKING:
     from backends.duplex.session import Session
+
+log = logging.getLogger(__name__)
 
 
 class AudioTail:
@@ -54,6 +57,8 @@ class AudioTail:
         request = self._talker_request(work)
         if request is None:
             return
+        if work.turn_start:  # the reply's first window comes out of this Talker call
+            self._expect_first_window(work.epoch)
         finished = False
         for group in self._stages.talker(request):
             finished = finished or group.finished
@@ -69,6 +74,12 @@ class AudioTail:
             with self._session.lock():
                 if self._session.is_current(work.epoch):
                     self._session.finish_response(work.response, ev.STATUS_COMPLETED)
+
+    def _expect_first_window(self, epoch: int) -> None:
+        try:
+            self._stages.expect_window(self._request_id(epoch))
+        except Exception as exc:  # only a hint: the reply goes on without it
+            log.warning("announcing the first window of %s failed: %r", self._request_id(epoch), exc)
 
     def _talker_request(self, work: SpeakWork) -> TalkerRequest | None:
         session = self._session

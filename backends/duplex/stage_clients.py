@@ -30,6 +30,11 @@ class StageClients(Protocol):
 
     def code2wav(self, request: Code2WavRequest) -> list[Code2WavAudio]: ...
 
+    def expect_window(self, request_id: str) -> None:
+        """Announce a reply's first Code2Wav window for `request_id` (its Talker is starting):
+        Code2Wav holds windows that can wait until it comes. Sent, not awaited."""
+        ...
+
     def stop(self, stage: str, request_id: str) -> None:
         """Explicit stop of a stage request (cancellation does not cross BLS in 2.51)."""
         ...

@@ -79,6 +79,9 @@ class WatchedStages:
     def stop(self, stage: str, request_id: str) -> None:
         self._stages.stop(stage, request_id)
 
+    def expect_window(self, request_id: str) -> None:
+        self._stages.expect_window(request_id)
+
 
 def _deferred(call: Callable[[Any], Iterable[T]], request: Any) -> Iterator[T]:
     """Make the call on the first `next()`, inside the watch (a BLS call blocks right away)."""

@@ -6,6 +6,8 @@ command queue whenever the engine has nothing to do (no polling). An optional `o
 on this thread after each round (the resource gauges: one thread per process updates metrics).
 `on_inbox_wait` gets each submitted request's time in the queue: commands are drained only
 between steps, so a request posted during a forward waits for that forward to end.
+An engine with pending work may ask to wait (`holding_s`, Code2Wav holding windows for an
+announced first window): the thread then sleeps on the queue for that long instead of stepping.
 """
 from __future__ import annotations
 
@@ -34,6 +36,10 @@ class SteppedEngine(Protocol):
     def step(self) -> None: ...
 
 
+def _no_hold() -> float:
+    return 0.0
+
+
 class EngineThread:
     def __init__(self, engine: SteppedEngine, name: str, on_error: Callable[[str], None] | None = None,
                  observer: Callable[[], None] | None = None,
@@ -45,6 +51,7 @@ class EngineThread:
         self._observer = observer
         self._on_step = on_step  # called on this thread with each step's wall time in seconds
         self._on_inbox_wait = on_inbox_wait  # called on this thread: seconds from submit to acceptance
+        self._holding_s: Callable[[], float] = getattr(engine, "holding_s", _no_hold)
         # The CUDA device is per host thread: the engine thread steps on the one its builder chose
         # (a stage on GPU 1 would otherwise make its streams and graphs on GPU 0).
         self._cuda_device = torch.cuda.current_device() if torch.cuda.is_initialized() else None
@@ -84,7 +91,7 @@ class EngineThread:
         if self._cuda_device is not None:
             torch.cuda.set_device(self._cuda_device)
         while True:
-            command = self._next_command(block=not self.engine.has_work())
+            command = self._next_command(*self._wait())
             while command is not None:
                 if command is _STOP:
                     return
@@ -95,9 +102,20 @@ class EngineThread:
             if self._observer is not None:
                 self._run_command((self._observer, ()))
 
-    def _next_command(self, block: bool) -> Any:
+    def _wait(self) -> tuple[bool, float | None]:
+        """(block, timeout) of the next wait for a command: none while a step is due."""
+        if not self.engine.has_work():
+            return True, None
         try:
-            return self._commands.get(block=block)
+            hold = self._holding_s()
+        except Exception as exc:  # an engine bug must not stop the thread: step instead
+            self._on_error(f"engine holding_s failed: {exc!r}")
+            hold = 0.0
+        return (True, hold) if hold > 0.0 else (False, None)
+
+    def _next_command(self, block: bool, timeout: float | None = None) -> Any:
+        try:
+            return self._commands.get(block=block, timeout=timeout)
         except queue.Empty:
             return None
 

@@ -29,7 +29,8 @@ from typing import Any
 from backends.duplex.stage_clients import CODE2WAV, TALKER, THINKER
 from backends.serving.stage_channel import DEFAULT_CLOSE_WAIT_S, StageChannel
 from backends.stages.contracts import (
-    Code2WavAudio, Code2WavRequest, TalkerCodes, TalkerRequest, ThinkerRequest, ThinkerUnitResult, stop_request,
+    Code2WavAudio, Code2WavRequest, TalkerCodes, TalkerRequest, ThinkerRequest, ThinkerUnitResult, expect_request,
+    stop_request,
 )
 from backends.stages.tensor_codec import from_arrays, to_arrays
 
@@ -128,6 +129,13 @@ class GrpcStageClients:
     def stop(self, stage: str, request_id: str) -> None:
         for _ in self._results(stage, stop_request(stage, request_id), None):
             pass
+
+    def expect_window(self, request_id: str) -> None:
+        channel = self._checkout(CODE2WAV)
+        try:
+            channel.post(CODE2WAV, to_arrays(expect_request(request_id)))
+        finally:
+            self._checkin(CODE2WAV, channel)
 
     def close(self) -> None:
         """Close the idle channels; channels in use close when their calls end."""

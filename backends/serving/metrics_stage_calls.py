@@ -76,6 +76,9 @@ class MeteredStageClients:
     def stop(self, stage: str, request_id: str) -> None:
         self._inner.stop(stage, request_id)
 
+    def expect_window(self, request_id: str) -> None:
+        self._inner.expect_window(request_id)
+
     def _timed(self, stage: str, start: float, results: Iterator[T]) -> Iterator[T]:
         first = True
         try:

@@ -70,17 +70,7 @@ class StageChannel:
 
     def call(self, model: str, arrays: dict[str, np.ndarray]) -> Iterator[Any]:
         """Results (tritonclient InferResult); raises StageCallError on the stage's error."""
-        if not self.ready():
-            raise RuntimeError("a stage channel got a call while its last request is still live")
-        answers = self._open_stream()
-        try:
-            self._client.async_stream_infer(model, infer_inputs(arrays), request_id=uuid.uuid4().hex,
-                                            enable_empty_final_response=True,
-                                            parameters=({SENT_NS_PARAMETER: time.monotonic_ns()}
-                                                        if self._stamp_sends else None))
-        except Exception:
-            self.usable = False  # the stream refused the request: it is not worth another call
-            raise
+        answers = self._send(model, arrays)
         finished = False
         try:
             while True:
@@ -98,6 +88,27 @@ class StageChannel:
         finally:
             self.last_used = time.monotonic()
             self.draining = not finished and self.has_stream
+
+    def post(self, model: str, arrays: dict[str, np.ndarray]) -> None:
+        """Send a request whose answer nobody reads (an announcement): the channel drains its
+        FINAL as it does an abandoned call's, and drops a stage error with it."""
+        self._send(model, arrays)
+        self.last_used = time.monotonic()
+        self.draining = True
+
+    def _send(self, model: str, arrays: dict[str, np.ndarray]) -> queue.SimpleQueue[tuple[Any, Any]]:
+        if not self.ready():
+            raise RuntimeError("a stage channel got a call while its last request is still live")
+        answers = self._open_stream()
+        try:
+            self._client.async_stream_infer(model, infer_inputs(arrays), request_id=uuid.uuid4().hex,
+                                            enable_empty_final_response=True,
+                                            parameters=({SENT_NS_PARAMETER: time.monotonic_ns()}
+                                                        if self._stamp_sends else None))
+        except Exception:
+            self.usable = False  # the stream refused the request: it is not worth another call
+            raise
+        return answers
 
     def ready(self) -> bool:
         """Whether the channel can carry a call: not draining, or the FINAL it waits for has

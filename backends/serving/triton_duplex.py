@@ -25,7 +25,8 @@ from backends.duplex.uplink import RawUplink
 from backends.serving.triton_responses import ResponseThread, parse_error_message
 from backends.serving.triton_tensors import tensor_to_numpy, output_tensors
 from backends.stages.contracts import (
-    Code2WavAudio, Code2WavRequest, TalkerCodes, TalkerRequest, ThinkerRequest, ThinkerUnitResult, stop_request,
+    Code2WavAudio, Code2WavRequest, TalkerCodes, TalkerRequest, ThinkerRequest, ThinkerUnitResult, expect_request,
+    stop_request,
 )
 from backends.stages.tensor_codec import from_arrays, tensor_specs, to_arrays
 
@@ -147,6 +148,11 @@ class BlsStageClients:
 
     def stop(self, stage: str, request_id: str) -> None:
         for _ in self._stream(stage, stop_request(stage, request_id), None):
+            pass
+
+    def expect_window(self, request_id: str) -> None:
+        """Over BLS the announcement waits for its answer (given at once: ~1 ms)."""
+        for _ in self._stream(CODE2WAV, expect_request(request_id), None):
             pass
 
     def _stream(self, model: str, request: Any, result_cls: type | None) -> Iterator[Any]:

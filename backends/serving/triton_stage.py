@@ -1,8 +1,9 @@
 """The body of a stage model (thinker, talker, code2wav) behind its thin `model.py`.
 
 `execute` decodes each request into the stage contract and posts it to the engine thread;
-a `stop` action is answered at once, and so is a `health` action (UNAVAILABLE once the
-engine thread is gone: backends/serving/health.py). Bad input is answered with INVALID_ARG +
+a `stop` action is answered at once, and so are a `health` action (UNAVAILABLE once the
+engine thread is gone: backends/serving/health.py) and, for an engine that takes it (Code2Wav),
+an `expect` action: the announcement goes to the engine thread, nobody waits for its effect. Bad input is answered with INVALID_ARG +
 FINAL and never reaches the engine. Metrics go through the instance's one MetricsThread.
 """
 from __future__ import annotations
@@ -24,7 +25,7 @@ from backends.serving.metrics_thread import MetricsThread
 from backends.serving.resource_gauges import ResourceGauges
 from backends.serving.triton_responses import ResponseThread, TritonSink, triton_error
 from backends.serving.triton_tensors import ContractError, decode_request, encode_response
-from backends.stages.contracts import ACTION_RUN, ACTION_STOP
+from backends.stages.contracts import ACTION_EXPECT, ACTION_RUN, ACTION_STOP
 from backends.stages.sink import StageError
 
 
@@ -65,6 +66,8 @@ class StageAdapter:
             observe_waits(self._metrics.on_window_wait)
         counts = getattr(engine, "resource_counts", None)
         observer = None if counts is None else (lambda: self._metrics.publish(counts()))
+        self._expect = getattr(engine, "expect_window", None)  # Code2Wav's first-window hint
+        self._actions = (ACTION_RUN, ACTION_STOP, ACTION_HEALTH) + ((ACTION_EXPECT,) if self._expect else ())
         self.engine_thread = EngineThread(engine, f"{name}-engine", on_error=pb_utils.Logger.log_error,
                                           observer=observer, on_step=self._metrics.on_step,
                                           on_inbox_wait=self._metrics.on_inbox_wait)
@@ -87,9 +90,8 @@ class StageAdapter:
         sender = request.get_response_sender()
         try:
             parsed = decode_request(self._pb, request, self._request_cls)
-            if parsed.action not in (ACTION_RUN, ACTION_STOP, ACTION_HEALTH):
-                raise ContractError(f"ACTION must be {ACTION_RUN!r}, {ACTION_STOP!r} or {ACTION_HEALTH!r}, "
-                                    f"got {parsed.action!r}")
+            if parsed.action not in self._actions:
+                raise ContractError(f"ACTION must be one of {list(self._actions)}, got {parsed.action!r}")
         except ContractError as exc:
             self._fail(sender, StageError("invalid_argument", f"[{self._name}] {exc}"))
             return
@@ -99,6 +101,10 @@ class StageAdapter:
             return
         if parsed.action == ACTION_HEALTH:
             self._answer_health(sender)
+            return
+        if parsed.action == ACTION_EXPECT:
+            self.engine_thread.call(self._expect, parsed.request_id)
+            self._responses.put(sender, None, self._pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
             return
         sink = self._metrics.sink(
             TritonSink(self._pb, sender, self._responses, lambda result: encode_response(self._pb, result)))

@@ -1,13 +1,12 @@
 """Code2Wav engine: per-request streaming vocoder state and batched window decoding.
 
 Triton-free and single-threaded: one engine thread calls `submit`, `step` and `release`.
-Windows are validated at `submit` against the request's (cache_epoch, chunk_seq) sequence
-(facts 3.3): within an epoch chunk_seq must be previous + 1; a higher epoch must start at 0
-and replaces the request's vocoder state; a lower epoch is `stale_cache_epoch`. A rejected
-window never advances the sequence and is answered by an error result at the next `step`.
-`step` decodes the oldest pending window of up to `max_batch` requests in one batched forward,
-least playback slack first (`window_schedule`); a request id appears at most once per forward,
-so its later windows wait for later steps. Every epoch's
+Windows are validated at `submit` (`window_checks`: their content and their (cache_epoch,
+chunk_seq) sequence, facts 3.3); a rejected one is answered by an error result at the next
+`step`. `step` decodes the oldest pending window of up to `max_batch` requests in one batched
+forward, least playback slack first (`window_schedule`); a request id appears at most once per
+forward, so its later windows wait for later steps. While a reply's first window is announced
+(`expect_window`) and not yet here, windows that can wait do (`holding_s`). Every epoch's
 stream starts from the engine's prepared default voice, or, when its first window carries
 REF_AUDIO, from the voice of that reference (`voice_cache`: prepared once per distinct audio,
 used by the stream until its state is dropped); prompt caches are shared, never copied.
@@ -27,8 +26,11 @@ from backends.audio.codec_windows import CodecWindow
 from backends.models.token2wav import StreamWindow, Token2Wav, Token2WavStream, Voice
 from backends.models.token2wav.batch_buckets import batch_bucket
 from backends.stages.contracts import ACTION_STOP, Code2WavRequest
-from backends.stages.voice_cache import DEFAULT_CAPACITY, VoiceCache, reference_error
-from backends.stages.window_schedule import Candidate, PlayoutClock, pick
+from backends.stages.voice_cache import DEFAULT_CAPACITY, VoiceCache
+from backends.stages.window_checks import WindowSequences, content_error
+from backends.stages.window_schedule import (
+    FIRST_WINDOW_HOLD_S, Candidate, FirstWindowHints, PlayoutClock, held_for, pick,
+)
 
 _LOG = logging.getLogger(__name__)
 # Windows per forward: activations (and, without the cache pool, the packed estimator caches)
@@ -36,14 +38,7 @@ _LOG = logging.getLogger(__name__)
 # the pool); 8 pooled windows take ~27 ms there.
 DEFAULT_MAX_BATCH = 8
 
-ERROR_STALE_EPOCH = "stale_cache_epoch"
-ERROR_CHUNK_SEQ = "out_of_order_chunk_seq"
-ERROR_AFTER_LAST = "chunk_after_last_chunk"
-ERROR_EMPTY_CHUNK = "empty_chunk"
-ERROR_BELOW_LOOKAHEAD = "chunk_below_lookahead_window"
-ERROR_CODE_RANGE = "code_out_of_range"
-ERROR_LEFT_CONTEXT = "left_context_mismatch"
-ERROR_INTERNAL = "internal"
+ERROR_INTERNAL = "internal"  # the window's own errors: backends/stages/window_checks.py
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,15 +68,6 @@ def is_placeholder(request: Code2WavRequest) -> bool:
 
 
 @dataclass(slots=True)
-class _Sequence:
-    """Where a request's accepted windows stand (updated at submit)."""
-
-    cache_epoch: int
-    next_seq: int
-    is_closed: bool  # a last_chunk was accepted for this epoch
-
-
-@dataclass(slots=True)
 class _State:
     cache_epoch: int
     stream: Token2WavStream
@@ -103,20 +89,23 @@ class Code2WavEngine:
     # it waited since `submit` (first: chunk_seq 0, a reply's first window); serving: a metric.
     # Time before `submit` (the serving thread's inbox, drained between forwards) is not in it
     on_window_wait: Callable[[str, float], None] | None = None
+    first_window_hold_s: float = FIRST_WINDOW_HOLD_S  # how long an announced first window holds
     # request_id -> (arrival, accepted window) not yet decoded, oldest first
     _pending: OrderedDict[str, deque[tuple[float, Code2WavRequest]]] = field(
         init=False, default_factory=OrderedDict
     )
     _playout: dict[str, PlayoutClock] = field(init=False, default_factory=dict)
-    _sequences: dict[str, _Sequence] = field(init=False, default_factory=dict)
+    _sequences: WindowSequences = field(init=False, default_factory=WindowSequences)
     _states: dict[str, _State] = field(init=False, default_factory=dict)
     _errors: list[Code2WavResult] = field(init=False, default_factory=list)
     voices: VoiceCache = field(init=False)
+    hints: FirstWindowHints = field(init=False)
     # Test-only, set by backends/serving/fault_injection.py when fault_injection=on.
     fault_hook: Callable[[str], None] | None = field(init=False, default=None)
 
     def __post_init__(self) -> None:
         self.voices = VoiceCache(self.token2wav, self.voice_cache_size)
+        self.hints = FirstWindowHints(self.first_window_hold_s)
         if self.cache_pool_streams > 0:
             self.token2wav.enable_cache_pool(self.cache_pool_streams)
 
@@ -126,12 +115,25 @@ class Code2WavEngine:
             return
         if is_placeholder(request):
             return
-        error = self._content_error(request) or self._sequence_error(request)
+        if request.chunk_seq == 0:
+            self.hints.arrived(request.request_id)
+        flow = self.token2wav.config.flow
+        error = (content_error(request, flow.encoder.pre_lookahead_len, flow.vocab_size)
+                 or self._sequences.error(request))
         if error is not None:
             self._errors.append(_error_result(request, error))
             return
-        self._accept(request)
+        self._sequences.accept(request)
         self._pending.setdefault(request.request_id, deque()).append((self.clock(), request))
+
+    def expect_window(self, request_id: str) -> None:
+        """A reply's first window for `request_id` is on its way (its Talker has started)."""
+        self.hints.announce(request_id, self.clock())
+
+    def holding_s(self) -> float:
+        """How long pending windows wait for an announced first window (0: `step` decodes)."""
+        now = self.clock()
+        return held_for(self._candidates(), now, self.hints.remaining(now))
 
     def step(self) -> list[Code2WavResult]:
         """Decode the oldest pending window of up to `max_batch` requests (least playback
@@ -188,7 +190,8 @@ class Code2WavEngine:
     def release(self, request_id: str) -> None:
         """Drop the request's state and pending windows (idempotent)."""
         self._pending.pop(request_id, None)
-        self._sequences.pop(request_id, None)
+        self._sequences.drop(request_id)
+        self.hints.arrived(request_id)
         self._drop_state(request_id)
 
     def _drop_state(self, request_id: str) -> None:
@@ -212,57 +215,18 @@ class Code2WavEngine:
         error = f"{ERROR_INTERNAL}: {type(exc).__name__}: {exc}"
         return [_error_result(request, error) for request in batch]
 
-    def _content_error(self, request: Code2WavRequest) -> str | None:
-        lookahead = self.token2wav.config.flow.encoder.pre_lookahead_len
-        vocab = self.token2wav.config.flow.vocab_size
-        codes = request.codes
-        reference = reference_error(request.ref_audio, request.chunk_seq)
-        if reference is not None:
-            return reference
-        if codes.size == 0 and not request.last_chunk:
-            return f"{ERROR_EMPTY_CHUNK}: non-final chunk {request.chunk_seq} has no codes"
-        # the left context is the previous window's look-ahead, decoded in this window
-        if codes.size and request.num_left_context != lookahead:
-            return (f"{ERROR_LEFT_CONTEXT}: num_left_context {request.num_left_context} != "
-                    f"the vocoder's look-ahead {lookahead}")
-        if not request.last_chunk and codes.size <= lookahead:
-            return (f"{ERROR_BELOW_LOOKAHEAD}: non-final chunk {request.chunk_seq} has "
-                    f"{codes.size} codes, needs more than {lookahead}")
-        if codes.size and (codes.min() < 0 or codes.max() >= vocab):
-            return (f"{ERROR_CODE_RANGE}: codes must lie in [0, {vocab}), "
-                    f"got {codes.min()}..{codes.max()}")
-        return None
-
-    def _sequence_error(self, request: Code2WavRequest) -> str | None:
-        seq = self._sequences.get(request.request_id)
-        epoch, chunk_seq = request.cache_epoch, request.chunk_seq
-        if seq is not None and epoch < seq.cache_epoch:
-            return f"{ERROR_STALE_EPOCH}: cache_epoch {epoch} < current {seq.cache_epoch}"
-        if seq is None or epoch > seq.cache_epoch:
-            if chunk_seq != 0:
-                return (f"{ERROR_CHUNK_SEQ}: epoch {epoch} must start at chunk_seq 0, "
-                        f"got {chunk_seq}")
-            return None
-        if seq.is_closed:
-            return f"{ERROR_AFTER_LAST}: epoch {epoch} already ended with its last chunk"
-        if chunk_seq != seq.next_seq:
-            return f"{ERROR_CHUNK_SEQ}: expected chunk_seq {seq.next_seq}, got {chunk_seq}"
-        return None
-
-    def _accept(self, request: Code2WavRequest) -> None:
-        seq = self._sequences.get(request.request_id)
-        if seq is None or request.cache_epoch > seq.cache_epoch:
-            seq = self._sequences[request.request_id] = _Sequence(request.cache_epoch, 0, False)
-        seq.next_seq = request.chunk_seq + 1
-        seq.is_closed = request.last_chunk
-
     def _schedule(self) -> list[str]:
-        """The requests whose oldest window goes into this forward."""
+        """The requests whose oldest window goes into this forward (none while they wait for
+        an announced first window)."""
+        candidates, now = self._candidates(), self.clock()
+        if held_for(candidates, now, self.hints.remaining(now)) > 0.0:
+            return []
+        return pick(candidates, now, self.max_batch, fill_to=batch_bucket)
+
+    def _candidates(self) -> list[Candidate]:
         no_audio = PlayoutClock()
-        candidates = [Candidate(request_id, queue[0][0],
-                                self._playout.get(request_id, no_audio).audio_end)
-                      for request_id, queue in self._pending.items()]
-        return pick(candidates, self.clock(), self.max_batch, fill_to=batch_bucket)
+        return [Candidate(request_id, queue[0][0], self._playout.get(request_id, no_audio).audio_end)
+                for request_id, queue in self._pending.items()]
 
     def _pop_oldest(self, request_id: str) -> tuple[float, Code2WavRequest]:
         """-> (its arrival, the request's oldest pending window)."""

@@ -10,7 +10,7 @@ import logging
 from collections.abc import Callable
 
 from backends.stages.code2wav_engine import ERROR_INTERNAL, Code2WavEngine, Code2WavResult
-from backends.stages.contracts import ACTION_STOP, Code2WavAudio, Code2WavRequest
+from backends.stages.contracts import ACTION_EXPECT, ACTION_STOP, Code2WavAudio, Code2WavRequest
 from backends.stages.sink import ResponseSink, StageError
 
 log = logging.getLogger(__name__)
@@ -26,6 +26,10 @@ class Code2WavService:
     def submit(self, request: Code2WavRequest, sink: ResponseSink) -> None:
         if request.action == ACTION_STOP:
             self.stop(request.request_id)
+            sink.close()
+            return
+        if request.action == ACTION_EXPECT:
+            self.expect_window(request.request_id)
             sink.close()
             return
         key = (request.request_id, request.cache_epoch, request.chunk_seq)
@@ -44,6 +48,15 @@ class Code2WavService:
 
     def has_work(self) -> bool:
         return bool(self._sinks)
+
+    def expect_window(self, request_id: str) -> None:
+        """A reply's first window for `request_id` is on its way (`Code2WavEngine.expect_window`)."""
+        self.engine.expect_window(request_id)
+
+    def holding_s(self) -> float:
+        """How long the engine thread may sleep although windows are pending (they wait for an
+        announced first window); new commands wake it earlier."""
+        return self.engine.holding_s()
 
     def observe_window_waits(self, observer: Callable[[str, float], None]) -> None:
         """Report each window's queueing (`Code2WavEngine.on_window_wait`); before the engine

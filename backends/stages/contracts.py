@@ -19,6 +19,9 @@ from backends.stages.tensor_codec import array_field
 # not propagate through BLS in Triton 2.51 (triton_notes.md section 0.6).
 ACTION_RUN = "run"
 ACTION_STOP = "stop"
+# Code2Wav only: the first window of a reply for this request id is on its way (sent as the
+# reply's Talker starts); windows that can wait are held until it comes. Answered at once.
+ACTION_EXPECT = "expect"
 
 DECISION_LISTEN = "listen"
 DECISION_SPEAK = "speak"
@@ -120,6 +123,12 @@ class Code2WavAudio:
     request_id: str
     chunk_seq: int
     audio: np.ndarray = array_field(np.float32, -1)  # [samples] 24 kHz mono
+
+
+def expect_request(request_id: str) -> Code2WavRequest:
+    """Code2Wav's announcement that a reply's first window for `request_id` is coming."""
+    return Code2WavRequest(request_id=request_id, cache_epoch=0, chunk_seq=0,
+                           codes=np.zeros((0,), dtype=np.int32), action=ACTION_EXPECT)
 
 
 def stop_request(stage: str, request_id: str) -> ThinkerRequest | TalkerRequest | Code2WavRequest:

@@ -73,6 +73,11 @@ class InProcessStages:
     def stop(self, stage: str, request_id: str) -> None:
         self.threads[stage].stop_request(request_id)
 
+    def expect_window(self, request_id: str) -> None:
+        expect = getattr(self.threads[CODE2WAV].engine, "expect_window", None)
+        if expect is not None:  # an engine without first-window holds ignores the hint
+            self.threads[CODE2WAV].call(expect, request_id)
+
     def _call(self, stage: str, request: Any) -> Iterator[Any]:
         sink = QueueSink(stage, self._timeout_s)
         self.threads[stage].submit(request, sink)

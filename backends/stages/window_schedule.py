@@ -19,14 +19,24 @@ the graph bucket the due ones fill anyway (`fill_to`): a forward's time grows wi
 (one window ~15 ms, eight ~22 ms on an H200), and a window with audio queued at its client can
 wait one more forward. With nothing due the `max_batch` smallest slacks go (ties: the longer-
 pending stream first). No stream starves: a stream with audio queued grows due as it plays out.
+
+A reply's first window can also be announced before it exists (`FirstWindowHints`: the
+orchestrator sends `expect` as the reply's Talker starts, ~20-30 ms ahead). Until it arrives,
+windows that are not due wait (`held_for`): a forward takes ~12-17 ms on an H200 and cannot be
+interrupted, so one started just before the first window arrives costs that reply its wait,
+while a held window's client still has more than `LEAD_S` of audio to play.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 LEAD_S = 0.5  # a stream's next window is due this long before its client runs dry
+# How long an announced first window holds the others at most: the Talker's first 25 frames
+# take ~20 ms (C = 1) to ~30 ms (C = 16) on an H200; a window that never comes frees them then.
+FIRST_WINDOW_HOLD_S = 0.05
+MAX_HINTS = 1024  # announced first windows tracked at once (more are ignored, never an error)
 
 
 @dataclass(slots=True)
@@ -58,3 +68,40 @@ def pick(candidates: list[Candidate], now: float, max_batch: int,
     num_due = sum(c.slack(now) <= 0.0 for c in order[:max_batch])
     size = max_batch if num_due == 0 else min(max_batch, max(num_due, fill_to(num_due)))
     return [c.request_id for c in order[:size]]
+
+
+def held_for(candidates: list[Candidate], now: float, hold_s: float) -> float:
+    """How long the pending windows may still wait for an announced first window (0: decode
+    now): never past the hold, nor past the moment the first of them falls due."""
+    if hold_s <= 0.0 or not candidates:
+        return 0.0
+    return max(0.0, min(hold_s, min(c.slack(now) for c in candidates)))
+
+
+@dataclass(slots=True)
+class FirstWindowHints:
+    """Replies whose first window is on its way: request id -> when its hold ends."""
+
+    hold_s: float = FIRST_WINDOW_HOLD_S  # 0: announcements are ignored
+    _until: dict[str, float] = field(default_factory=dict)
+
+    def announce(self, request_id: str, now: float) -> None:
+        self._prune(now)
+        if self.hold_s > 0.0 and (len(self._until) < MAX_HINTS or request_id in self._until):
+            self._until[request_id] = now + self.hold_s
+
+    def arrived(self, request_id: str) -> None:
+        """Its first window came (or the request ended): it holds nothing any more."""
+        self._until.pop(request_id, None)
+
+    def remaining(self, now: float) -> float:
+        """Seconds until the last live announcement expires (0: none is live)."""
+        self._prune(now)
+        return max(self._until.values(), default=now) - now
+
+    def __len__(self) -> int:
+        return len(self._until)
+
+    def _prune(self, now: float) -> None:
+        for request_id in [r for r, until in self._until.items() if until <= now]:
+            del self._until[request_id]

@@ -32,6 +32,7 @@ class ScriptedStages:
         self.speak_from, self.reply_units, self.delay_s = speak_from, reply_units, delay_s
         self.units_seen: dict[str, int] = defaultdict(int)
         self.stops: list[tuple[str, str]] = []
+        self.expected: list[tuple[str, int]] = []  # (announced request id, Talker calls before it)
         self.calls: dict[str, int] = defaultdict(int)
         self.fail_on: dict[str, int] = {}
         self.requests: list[object] = []
@@ -93,6 +94,10 @@ class ScriptedStages:
                 self.open.discard(("code2wav", request.request_id))
         new = request.codes.size - request.num_left_context
         return [Code2WavAudio(request.request_id, request.chunk_seq, np.full(960 * new, 0.25, np.float32))]
+
+    def expect_window(self, request_id):
+        with self._lock:
+            self.expected.append((request_id, self.calls["talker"]))
 
     def stop(self, stage, request_id):
         with self._lock:

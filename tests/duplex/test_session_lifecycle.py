@@ -81,8 +81,8 @@ def test_stop_overtaking_a_talker_condition_leaves_no_talker_or_codec_state():
     assert [e.fields["status"] for e in done] == ["cancelled"]
 
 
-def test_a_finished_session_leaves_no_stage_request_open():
-    stages = ScriptedStages(speak_from=0, reply_units=2)
+def _one_reply(stages: ScriptedStages) -> SessionManager:
+    """A session that gets three units of audio, waits for its reply's end and ends."""
     manager = SessionManager(ManagerConfig(), stages)
     down, _ = _send(manager, "s", start=True)
     for _ in range(3):
@@ -90,6 +90,12 @@ def test_a_finished_session_leaves_no_stage_request_open():
     _wait(lambda: "response.done" in down.types(), "reply done")
     _send(manager, "s", end=True)
     _wait(down.closed.is_set, "session closed")
+    return manager
+
+
+def test_a_finished_session_leaves_no_stage_request_open():
+    stages = ScriptedStages(speak_from=0, reply_units=2)
+    manager = _one_reply(stages)
     assert stages.open == set() and manager.num_sessions == 0
 
 
@@ -244,3 +250,15 @@ def test_the_start_reference_voice_reaches_code2wav_on_each_streams_first_window
     assert len(windows) > 1 and windows[0].chunk_seq == 0
     np.testing.assert_array_equal(windows[0].ref_audio, ref.astype(np.float32) / 32768.0)
     assert all(w.ref_audio.size == 0 for w in windows if w.chunk_seq > 0)
+
+
+def test_each_reply_announces_its_first_window_to_code2wav_before_its_talker_call():
+    """The reply's first window comes out of its first Talker call: Code2Wav hears of it first
+    (`expect_window`), once per reply, under the Code2Wav request id of that reply's windows."""
+    stages = ScriptedStages(speak_from=0, reply_units=2)
+    _one_reply(stages)
+    talker_starts = [i for i, r in enumerate(r for r in stages.requests if hasattr(r, "turn_start"))
+                     if r.turn_start]
+    first_windows = [r.request_id for r in stages.requests if hasattr(r, "chunk_seq") and r.chunk_seq == 0]
+    assert stages.expected == [(request_id, calls) for request_id, calls in zip(first_windows, talker_starts)]
+    assert stages.expected and stages.expected[0] == ("s.e0", 0)

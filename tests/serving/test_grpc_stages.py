@@ -15,7 +15,7 @@ import pytest
 
 from backends.duplex.stage_clients import StageCallError
 from backends.serving.grpc_stages import GrpcStageClients, stage_url
-from backends.stages.contracts import Code2WavAudio, TalkerCodes, TalkerRequest, stop_request
+from backends.stages.contracts import ACTION_EXPECT, Code2WavAudio, TalkerCodes, TalkerRequest, stop_request
 from backends.stages.tensor_codec import to_arrays
 
 REQUEST = TalkerRequest(request_id="s.e0", condition_seq=0, token_ids=np.array([5, 6], np.int32),
@@ -57,6 +57,11 @@ class FakeChannel:
             finished = True
         finally:
             self.draining, self.late_final = not finished, False
+
+    def post(self, model, arrays):
+        assert self.ready(), "a post on a channel whose last request is live"
+        self.calls.append((model, arrays))
+        self.has_stream, self.last_used, self.draining, self.late_final = True, time.monotonic(), True, False
 
     def ready(self):
         self.draining = self.draining and not self.late_final  # the late FINAL arrived
@@ -118,6 +123,20 @@ def test_an_abandoned_call_drains_in_the_pool_and_is_reused_after_its_final(clie
     assert [g.condition_seq for g in clients.talker(REQUEST)] == [2]  # ... then the drained one
     assert len(first.calls) == 2 and len(FakeChannel.made) == 2
     list(held)
+
+
+def test_an_announcement_is_posted_on_a_pooled_channel_that_drains_its_final(clients):
+    """`expect_window` sends Code2Wav its `expect` and returns at once: the channel waits in the
+    pool for the FINAL nobody reads, then carries the next call."""
+    FakeChannel.script = [[[to_arrays(Code2WavAudio("s.e0", 0, np.zeros(4, np.float32)))]]]
+    clients.expect_window("s.e0")
+    [channel] = FakeChannel.made
+    [(model, arrays)] = channel.calls
+    assert model == "code2wav" and arrays["REQUEST_ID"].tobytes() == b"s.e0"
+    assert arrays["ACTION"].tobytes() == ACTION_EXPECT.encode() and channel.draining
+    channel.late_final = True
+    assert clients._checkout("code2wav") is channel  # ready again: reused, not a new channel
+    clients._checkin("code2wav", channel)
 
 
 def test_a_draining_channel_is_pooled_beyond_the_idle_cap_and_closed_after_the_timeout():
@@ -281,6 +300,18 @@ def test_a_call_read_only_to_its_last_result_on_the_final_is_finished(channel):
     calls.close()
     assert not channel.draining and channel.ready()
     assert len(list(channel.call("thinker", to_arrays(REQUEST)))) == 1
+    assert channel._client.streams == 1 and channel._client.stops == []
+
+
+def test_a_posted_request_drains_until_its_final_or_its_stage_error(channel):
+    FakeClient.answers = []  # the answers come later
+    channel.post("code2wav", to_arrays(REQUEST))
+    assert channel.draining and not channel.ready()
+    channel._client._callback(result=FakeResult(True, False), error=None)
+    assert channel.ready()
+    channel.post("talker", to_arrays(REQUEST))  # a stage that refuses it: its error is the FINAL
+    channel._client._callback(result=None, error=FakeError("[invalid_argument] ACTION must be ..."))
+    assert channel.ready() and channel.usable
     assert channel._client.streams == 1 and channel._client.stops == []
 
 

@@ -16,18 +16,15 @@ import pytest
 from backends.audio.codec_windows import CodecWindow, CodecWindowBridge
 from backends.models.token2wav import StreamWindow, Token2Wav, Token2WavConfig, Voice
 from backends.models.token2wav.assets import random_token2wav, random_voice_prompt
-from backends.stages.code2wav_engine import (
+from backends.stages.code2wav_engine import ERROR_INTERNAL, Code2WavEngine, Code2WavResult, request_from_window
+from backends.stages.window_checks import (
     ERROR_AFTER_LAST,
     ERROR_BELOW_LOOKAHEAD,
     ERROR_CHUNK_SEQ,
     ERROR_CODE_RANGE,
     ERROR_EMPTY_CHUNK,
-    ERROR_INTERNAL,
     ERROR_LEFT_CONTEXT,
     ERROR_STALE_EPOCH,
-    Code2WavEngine,
-    Code2WavResult,
-    request_from_window,
 )
 from backends.stages.contracts import ACTION_STOP, Code2WavRequest
 
@@ -287,3 +284,61 @@ def test_each_window_reports_how_long_it_queued(token2wav: Token2Wav, voice: Voi
         now[0] += 0.1
     assert order == ["a", "b", "a"]
     assert waits == [("first", 0.25), ("first", 0.1), ("later", 0.2)]
+
+
+def _long_stream_with_a_window_pending(engine: Code2WavEngine) -> None:
+    """"long": 4 s of audio sent (its client has them queued), its next window pending."""
+    engine.submit(_request(0, codes=list(range(3 + 100)), request_id="long"))
+    assert [r.request_id for r in engine.step()] == ["long"]
+    engine.submit(_request(1, request_id="long"))
+
+
+def test_an_announced_first_window_holds_the_windows_that_can_wait(token2wav: Token2Wav, voice: Voice) -> None:
+    """`expect_window` (the orchestrator, as a reply's Talker starts): until that reply's first
+    window arrives, a window whose client still has audio queued waits, so the first window
+    finds the engine free; it goes alone, then the held one."""
+    now = [100.0]
+    engine = Code2WavEngine(token2wav, voice, max_batch=8, clock=lambda: now[0])
+    _long_stream_with_a_window_pending(engine)
+    engine.expect_window("new")
+    now[0] += 0.01
+    assert engine.step() == [] and engine.num_pending() == 1
+    assert engine.holding_s() == pytest.approx(engine.first_window_hold_s - 0.01)
+    engine.submit(_request(0, request_id="new"))
+    assert engine.holding_s() == 0.0
+    assert [r.request_id for r in engine.step()] == ["new"]
+    assert [r.request_id for r in engine.step()] == ["long"]
+
+
+def test_a_hold_ends_when_its_time_is_up_or_its_request_stops(token2wav: Token2Wav, voice: Voice) -> None:
+    now = [100.0]
+    engine = Code2WavEngine(token2wav, voice, max_batch=8, clock=lambda: now[0])
+    _long_stream_with_a_window_pending(engine)
+    engine.expect_window("never")  # its Talker ended without a window
+    assert engine.step() == []
+    now[0] += engine.first_window_hold_s
+    assert engine.holding_s() == 0.0
+    assert [r.request_id for r in engine.step()] == ["long"]
+    engine.submit(_request(2, request_id="long"))
+    engine.expect_window("stopped")
+    assert engine.holding_s() > 0.0
+    engine.submit(Code2WavRequest("stopped", 0, 0, np.zeros(0, np.int32), action=ACTION_STOP))
+    assert engine.holding_s() == 0.0
+    assert [r.request_id for r in engine.step()] == ["long"]
+
+
+def test_a_due_window_is_never_held(token2wav: Token2Wav, voice: Voice) -> None:
+    """A client about to run dry gets its window whatever is announced; so does every window
+    when holds are off (first_window_hold_s = 0)."""
+    now = [100.0]
+    engine = Code2WavEngine(token2wav, voice, max_batch=8, clock=lambda: now[0])
+    _long_stream_with_a_window_pending(engine)
+    now[0] += 4.0  # long's 4 s are nearly played out
+    engine.expect_window("new")
+    assert engine.holding_s() == 0.0
+    assert [r.request_id for r in engine.step()] == ["long"]
+    off = Code2WavEngine(token2wav, voice, max_batch=8, clock=lambda: now[0], first_window_hold_s=0.0)
+    _long_stream_with_a_window_pending(off)
+    off.expect_window("new")
+    assert off.holding_s() == 0.0
+    assert [r.request_id for r in off.step()] == ["long"]

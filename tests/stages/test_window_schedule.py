@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from backends.stages.window_schedule import LEAD_S, Candidate, PlayoutClock, pick
+from backends.stages.window_schedule import (
+    LEAD_S, MAX_HINTS, Candidate, FirstWindowHints, PlayoutClock, held_for, pick,
+)
 
 NEVER = float("-inf")
 
@@ -64,3 +66,35 @@ def test_at_most_max_batch() -> None:
     many = [Candidate(str(i), float(i), NEVER) for i in range(10)]
     assert pick(many, 20.0, max_batch=8) == [str(i) for i in range(8)]
     assert pick([], 0.0, max_batch=8) == []
+
+
+def test_held_for_waits_no_longer_than_the_hold_nor_past_the_first_due_window() -> None:
+    now = 10.0
+    ample = Candidate("ample", waiting_since=9.0, audio_end=now + LEAD_S + 2.0)  # 2 s of slack
+    soon = Candidate("soon", waiting_since=9.0, audio_end=now + LEAD_S + 0.01)  # 10 ms of slack
+    due = Candidate("due", waiting_since=9.9, audio_end=NEVER)
+    assert held_for([ample], now, 0.05) == 0.05
+    assert abs(held_for([ample, soon], now, 0.05) - 0.01) < 1e-9
+    assert held_for([ample, due], now, 0.05) == 0.0  # a due window goes now, with its bucket
+    assert held_for([ample], now, 0.0) == 0.0  # nothing announced
+    assert held_for([], now, 0.05) == 0.0  # nothing pending
+
+
+def test_first_window_hints_expire_end_on_arrival_and_stay_bounded() -> None:
+    hints = FirstWindowHints(hold_s=0.05)
+    hints.announce("a", 1.0)
+    hints.announce("b", 1.02)
+    assert abs(hints.remaining(1.03) - 0.04) < 1e-9  # until b's hold ends
+    hints.arrived("b")
+    assert abs(hints.remaining(1.03) - 0.02) < 1e-9
+    assert hints.remaining(1.05) == 0.0 and len(hints) == 0  # a expired
+    for i in range(MAX_HINTS + 5):
+        hints.announce(f"r{i}", 2.0)
+    assert len(hints) == MAX_HINTS  # the rest are ignored
+    assert hints.remaining(2.1) == 0.0 and len(hints) == 0
+
+
+def test_a_zero_hold_ignores_announcements() -> None:
+    hints = FirstWindowHints(hold_s=0.0)
+    hints.announce("a", 1.0)
+    assert hints.remaining(1.0) == 0.0 and len(hints) == 0
