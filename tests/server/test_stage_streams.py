@@ -20,7 +20,7 @@ from backends.duplex.stage_clients import StageCallError
 from backends.serving.grpc_stages import DEFAULT_STREAM_IDLE_S, GrpcStageClients
 from backends.stages.code2wav_engine import request_from_window
 from backends.stages.contracts import (
-    Code2WavAudio, TalkerCodes, TalkerRequest, ThinkerRequest, ThinkerUnitResult,
+    ACTION_EXPECT, Code2WavAudio, TalkerCodes, TalkerRequest, ThinkerRequest, ThinkerUnitResult, expect_request,
 )
 
 IDLE_STREAMS = ("stage_idle_streams", "duplex")
@@ -75,6 +75,27 @@ def test_each_stage_sends_its_last_result_on_the_final(reliability_server, basel
         assert answer.error is None and answer.results, (model, answer)
         assert answer.final_carried_result, (model, answer.responses)
         assert answer.responses == len(answer.results), (model, answer.responses)
+    assert settled(reliability_server, baseline).tracked() == baseline.tracked()
+
+
+def test_code2wav_answers_an_expect_at_once_and_then_decodes_the_announced_window(reliability_server, baseline):
+    """The orchestrator's announcement of a reply's first window (`expect`): Code2Wav answers it
+    with one empty FINAL and decodes the window when it comes; the Talker, which takes no
+    announcements, refuses one as invalid input and goes on serving."""
+    url = reliability_server.grpc_url
+    window = CodecWindowBridge().push(np.random.default_rng(2).integers(0, 6561, 25).tolist())[0]
+    hidden = np.zeros((1, TINY_HIDDEN), np.float32)
+    try:
+        announced = call(url, "code2wav", expect_request("exp-c.e0"))
+        assert announced.error is None and announced.responses == 1 and not announced.final_carried_result
+        audio = call(url, "code2wav", request_from_window("exp-c.e0", window), Code2WavAudio)
+        assert audio.error is None and audio.results and audio.results[0].audio.size > 0
+        refused = call(url, "talker", TalkerRequest(
+            request_id="exp-k.e0", condition_seq=0, token_ids=np.arange(5, 6, dtype=np.int32), hidden=hidden,
+            action=ACTION_EXPECT))
+        assert refused.error is not None and "ACTION must be one of" in refused.error, refused
+    finally:
+        stop(url, "code2wav", "exp-c.e0")
     assert settled(reliability_server, baseline).tracked() == baseline.tracked()
 
 
