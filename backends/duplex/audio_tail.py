@@ -76,10 +76,11 @@ class AudioTail:
                     self._session.finish_response(work.response, ev.STATUS_COMPLETED)
 
     def _expect_first_window(self, epoch: int) -> None:
+        request_id = self._request_id(epoch)
         try:
-            self._stages.expect_window(self._request_id(epoch))
+            self._stages.expect_window(request_id)
         except Exception as exc:  # only a hint: the reply goes on without it
-            log.warning("announcing the first window of %s failed: %r", self._request_id(epoch), exc)
+            log.warning("announcing the first window of %s failed: %r", request_id, exc)
 
     def _talker_request(self, work: SpeakWork) -> TalkerRequest | None:
         session = self._session

@@ -3,8 +3,8 @@
 `execute` decodes each request into the stage contract and posts it to the engine thread;
 a `stop` action is answered at once, and so are a `health` action (UNAVAILABLE once the
 engine thread is gone: backends/serving/health.py) and, for an engine that takes it (Code2Wav),
-an `expect` action: the announcement goes to the engine thread, nobody waits for its effect. Bad input is answered with INVALID_ARG +
-FINAL and never reaches the engine. Metrics go through the instance's one MetricsThread.
+an `expect` action: the announcement goes to the engine thread, nobody waits for its effect.
+Bad input is answered with INVALID_ARG + FINAL and never reaches the engine. Metrics go through the instance's one MetricsThread.
 """
 from __future__ import annotations
 

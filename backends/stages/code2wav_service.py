@@ -10,7 +10,7 @@ import logging
 from collections.abc import Callable
 
 from backends.stages.code2wav_engine import ERROR_INTERNAL, Code2WavEngine, Code2WavResult
-from backends.stages.contracts import ACTION_EXPECT, ACTION_STOP, Code2WavAudio, Code2WavRequest
+from backends.stages.contracts import ACTION_STOP, Code2WavAudio, Code2WavRequest
 from backends.stages.sink import ResponseSink, StageError
 
 log = logging.getLogger(__name__)
@@ -26,10 +26,6 @@ class Code2WavService:
     def submit(self, request: Code2WavRequest, sink: ResponseSink) -> None:
         if request.action == ACTION_STOP:
             self.stop(request.request_id)
-            sink.close()
-            return
-        if request.action == ACTION_EXPECT:
-            self.expect_window(request.request_id)
             sink.close()
             return
         key = (request.request_id, request.cache_epoch, request.chunk_seq)

@@ -17,6 +17,7 @@ from backends.checkpoint.loader import Checkpoint, load_checkpoint
 from backends.runner.types import RunnerConfig
 from backends.serving.checkpoints import FULL_RANDOM, prepare_checkpoint
 from backends.stages.code2wav_service import Code2WavService
+from backends.stages.window_schedule import FIRST_WINDOW_HOLD_S
 
 BLOCK_SIZE = 16
 SLOT_MARGIN = 2  # requests of an epoch being stopped while the next one starts
@@ -171,8 +172,6 @@ def build_code2wav_engine(params: dict[str, str], device_id: str = "0") -> Code2
 
 def first_window_hold_s() -> float:
     """Code2Wav's hold for an announced first window (`FIRST_WINDOW_HOLD_ENV`, default 50 ms)."""
-    from backends.stages.window_schedule import FIRST_WINDOW_HOLD_S
-
     value = os.environ.get(FIRST_WINDOW_HOLD_ENV, "")
     try:
         held = FIRST_WINDOW_HOLD_S if value == "" else float(value) / 1000.0

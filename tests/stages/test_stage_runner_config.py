@@ -1,7 +1,8 @@
 """The runner config a served stage gets from its setup: on CUDA the fast path with the Triton
 GEMV (MINICPMO_GEMV selects cuBLAS for A/B runs, a bad value is refused at load), on CPU the
 reference path; on CUDA the Thinker's long prefills go in chunks its mixed graphs hold
-(MINICPMO_PREFILL_CHUNKS=0: whole). Pure configuration: no device is touched."""
+(MINICPMO_PREFILL_CHUNKS=0: whole); Code2Wav's first-window hold comes from
+MINICPMO_CODE2WAV_FIRST_HOLD_MS. Pure configuration: no device is touched."""
 from __future__ import annotations
 
 import pytest
@@ -9,7 +10,10 @@ import torch
 
 from dataclasses import replace
 
-from backends.stages.factory import GEMV_ENV, PREFILL_CHUNKS_ENV, StageSetup, prefill_chunk_rows
+from backends.stages.factory import (
+    FIRST_WINDOW_HOLD_ENV, GEMV_ENV, PREFILL_CHUNKS_ENV, StageSetup, first_window_hold_s, prefill_chunk_rows,
+)
+from backends.stages.window_schedule import FIRST_WINDOW_HOLD_S
 
 
 def setup_on(device: str) -> StageSetup:
@@ -48,3 +52,16 @@ def test_graphed_thinkers_prefill_in_chunks_of_the_mixed_graphs_query(monkeypatc
     assert prefill_chunk_rows(setup_on("cpu").runner_config(1024)) == 0
     monkeypatch.setenv(PREFILL_CHUNKS_ENV, "0")
     assert prefill_chunk_rows(cuda) == 0
+
+
+def test_the_first_window_hold_is_read_in_ms_and_bad_values_are_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(FIRST_WINDOW_HOLD_ENV, raising=False)
+    assert first_window_hold_s() == FIRST_WINDOW_HOLD_S
+    monkeypatch.setenv(FIRST_WINDOW_HOLD_ENV, "0")
+    assert first_window_hold_s() == 0.0
+    monkeypatch.setenv(FIRST_WINDOW_HOLD_ENV, "80")
+    assert first_window_hold_s() == pytest.approx(0.08)
+    for bad in ("soon", "-5", "5000"):
+        monkeypatch.setenv(FIRST_WINDOW_HOLD_ENV, bad)
+        with pytest.raises(ValueError, match=FIRST_WINDOW_HOLD_ENV):
+            first_window_hold_s()
