@@ -24,7 +24,8 @@ from backends.serving.mps import MODES as MPS_MODES, MpsDaemon, mps_daemon
 from backends.serving.profiles import Profile, get_profile
 from backends.serving.repository import render_repository
 from backends.serving.stub_priority import (
-    DEFAULT_LOW_PRIORITY, STUB_NAME, install_wrappers, low_priority_stages, stages_from_environment,
+    DEFAULT_LOW_PRIORITY, SM_PERCENT_ENV, STUB_NAME, install_wrappers, low_priority_stages, sm_percents,
+    stage_environments, stages_from_environment,
 )
 from backends.serving.triton_install import find_triton
 
@@ -53,6 +54,7 @@ class ServerOptions:
     mps: str = "auto"  # CUDA MPS for the stage processes: auto | on | off (backends/serving/mps.py)
     # Stages whose stubs start at MPS below-normal priority; None: DEFAULT_LOW_PRIORITY under MPS.
     mps_low_priority: tuple[str, ...] | None = None
+    mps_sm_percent: dict[str, int] = field(default_factory=dict)  # stage -> % of SMs under MPS
     extra_args: list[str] = field(default_factory=list)
 
 
@@ -92,7 +94,7 @@ class ServerProcess:
         self.log_file.parent.mkdir(parents=True, exist_ok=True)
         try:
             env = {**install.environment(), **self._start_mps(), STAGE_URL_ENV: self.stage_url}
-            install_wrappers(repo, self.low_priority_stages(), install.backend_dir / "python" / STUB_NAME)
+            install_wrappers(repo, self.stage_environments(), install.backend_dir / "python" / STUB_NAME)
             with open(self.log_file, "wb") as log:
                 self.process = subprocess.Popen(
                     self._command(install.binary, install.backend_dir, repo), stdout=log,
@@ -110,6 +112,12 @@ class ServerProcess:
         if self.options.mps_low_priority is not None:
             return self.options.mps_low_priority
         return DEFAULT_LOW_PRIORITY if self.mps is not None else ()
+
+    def stage_environments(self) -> dict[str, dict[str, str]]:
+        """The MPS client settings of each stage's stub: below-normal priority, and an SM cap
+        (`SM_PERCENT_ENV`) while this server runs an MPS daemon (call after `_start_mps`)."""
+        caps = self.options.mps_sm_percent if self.mps is not None else {}
+        return stage_environments(self.low_priority_stages(), caps)
 
     def _start_mps(self) -> dict[str, str]:
         """Start this server's MPS daemon if its mode asks for one; `auto` falls back to
@@ -225,6 +233,7 @@ def main(argv: list[str] | None = None) -> int:
         http_port=args.http_port, grpc_port=args.grpc_port, metrics_port=args.metrics_port, log_file=args.log_file,
         mps=args.mps, extra_args=[f"--id={args.server_id}"] if args.server_id else [],
         mps_low_priority=stages_from_environment() if args.mps_low_priority is None else args.mps_low_priority,
+        mps_sm_percent=sm_percents(os.environ.get(SM_PERCENT_ENV, "")),
     ))
     stop_requested = []
     for sig in (signal.SIGINT, signal.SIGTERM):

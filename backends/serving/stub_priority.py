@@ -1,4 +1,6 @@
-"""Per-stage MPS client priority through a wrapper stub (opt-in: `MINICPMO_MPS_LOW_PRIORITY`).
+"""Per-stage MPS client settings through a wrapper stub: below-normal priority (opt-in:
+`MINICPMO_MPS_LOW_PRIORITY`) and a cap on the SMs a stage's kernels may occupy (opt-in:
+`MINICPMO_MPS_SM_PERCENT`, CUDA_MPS_ACTIVE_THREAD_PERCENTAGE).
 
 MPS takes a client's priority from the environment the client process starts with
 (`CUDA_MPS_CLIENT_PRIORITY`: 0 normal, 1 below normal), and a Python-backend stub connects to
@@ -25,6 +27,10 @@ each below normal then normal) normal priority gave 111 / 113 ms at 16 sessions 
 124, and 146 / 147 ms at 32 against 153 / 161 (P99 137 / 143 against 170 / 172, and 185 / 179
 against 203 / 217). So no stage is lowered by default now (`DEFAULT_LOW_PRIORITY` is empty);
 naming stages in the option or the environment still does it.
+
+The SM cap is a diagnostic: Code2Wav capped at 50% or 35% of the SMs left the Thinker's step at
+16 sessions where it was (7.4-7.7 ms) and only slowed Code2Wav's own forwards (H200,
+perf/results/duplex_h200.md, twenty-fourth session).
 """
 from __future__ import annotations
 
@@ -36,6 +42,7 @@ from pathlib import Path
 from backends.serving.profiles import STAGES
 
 LOW_PRIORITY_ENV = "MINICPMO_MPS_LOW_PRIORITY"  # comma-separated stage names, or "none"
+SM_PERCENT_ENV = "MINICPMO_MPS_SM_PERCENT"  # "stage=percent,...": a cap on a stage's share of the SMs
 DEFAULT_LOW_PRIORITY: tuple[str, ...] = ()  # under an MPS daemon, when neither option nor env says
 STUB_NAME = "triton_python_backend_stub"
 
@@ -58,26 +65,51 @@ def stages_from_environment(environ: Mapping[str, str] = os.environ) -> tuple[st
     return None if value is None or not value.strip() else low_priority_stages(value)
 
 
-def wrapper_text(real_stub: Path) -> str:
+def sm_percents(value: str) -> dict[str, int]:
+    """'code2wav=50, talker=80' -> {'code2wav': 50, 'talker': 80}: the percentage of the SMs a
+    stage's kernels may occupy under MPS (CUDA_MPS_ACTIVE_THREAD_PERCENTAGE); ValueError on a
+    name that is no stage or a percentage outside 1-100."""
+    caps: dict[str, int] = {}
+    for item in filter(None, (part.strip() for part in value.split(","))):
+        stage, _, percent = item.partition("=")
+        stage = stage.strip()
+        if stage not in STAGES:
+            raise ValueError(f"{SM_PERCENT_ENV}: {stage!r} is not a stage (one of {', '.join(STAGES)})")
+        if not percent.strip().isdigit() or not 1 <= int(percent) <= 100:
+            raise ValueError(f"{SM_PERCENT_ENV}: {item!r} needs a whole percentage in 1-100")
+        caps[stage] = int(percent)
+    return caps
+
+
+def stage_environments(low_priority: Iterable[str], caps: Mapping[str, int]) -> dict[str, dict[str, str]]:
+    """The MPS client variables each stage's stub starts with (stages without any are left out)."""
+    envs: dict[str, dict[str, str]] = {stage: {"CUDA_MPS_CLIENT_PRIORITY": "1"} for stage in low_priority}
+    for stage, percent in caps.items():
+        envs.setdefault(stage, {})["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(percent)
+    return envs
+
+
+def wrapper_text(real_stub: Path, env: Mapping[str, str]) -> str:
+    settings = " ".join(f"{name}={shlex.quote(value)}" for name, value in env.items())
     return ("#!/bin/sh\n"
             "# Written by the launcher (backends/serving/stub_priority.py): this model's stub process\n"
-            "# starts at MPS below-normal client priority.\n"
-            f"CUDA_MPS_CLIENT_PRIORITY=1 exec {shlex.quote(str(real_stub))} \"$@\"\n")
+            "# starts with these MPS client settings.\n"
+            f"{settings} exec {shlex.quote(str(real_stub))} \"$@\"\n")
 
 
-def install_wrappers(repository: Path, stages: Iterable[str], real_stub: Path) -> list[Path]:
-    """Write the wrapper stub into each listed stage's model directory of a rendered repository;
-    returns the files written."""
-    names = tuple(stages)
+def install_wrappers(repository: Path, stage_envs: Mapping[str, Mapping[str, str]], real_stub: Path) -> list[Path]:
+    """Write the wrapper stub into each listed stage's model directory of a rendered repository
+    (`stage_envs`: stage -> the variables its stub starts with); returns the files written."""
+    names = tuple(stage_envs)
     if names and not real_stub.is_file():
-        raise ValueError(f"no Python backend stub at {real_stub} for the low-priority stages' wrappers")
+        raise ValueError(f"no Python backend stub at {real_stub} for the stages' wrappers")
     written = []
     for stage in names:
         model_dir = repository / stage
         if not model_dir.is_dir():
             raise ValueError(f"no model directory {model_dir} for low-priority stage {stage!r}")
         path = model_dir / STUB_NAME
-        path.write_text(wrapper_text(real_stub))
+        path.write_text(wrapper_text(real_stub, stage_envs[stage]))
         path.chmod(0o755)
         written.append(path)
     return written
