@@ -75,7 +75,7 @@ def sm_percents(value: str) -> dict[str, int]:
         stage = stage.strip()
         if stage not in STAGES:
             raise ValueError(f"{SM_PERCENT_ENV}: {stage!r} is not a stage (one of {', '.join(STAGES)})")
-        if not percent.strip().isdigit() or not 1 <= int(percent) <= 100:
+        if not percent.strip().isdecimal() or not 1 <= int(percent) <= 100:
             raise ValueError(f"{SM_PERCENT_ENV}: {item!r} needs a whole percentage in 1-100")
         caps[stage] = int(percent)
     return caps
@@ -107,7 +107,7 @@ def install_wrappers(repository: Path, stage_envs: Mapping[str, Mapping[str, str
     for stage in names:
         model_dir = repository / stage
         if not model_dir.is_dir():
-            raise ValueError(f"no model directory {model_dir} for low-priority stage {stage!r}")
+            raise ValueError(f"no model directory {model_dir} for stage {stage!r}")
         path = model_dir / STUB_NAME
         path.write_text(wrapper_text(real_stub, stage_envs[stage]))
         path.chmod(0o755)
