@@ -224,17 +224,29 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    overrides = dict(item.split("=", 1) for item in args.set)
-    profile = get_profile(args.profile).with_overrides(overrides)
-    server = ServerProcess(ServerOptions(
+def server_options(args: argparse.Namespace) -> ServerOptions:
+    """The options the command line and the environment ask for; ValueError names what is wrong
+    (a profile, a `--set` variable, a MINICPMO_MPS_* setting)."""
+    malformed = [item for item in args.set if "=" not in item]
+    if malformed:
+        raise ValueError(f"--set takes NAME=VALUE, got {malformed}")
+    profile = get_profile(args.profile).with_overrides(dict(item.split("=", 1) for item in args.set))
+    return ServerOptions(
         profile=profile, repository=args.repository, workdir=args.workdir, address=args.address,
         http_port=args.http_port, grpc_port=args.grpc_port, metrics_port=args.metrics_port, log_file=args.log_file,
         mps=args.mps, extra_args=[f"--id={args.server_id}"] if args.server_id else [],
         mps_low_priority=stages_from_environment() if args.mps_low_priority is None else args.mps_low_priority,
         mps_sm_percent=sm_percents(os.environ.get(SM_PERCENT_ENV, "")),
-    ))
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        options = server_options(parse_args(argv))
+    except ValueError as err:  # a usage error: one line, no traceback, nothing started
+        print(f"minicpmo launcher: {err}", file=sys.stderr)
+        return 2
+    server = ServerProcess(options)
     stop_requested = []
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop_requested.append(True))

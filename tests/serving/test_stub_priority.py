@@ -103,3 +103,24 @@ def test_the_sm_caps_apply_only_under_an_mps_daemon(tmp_path: Path):
     assert server.stage_environments() == {}
     server.mps = object()  # type: ignore[assignment]
     assert server.stage_environments() == {"code2wav": {"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "50"}}
+
+
+@pytest.mark.parametrize(("argv", "environ", "message"), [
+    ([], {SM_PERCENT_ENV: "code2wav=150"}, "needs a whole percentage in 1-100"),
+    ([], {LOW_PRIORITY_ENV: "vocoder"}, "vocoder is not a stage"),
+    (["--set", "max_sessions"], {}, "--set takes NAME=VALUE"),
+    (["--set", "no_such_variable=1"], {}, "unknown configuration variables"),
+    (["--profile", "no_such_profile"], {}, "unknown profile"),
+])
+def test_the_launcher_refuses_bad_settings_in_one_line_before_starting_anything(
+        argv, environ, message, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]):
+    from backends.serving import launcher
+
+    monkeypatch.delenv(SM_PERCENT_ENV, raising=False)
+    monkeypatch.delenv(LOW_PRIORITY_ENV, raising=False)
+    for name, value in environ.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setattr(launcher, "ServerProcess", None)  # reaching it would fail the test loudly
+    assert launcher.main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("minicpmo launcher: ") and message in err and "Traceback" not in err
