@@ -3,8 +3,11 @@
 What the served Thinker does per session, without Triton around it: each session starts with
 `initial_user_text` and the reply-shape knobs of the duplex benchmark, then appends one 1 s
 unit of silence every second (staggered), and the engine thread's loop (submit what is due,
-step while there is work) runs here on the main thread. Per level it prints the unit latency
-(append submitted -> unit result: what the duplex benchmark's server TTFT/TTFP start with),
+step while there is work; with `--in-flight on`, the default, also submit what falls due while
+a step is on the GPU, as the engine thread's in-step drain does; `--in-flight on,off,on,off`
+alternates both over the levels in one process) runs here on the main thread.
+Per level it prints the unit latency (append due -> unit result, so it includes the wait for
+the step in progress: what the duplex benchmark's server TTFT/TTFP start with),
 the engine steps per unit and their wall time, and with `--profile` the functions that took
 the host time (cProfile, cumulative).
 
@@ -64,14 +67,21 @@ def _run_level(engine, concurrency: int, args: argparse.Namespace) -> dict[str, 
     sessions = [_Session(i, t0 + i * args.stagger_s) for i in range(concurrency)]
     latencies, first_latencies, step_times = [], [], []
     end = t0 + args.seconds
-    while time.perf_counter() < end or engine.has_work():
+
+    def submit_due() -> None:
         now = time.perf_counter()
         for s in sessions:
-            if now < end and now >= s.start_s + s.seq:  # one unit per second per session
+            due = s.start_s + s.seq  # one unit per second per session
+            if now < end and now >= due:
                 sink = ListSink()
                 engine.submit(_request(s, args), sink)
-                s.pending.append((now, sink, s.seq))
+                s.pending.append((due, sink, s.seq))
                 s.seq += 1
+
+    # as the engine thread does: appends that fall due during a step are taken inside it
+    engine.attach_in_flight_drain(submit_due if args.in_flight else _nothing)
+    while time.perf_counter() < end or engine.has_work():
+        submit_due()
         if engine.has_work():
             started = time.perf_counter()
             engine.step()
@@ -87,6 +97,10 @@ def _run_level(engine, concurrency: int, args: argparse.Namespace) -> dict[str, 
             "steps": len(step_times), "step_ms": Distribution.of(x * 1e3 for x in step_times)}
 
 
+def _nothing() -> None:
+    pass
+
+
 def _collect(sessions: list[_Session], latencies: list[float], first: list[float]) -> None:
     now = time.perf_counter()
     for s in sessions:
@@ -97,10 +111,11 @@ def _collect(sessions: list[_Session], latencies: list[float], first: list[float
         s.pending = [p for p in s.pending if not p[1].closed]
 
 
-def _row(result: dict[str, object]) -> str:
+def _row(result: dict[str, object], in_flight: bool) -> str:
     unit, first, step = result["unit_ms"], result["first_unit_ms"], result["step_ms"]
     per_unit = result["steps"] / max(1, result["units"])
-    return (f"| {result['C']} | {result['units']} | {_ms(first.mean)} | {_ms(unit.mean)} / "
+    mode = "on" if in_flight else "off"
+    return (f"| {result['C']} | {mode} | {result['units']} | {_ms(first.mean)} | {_ms(unit.mean)} / "
             f"{_ms(unit.median)} / {_ms(unit.p99)} | {per_unit:.1f} | {_ms(step.mean)} / {_ms(step.p99)} |")
 
 
@@ -139,11 +154,18 @@ def main() -> None:
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--max-sessions", type=int, default=0,
                         help="runner sized for this many sessions (default: the largest C)")
+    parser.add_argument("--in-flight", default="on",
+                        help="on | off, or a list (on,off,...): take appends that fall due during a step "
+                             "inside it, as the engine thread's drain does; every level runs once per entry")
     parser.add_argument("--profile", type=int, default=0, help="cProfile the level with this C")
     parser.add_argument("--torch-profile", type=int, default=0,
                         help="torch.profiler (host ops and CUDA kernels) over the level with this C")
     parser.add_argument("--trace", default="", help="with --torch-profile: also write its Chrome trace here")
     args = parser.parse_args()
+    modes = [mode == "on" for mode in args.in_flight.split(",")]
+    if not modes or not set(args.in_flight.split(",")) <= {"on", "off"}:
+        parser.error(f"--in-flight takes on, off or a comma list of them, got {args.in_flight!r}")
+    args.in_flight = modes[0]
     levels = [int(c) for c in args.concurrency.split(",")]
     params = {"device": args.device, "checkpoint": args.checkpoint, "dtype": args.dtype,
               "max_sessions": str(args.max_sessions or max(levels)), "max_context_tokens": "8192"}
@@ -151,9 +173,10 @@ def main() -> None:
     engine = build_thinker_engine(params)
     print(f"engine built in {time.perf_counter() - started:.1f} s; warm-up level", flush=True)
     _run_level(engine, 1, argparse.Namespace(**{**vars(args), "seconds": 2.0}))
-    print("| C | units | first unit ms (prompt + unit) | unit ms mean / median / P99 | steps per unit "
-          "| step ms mean / P99 |\n|---|---|---|---|---|---|")
-    for c in levels:
+    print("| C | in flight | units | first unit ms (prompt + unit) | unit ms mean / median / P99 "
+          "| steps per unit | step ms mean / P99 |\n|---|---|---|---|---|---|---|")
+    for c, in_flight in [(c, mode) for mode in modes for c in levels]:
+        args.in_flight = in_flight
         profiler = cProfile.Profile() if c == args.profile else None
         if profiler is not None:
             profiler.enable()
@@ -163,7 +186,7 @@ def main() -> None:
             result = _run_level(engine, c, args)
         if profiler is not None:
             profiler.disable()
-        print(_row(result), flush=True)
+        print(_row(result, in_flight), flush=True)
         if profiler is not None:
             out = io.StringIO()
             stats = pstats.Stats(profiler, stream=out)

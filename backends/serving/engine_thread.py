@@ -6,6 +6,9 @@ command queue whenever the engine has nothing to do (no polling). An optional `o
 on this thread after each round (the resource gauges: one thread per process updates metrics).
 `on_inbox_wait` gets each submitted request's time in the queue: commands are drained only
 between steps, so a request posted during a forward waits for that forward to end.
+An engine that waits for the GPU inside its step may take `attach_in_flight_drain`: it then runs
+the commands posted meanwhile from inside the step (ThinkerEngine lays out the new appends
+while the GPU works); a shutdown met there is held until the step ends.
 An engine with pending work may ask to wait (`holding_s`, Code2Wav holding windows for an
 announced first window): the thread then sleeps on the queue for that long instead of stepping.
 """
@@ -55,6 +58,10 @@ class EngineThread:
         # The CUDA device is per host thread: the engine thread steps on the one its builder chose
         # (a stage on GPU 1 would otherwise make its streams and graphs on GPU 0).
         self._cuda_device = torch.cuda.current_device() if torch.cuda.is_initialized() else None
+        self._held: Any = None  # a command the in-step drain met and left for the loop
+        attach = getattr(engine, "attach_in_flight_drain", None)
+        if attach is not None:
+            attach(self._drain_in_step)
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
@@ -91,7 +98,9 @@ class EngineThread:
         if self._cuda_device is not None:
             torch.cuda.set_device(self._cuda_device)
         while True:
-            command = self._next_command(*self._wait())
+            command, self._held = self._held, None
+            if command is None:
+                command = self._next_command(*self._wait())
             while command is not None:
                 if command is _STOP:
                     return
@@ -101,6 +110,17 @@ class EngineThread:
                 self._step()
             if self._observer is not None:
                 self._run_command((self._observer, ()))
+
+    def _drain_in_step(self) -> None:
+        """Run the commands posted so far, from inside the engine's step (same thread)."""
+        while self._held is None:
+            command = self._next_command(block=False)
+            if command is None:
+                return
+            if command is _STOP:
+                self._held = command
+            else:
+                self._run_command(command)
 
     def _wait(self) -> tuple[bool, float | None]:
         """(block, timeout) of the next wait for a command: none while a step is due."""

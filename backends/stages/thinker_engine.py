@@ -1,11 +1,12 @@
 """The Thinker engine: many duplex sessions batched on one runner.
 
 Single-threaded: the serving layer calls every method from its one engine thread. One
-`step()` is one `runner.step` over all ready work of all sessions: the appends (prefill rows)
-of some sessions (a long one in chunks: backends/thinker/prefill_chunks.py) and the decodes of
-others in one mixed batch. A unit decodes until its chunk terminator (at most 20 tokens); the
-terminator is sampled but not forwarded, and is re-injected at the head of the session's next
-append.
+`step()` is one runner step over all ready work of all sessions: the appends (prefill rows) of
+some (a long one in chunks: backends/thinker/prefill_chunks.py) and the decodes of others in one
+mixed batch. While it runs on the GPU, the engine thread's new commands are taken and the
+appends of sessions outside the step are laid out, so their host work is off the next step's
+path. A unit decodes until its chunk terminator (at most 20 tokens), sampled but not
+forwarded and re-injected at the head of the session's next append.
 
 Failures are session-scoped: an exception while preparing, sampling or finishing one session
 closes that session's sinks with an error and frees its state; other sessions keep running.
@@ -35,11 +36,12 @@ from backends.runner.types import (
 )
 from backends.stages.contracts import ACTION_STOP, ThinkerRequest
 from backends.stages.sink import ResponseSink, StageError, StageFailure
+from backends.thinker.append_fit import check_context, fit_window
 from backends.thinker.append_request import check_append, policy_config, window_mode
 from backends.thinker.context_window import WINDOW_MODES, ContextWindow, WindowConfig
 from backends.thinker.duplex_policy import DuplexPolicy
 from backends.thinker.policy_masks import PolicyIds
-from backends.thinker.prompt_layout import AppendRows, PromptLayout
+from backends.thinker.prompt_layout import PromptLayout
 from backends.thinker.session_state import QueuedAppend, ThinkerSession, UnitEncoder
 from backends.thinker.unit_batch import Encoded, encode_pending_units, streaming_encoder_factory
 
@@ -94,6 +96,8 @@ class ThinkerEngine:
         self.extra_special_ids = () if eos is None else (eos,)
         self.policy_ids = PolicyIds(special_tokens, self.bad_token_ids, self.extra_special_ids)
         self._sessions: dict[str, ThinkerSession] = {}  # owner: the engine thread
+        # The engine thread's command drain, run while a step is on the GPU (EngineThread).
+        self._in_flight_drain: Callable[[], None] | None = None
         # Test-only, set by backends/serving/fault_injection.py when fault_injection=on.
         self.fault_hook: Callable[[str], None] | None = None
 
@@ -132,6 +136,10 @@ class ThinkerEngine:
         return {"requests": len(self._sessions), "runner_requests": len(self.runner.states.req_id_to_slot),
                 "kv_free_blocks": self.runner.num_free_blocks(), "kv_blocks": self.runner.config.num_blocks}
 
+    def attach_in_flight_drain(self, drain: Callable[[], None]) -> None:
+        """`drain()` runs the engine thread's pending commands (EngineThread calls this)."""
+        self._in_flight_drain = drain
+
     # ---- the step --------------------------------------------------------------------------
 
     def step(self) -> None:
@@ -140,13 +148,17 @@ class ThinkerEngine:
         if not batch:
             return
         try:
-            results = self.runner.step([inp for _, inp in batch])
+            pending = self.runner.launch_step([inp for _, inp in batch])
+            self._while_in_flight({id(session) for session, _ in batch})
+            results = pending.wait()
         except Exception as err:  # noqa: BLE001 - the batch is lost, the engine stays up
             logger.exception("thinker runner step failed")
             for session, _ in batch:
                 self._end(session, StageError("internal", f"thinker step failed: {err}"))
             return
         for (session, inp), result in zip(batch, results):
+            if self._sessions.get(session.request_id) is not session:
+                continue  # stopped while the step was in flight: its sinks are closed
             self._guarded(session, lambda s=session, i=inp, r=result: self._deliver(s, i, r))
 
     def _ready_inputs(self) -> Iterator[tuple[ThinkerSession, StepInput]]:
@@ -162,12 +174,28 @@ class ThinkerEngine:
         if self.fault_hook is not None:
             self.fault_hook(session.request_id)
         if session.active is None:
-            active = session.activate(encoded)
-            assert active.rows is not None  # fresh from activate()
-            self._fit_window(session, active.rows)
-            self._check_context(session, active.rows.num_rows)
+            self._activate(session, encoded)
         embed = self.model.embed_tokens
         return session.next_input(embed, self.runner_config.device, self.runner_config.dtype)
+
+    def _activate(self, session: ThinkerSession, encoded: Encoded | None = None) -> None:
+        """Lay out the session's next queued append (encode, window, context check)."""
+        rows = session.activate(encoded).rows
+        assert rows is not None  # fresh from activate()
+        fit_window(self.runner, session, rows, self.max_len)
+        check_context(self.runner, session, rows.num_rows, self.max_len)
+
+    def _while_in_flight(self, busy: set[int]) -> None:
+        """The GPU runs a step: accept the commands that arrived meanwhile and lay out the next
+        append of every session outside the step (mel, encoder launch, rows), so the next
+        step does not wait for that host work. Nothing here waits for the GPU (a window
+        restart or cut would, and only loses the overlap)."""
+        if self._in_flight_drain is not None:
+            self._in_flight_drain()
+        idle = [s for s in self._sessions.values() if id(s) not in busy and s.active is None and s.queue]
+        encoded = encode_pending_units(idle)
+        for session in idle:
+            self._guarded(session, partial(self._activate, session, encoded.get(session.request_id)))
 
     def _deliver(self, session: ThinkerSession, inp: StepInput, result: StepResult) -> None:
         unit = session.consume(inp, result)
@@ -232,34 +260,6 @@ class ThinkerEngine:
             raise StageFailure("internal", f"session setup failed: {err}") from err
         self._sessions[first.request_id] = session
         return session
-
-    def _fit_window(self, session: ThinkerSession, rows: AppendRows) -> None:
-        """Make room before an append: a rebuilt prompt replaces the KV (`context`), or a cut
-        re-anchors it in place (`basic`)."""
-        rid, window = session.request_id, session.window
-        if rows.restarts:
-            window.on_restart(self.runner.num_tokens(rid))
-            self.runner.free_request(rid)
-            sampling = SamplingParams(seed=session.policy.seed)
-            self.runner.add_request(rid, sampling, session.hook, self.max_len)
-        else:
-            incoming = rows.num_rows + session.decode_budget
-            cut = window.plan_cut(self.runner.num_tokens(rid), incoming)
-            if cut is not None:
-                self.runner.reanchor(rid, cut.keep_prefix, cut.drop)
-                window.apply_cut(cut)
-        session.policy.position_offset = window.position_offset
-
-    def _check_context(self, session: ThinkerSession, num_rows: int) -> None:
-        """The append plus a whole unit's decode (the terminator is never forwarded) must fit:
-        the request reserved exactly `max_len` tokens of KV."""
-        needed = self.runner.num_tokens(session.request_id) + num_rows + session.decode_budget
-        if needed > self.max_len:
-            raise StageFailure(
-                "context_length_exceeded",
-                f"context_length_exceeded: request {session.request_id!r} needs {needed} "
-                f"tokens, its context is {self.max_len} (window {session.window.mode})",
-            )
 
     def _guarded(self, session: ThinkerSession, work: Callable[[], object]) -> object | None:
         """Run one session's work; a failure ends only that session."""

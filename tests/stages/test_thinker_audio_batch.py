@@ -12,43 +12,22 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import torch
+from thinker_driving import UNIT, Parts, audio_engine, run_idle, serve, tiny_audio_parts
 
-from backends.audio.encoder_model import AudioEncoderModel
-from backends.checkpoint.tiny_tokenizer import EOS_TOKEN, train_tiny_tokenizer
-from backends.checkpoint.tokenizer import SpecialTokens, TextTokenizer
-from backends.models.qwen3 import Qwen3Config, Qwen3ForCausalLM
-from backends.models.whisper_encoder import WhisperEncoderConfig
-from backends.runner.types import RunnerConfig
 from backends.stages.contracts import ThinkerRequest
 from backends.stages.sink import ListSink
 from backends.stages.thinker_engine import ThinkerEngine
 from backends.thinker import unit_batch
 
-HIDDEN = 32
-UNIT = 16000
 HIDDEN_ATOL = 1e-4  # as tests/stages/test_thinker_engine.py: mixed-batch float32 noise
 
 
 @pytest.fixture(scope="module")
-def parts() -> tuple[Qwen3ForCausalLM, AudioEncoderModel, TextTokenizer, SpecialTokens]:
-    tokenizer = TextTokenizer(train_tiny_tokenizer(), EOS_TOKEN)
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(0)
-        llm = Qwen3ForCausalLM(Qwen3Config(
-            hidden_size=HIDDEN, num_hidden_layers=2, num_attention_heads=4,
-            num_key_value_heads=2, head_dim=8, intermediate_size=64, vocab_size=1024,
-        )).eval()
-        whisper = WhisperEncoderConfig(d_model=32, encoder_layers=2, encoder_attention_heads=4,
-                                       encoder_ffn_dim=128, max_source_positions=200)
-        audio = AudioEncoderModel.from_config(whisper, HIDDEN)
-    return llm, audio, tokenizer, SpecialTokens.resolve(tokenizer)
+def parts() -> Parts:
+    return tiny_audio_parts()
 
 
-def _engine(parts) -> ThinkerEngine:
-    llm, audio, tokenizer, special = parts
-    runner = RunnerConfig(num_blocks=128, max_num_reqs=4, max_model_len=512)
-    return ThinkerEngine(llm, audio, tokenizer, special, runner)
+_engine = audio_engine
 
 
 def _session(request_id: str, seed: int, units: list[int]) -> list[ThinkerRequest]:
@@ -72,23 +51,8 @@ def _play(engine: ThinkerEngine, sessions: dict) -> dict[str, list[ListSink]]:
     for round_ in range(rounds):
         for rid, (start, requests) in sessions.items():
             if 0 <= round_ - start < len(requests):
-                sinks[rid] += _submit(engine, [requests[round_ - start]])
-        _run(engine)
-    return sinks
-
-
-def _run(engine: ThinkerEngine) -> None:
-    for _ in range(2000):
-        if not engine.has_work():
-            return
-        engine.step()
-    raise AssertionError("engine did not go idle")
-
-
-def _submit(engine: ThinkerEngine, requests: list[ThinkerRequest]) -> list[ListSink]:
-    sinks = [ListSink() for _ in requests]
-    for request, sink in zip(requests, sinks):
-        engine.submit(request, sink)
+                sinks[rid] += serve(engine, [requests[round_ - start]])
+        run_idle(engine)
     return sinks
 
 

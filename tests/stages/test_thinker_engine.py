@@ -205,13 +205,13 @@ def test_kv_holds_every_row_and_reinjects_the_terminator(make_engine, special) -
 def _spied_rows(engine: ThinkerEngine, monkeypatch) -> list[dict[str, int]]:
     """Every runner step's rows per request, recorded as the engine issues them."""
     steps: list[dict[str, int]] = []
-    real_step = engine.runner.step
+    real_launch = engine.runner.launch_step
 
     def spy(inputs: list[StepInput]):
         steps.append({inp.request_id: inp.num_rows for inp in inputs})
-        return real_step(inputs)
+        return real_launch(inputs)
 
-    monkeypatch.setattr(engine.runner, "step", spy)
+    monkeypatch.setattr(engine.runner, "launch_step", spy)
     return steps
 
 
