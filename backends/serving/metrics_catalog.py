@@ -78,7 +78,8 @@ STAGE_CALL = MetricSpec(
 INBOX_WAIT = MetricSpec(
     "minicpmo_stage_inbox_wait_ms", HISTOGRAM,
     "A stage request's arrival at its engine thread (posted by execute) to the thread taking it "
-    "in; the thread does so only between steps, so this is mostly the wait for a running forward, ms",
+    "in; Talker and Code2Wav threads do so only between steps (mostly the wait for a running "
+    "forward), the Thinker's also while its step is on the GPU, ms",
     buckets=INBOX_BUCKETS_MS)
 WINDOW_WAIT = MetricSpec(
     "minicpmo_code2wav_window_wait_ms", HISTOGRAM,
