@@ -3,12 +3,15 @@
 `AsyncOutput` queues device -> pinned-host copies on the current stream right after the work
 that produced them and records an event; the host keeps working (or launches the next step)
 until it needs the values. `AsyncOutput.wait` is the only call in the runner that blocks the
-host on the device. `PendingStep` is a launched step whose results are collected by `wait`.
+host on the device. `PendingStep` is a launched step whose results are collected by `wait`
+(`Pending`: its host part runs once).
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
+from typing import Generic, TypeVar
 
 import torch
 
@@ -42,23 +45,45 @@ class AsyncOutput:
         return self._host
 
 
-class PendingStep:
-    """A launched step; `wait` finishes its host work once (outputs, hooks, bookkeeping)."""
+R = TypeVar("R")
 
-    def __init__(self, finish: Callable[[], list[StepResult]]) -> None:
-        self._finish: Callable[[], list[StepResult]] | None = finish
-        self._results: list[StepResult] | None = None
 
-    @classmethod
-    def done(cls, results: list[StepResult]) -> PendingStep:
-        return cls(lambda: results)
+class Pending(Generic[R]):
+    """Launched device work whose host part (`finish`: outputs, hooks, bookkeeping) runs once,
+    on the first `wait`. A finish that fails is never run again (it may have run some hooks
+    already): its error is kept and raised to every later `wait`."""
+
+    def __init__(self, finish: Callable[[], list[R]]) -> None:
+        self._finish: Callable[[], list[R]] | None = finish
+        self._results: list[R] = []
+        self._error: Exception | None = None
 
     @property
     def is_finished(self) -> bool:
         return self._finish is None
 
-    def wait(self) -> list[StepResult]:
-        if self._finish is not None:
-            self._results = self._finish()
-            self._finish = None
-        return self._results if self._results is not None else []
+    def wait(self) -> list[R]:
+        finish, self._finish = self._finish, None
+        if finish is not None:
+            try:
+                self._results = finish()
+            except Exception as err:
+                self._error = err
+                raise
+        if self._error is not None:
+            raise self._error
+        return self._results
+
+    def settle(self) -> None:
+        """Finish the work before touching the state it writes; a failure is its launcher's,
+        raised by the launcher's own `wait`, so an unrelated call here does not fail with it."""
+        with contextlib.suppress(Exception):
+            self.wait()
+
+
+class PendingStep(Pending[StepResult]):
+    """A launched runner step."""
+
+    @classmethod
+    def done(cls, results: list[StepResult]) -> PendingStep:
+        return cls(lambda: results)

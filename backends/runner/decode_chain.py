@@ -26,7 +26,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import torch
 
-from backends.runner.async_output import AsyncOutput
+from backends.runner.async_output import AsyncOutput, Pending
 from backends.runner.block_table import BlockTable
 from backends.runner.cuda_graphs import DecodeGraphs, RowSampler, capture_graph
 from backends.runner.request_states import RequestStates
@@ -35,18 +35,8 @@ from backends.runner.types import ChainResult, StepInput
 _LOG = logging.getLogger(__name__)
 
 
-class PendingChain:
+class PendingChain(Pending[ChainResult]):
     """A launched chain; `wait` reads its tokens and commits them to the host state once."""
-
-    def __init__(self, finish: Callable[[], list[ChainResult]]) -> None:
-        self._finish: Callable[[], list[ChainResult]] | None = finish
-        self._results: list[ChainResult] = []
-
-    def wait(self) -> list[ChainResult]:
-        if self._finish is not None:
-            self._results = self._finish()
-            self._finish = None
-        return self._results
 
 
 def check_chain(

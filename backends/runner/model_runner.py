@@ -120,7 +120,7 @@ class ModelRunner:
         """Admit a request and reserve KV for `max_len` tokens (default max_model_len) now, so
         no later step can run out of pages. Raises AdmissionError, changing nothing, if the
         slot or the blocks are not available."""
-        self._pending.wait()
+        self._pending.settle()
         max_len = self.config.max_model_len if max_len is None else max_len
         if max_len < 1:
             raise ValueError(f"request {request_id!r}: max_len must be >= 1, got {max_len}")
@@ -154,7 +154,7 @@ class ModelRunner:
 
     def free_request(self, request_id: str) -> None:
         """Free the slot and every KV block of the request; unknown ids are ignored."""
-        self._pending.wait()
+        self._pending.settle()
         slot = self.states.req_id_to_slot.get(request_id)
         if slot is None:
             return
@@ -190,7 +190,7 @@ class ModelRunner:
     def launch_step(self, inputs: list[StepInput]) -> PendingStep:
         """`step` split in two: queue the step, read its results with `wait()`. On the fast
         path the host is free between the two; the next runner call settles it anyway."""
-        self._pending.wait()
+        self._pending.settle()
         if not inputs:
             return PendingStep.done([])
         slots = self._validate(inputs)
@@ -222,7 +222,7 @@ class ModelRunner:
         step's inputs; results (all `length` tokens per request) on `wait()`, the one host
         wait. Plain decodes only (see `decode_chain.check_chain`); ValueError, no state
         changed, otherwise. Every step is committed: `discard_tail` takes unwanted ones back."""
-        self._pending.wait()
+        self._pending.settle()
         if self.chains is None:
             raise ValueError("decode chains need the fast path (attention_backend 'triton')")
         if not inputs:
@@ -237,7 +237,7 @@ class ModelRunner:
     def discard_tail(self, request_id: str, count: int) -> None:
         """Forget the last `count` steps of the request's last decode chain (those after its
         stop): KV length, ledger and drawn history as if it had stopped stepping there."""
-        self._pending.wait()
+        self._pending.settle()
         self.states.discard_tail(self.states.slot_of(request_id), count)
 
     def num_free_rows(self, request_id: str) -> int:
@@ -386,7 +386,7 @@ class ModelRunner:
         Whole pages only: both must be multiples of block_size. See `reanchor.reanchor_slot`
         for the semantics (StreamingLLM-style; the request keeps its exact reservation).
         """
-        self._pending.wait()
+        self._pending.settle()
         slot = self.states.slot_of(request_id)
         check_reanchor(
             request_id, keep_prefix, drop, int(self.states.num_computed_tokens_np[slot]),

@@ -6,6 +6,7 @@ writes to the sources; a PendingStep runs its finisher exactly once.
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from backends.runner.async_output import AsyncOutput, PendingStep
@@ -32,3 +33,18 @@ def test_pending_step_finishes_once() -> None:
     assert pending.wait() == [result] and pending.wait() == [result]
     assert calls == [1] and pending.is_finished
     assert PendingStep.done([]).wait() == []
+
+
+def test_a_failed_finish_runs_once_and_every_wait_raises_it() -> None:
+    calls: list[int] = []
+
+    def finish() -> list[StepResult]:
+        calls.append(1)
+        raise RuntimeError("finish failed")
+
+    pending = PendingStep(finish)
+    pending.settle()  # the failure is the launcher's: an unrelated caller goes on
+    for _ in range(2):
+        with pytest.raises(RuntimeError, match="finish failed"):
+            pending.wait()
+    assert calls == [1] and pending.is_finished

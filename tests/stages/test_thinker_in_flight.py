@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 from thinker_driving import UNIT, Parts, audio_engine, run_idle, serve, tiny_audio_parts
 
+from backends.runner.async_output import PendingStep
 from backends.stages.contracts import ACTION_STOP, ThinkerRequest
 from backends.stages.sink import ListSink
 from backends.stages.thinker_engine import ThinkerEngine
@@ -155,3 +156,35 @@ def test_a_stop_in_flight_ends_only_its_session(parts, monkeypatch, caplog, stop
     assert not [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
     engine.stop("b")
     assert engine.runner.num_free_blocks() == free_blocks
+
+
+def test_a_step_that_fails_in_flight_ends_its_sessions_and_no_other(parts, monkeypatch) -> None:
+    """A session started inside the step settles the runner's pending step first: the step's
+    failure is its sessions' (raised by the engine's own wait), its host part runs once, and
+    the new session starts."""
+    engine, sinks = audio_engine(parts), {}
+    submit = _submitter(engine, sinks)
+    listener = _listener("b", 1)
+    engine.attach_in_flight_drain(lambda: "b" in sinks or submit(listener[0])())
+    finishes: list[int] = []
+    launch = engine.runner.launch_step
+
+    def failing_launch(inputs):
+        launch(inputs)
+
+        def finish():
+            finishes.append(1)
+            raise RuntimeError("injected step failure")
+
+        engine.runner._pending = PendingStep(finish)
+        return engine.runner._pending
+
+    monkeypatch.setattr(engine.runner, "launch_step", failing_launch)
+    submit(_reply("a", 5)[0])()
+    engine.step()
+    monkeypatch.undo()
+    (failed,) = sinks["a"]
+    assert failed.error.code == "internal" and "injected step failure" in failed.error.message
+    assert finishes == [1] and not engine.runner.has_request("a")
+    run_idle(engine)
+    assert _units(sinks["b"])[0].unit_index == 0
