@@ -4,11 +4,11 @@
 The thread drains all pending commands, then runs one engine step, and sleeps on the
 command queue whenever the engine has nothing to do (no polling). An optional `observer` runs
 on this thread after each round (the resource gauges: one thread per process updates metrics).
-`on_inbox_wait` gets each submitted request's time in the queue: commands are drained only
-between steps, so a request posted during a forward waits for that forward to end.
-An engine that waits for the GPU inside its step may take `attach_in_flight_drain`: it then runs
-the commands posted meanwhile from inside the step (ThinkerEngine lays out the new appends
-while the GPU works); a shutdown met there is held until the step ends.
+`on_inbox_wait` gets each submitted request's time in the queue: commands are drained between
+steps, so a request posted during a forward waits for that forward to end, unless the engine
+takes `attach_in_flight_drain`: it then runs the commands posted meanwhile from inside its step
+while it waits for the GPU (ThinkerEngine lays out the new appends there); a shutdown met there
+is held until the step ends.
 An engine with pending work may ask to wait (`holding_s`, Code2Wav holding windows for an
 announced first window): the thread then sleeps on the queue for that long instead of stepping.
 """

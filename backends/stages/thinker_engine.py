@@ -188,8 +188,8 @@ class ThinkerEngine:
     def _while_in_flight(self, busy: set[int]) -> None:
         """The GPU runs a step: accept the commands that arrived meanwhile and lay out the next
         append of every session outside the step (mel, encoder launch, rows), so the next
-        step does not wait for that host work. Nothing here waits for the GPU (a window
-        restart or cut would, and only loses the overlap)."""
+        step does not wait for that host work. A session starting here, or a window restart
+        or cut, settles the step first (runner state changes): it only loses the overlap."""
         if self._in_flight_drain is not None:
             self._in_flight_drain()
         idle = [s for s in self._sessions.values() if id(s) not in busy and s.active is None and s.queue]
