@@ -162,9 +162,10 @@ def main() -> None:
                         help="torch.profiler (host ops and CUDA kernels) over the level with this C")
     parser.add_argument("--trace", default="", help="with --torch-profile: also write its Chrome trace here")
     args = parser.parse_args()
-    modes = [mode == "on" for mode in args.in_flight.split(",")]
-    if not modes or not set(args.in_flight.split(",")) <= {"on", "off"}:
+    names = args.in_flight.split(",")
+    if not set(names) <= {"on", "off"}:
         parser.error(f"--in-flight takes on, off or a comma list of them, got {args.in_flight!r}")
+    modes = [name == "on" for name in names]
     args.in_flight = modes[0]
     levels = [int(c) for c in args.concurrency.split(",")]
     params = {"device": args.device, "checkpoint": args.checkpoint, "dtype": args.dtype,

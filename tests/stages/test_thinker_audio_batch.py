@@ -27,9 +27,6 @@ def parts() -> Parts:
     return tiny_audio_parts()
 
 
-_engine = audio_engine
-
-
 def _session(request_id: str, seed: int, units: list[int]) -> list[ThinkerRequest]:
     rng = np.random.default_rng(seed)
     audios = [(0.1 * rng.standard_normal(n * UNIT)).astype(np.float32) for n in units]
@@ -57,7 +54,7 @@ def _play(engine: ThinkerEngine, sessions: dict) -> dict[str, list[ListSink]]:
 
 
 def _alone(parts, rid: str) -> list:
-    sinks = _play(_engine(parts), {rid: SESSIONS[rid]})[rid]
+    sinks = _play(audio_engine(parts), {rid: SESSIONS[rid]})[rid]
     assert all(s.closed and s.error is None and len(s.results) == 1 for s in sinks)
     return [s.results[0] for s in sinks]
 
@@ -87,7 +84,7 @@ def _spy_batches(monkeypatch) -> list[list[int]]:
 def test_batched_sessions_equal_sessions_alone(parts, monkeypatch) -> None:
     want = {rid: _alone(parts, rid) for rid in SESSIONS}
     batches = _spy_batches(monkeypatch)
-    sinks = _play(_engine(parts), SESSIONS)
+    sinks = _play(audio_engine(parts), SESSIONS)
     for rid in SESSIONS:
         _assert_same(sinks[rid], want[rid])
     # cache lengths before each batch (rounds 2-6; c's two-unit round 4 is serial): a batch
@@ -98,7 +95,7 @@ def test_batched_sessions_equal_sessions_alone(parts, monkeypatch) -> None:
 def test_a_failing_session_in_a_batch_ends_alone(parts, monkeypatch) -> None:
     want = {rid: _alone(parts, rid) for rid in ("a", "c")}
     batches = _spy_batches(monkeypatch)
-    engine = _engine(parts)
+    engine = audio_engine(parts)
     real_submit = engine.submit
 
     def submit(request: ThinkerRequest, sink: ListSink) -> None:

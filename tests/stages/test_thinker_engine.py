@@ -15,6 +15,7 @@ from collections.abc import Callable
 import numpy as np
 import pytest
 import torch
+from thinker_driving import run_idle, serve
 
 from backends.audio.encoder_model import AudioEncoderModel
 from backends.checkpoint.tiny_tokenizer import EOS_TOKEN, train_tiny_tokenizer
@@ -37,7 +38,6 @@ UNIT = 16000
 # Rows of one session computed alone vs in a mixed batch go through different matmul shapes;
 # float32 reassociation differs by ~1e-6 relative at these widths.
 HIDDEN_ATOL = 1e-4
-MAX_STEPS = 2000
 
 
 class FakeEncoder:
@@ -112,14 +112,6 @@ def _silence(num_units: int = 1) -> np.ndarray:
     return np.zeros(num_units * UNIT, dtype=np.float32)
 
 
-def _run(engine: ThinkerEngine) -> None:
-    for _ in range(MAX_STEPS):
-        if not engine.has_work():
-            return
-        engine.step()
-    raise AssertionError("engine did not go idle")
-
-
 def _knob_session(request_id: str) -> list[ThinkerRequest]:
     """A forced two-unit reply to the initial text, user speech, then silence (a new reply)."""
     first = ThinkerRequest(
@@ -136,13 +128,6 @@ def _free_session(request_id: str) -> list[ThinkerRequest]:
     return [ThinkerRequest(request_id, a, seq=i, seed=7) for i, a in enumerate(audios)]
 
 
-def _submit_all(engine: ThinkerEngine, requests: list[ThinkerRequest]) -> list[ListSink]:
-    sinks = [ListSink() for _ in requests]
-    for request, sink in zip(requests, sinks):
-        engine.submit(request, sink)
-    return sinks
-
-
 def _units(sinks: list[ListSink]) -> list[ThinkerUnitResult]:
     for sink in sinks:
         assert sink.closed and sink.error is None, sink.error
@@ -152,8 +137,8 @@ def _units(sinks: list[ListSink]) -> list[ThinkerUnitResult]:
 
 def _alone(make_engine: EngineFactory, requests: list[ThinkerRequest]) -> list[ThinkerUnitResult]:
     engine = make_engine()
-    sinks = _submit_all(engine, requests)
-    _run(engine)
+    sinks = serve(engine, requests)
+    run_idle(engine)
     return _units(sinks)
 
 
@@ -189,8 +174,8 @@ def test_reply_knobs_give_speak_units_with_exact_text(make_engine, special) -> N
 def test_kv_holds_every_row_and_reinjects_the_terminator(make_engine, special) -> None:
     engine = make_engine()
     requests = _free_session("f")
-    sinks = _submit_all(engine, requests[:2])
-    _run(engine)
+    sinks = serve(engine, requests[:2])
+    run_idle(engine)
     first, second = _units(sinks)
     kv = engine.runner.token_ids("f")
     context_rows = kv.index(special.unit)
@@ -221,11 +206,11 @@ def test_sessions_interleaved_equal_sessions_alone(make_engine, monkeypatch, chu
     want_knob, want_free = _alone(make_engine, knob), _alone(make_engine, free)
     engine = make_engine(prefill_chunk_rows=chunk_rows)
     steps = _spied_rows(engine, monkeypatch)
-    sinks_knob = _submit_all(engine, knob[:1])
+    sinks_knob = serve(engine, knob[:1])
     engine.step()
-    sinks_free = _submit_all(engine, free)
-    sinks_knob += _submit_all(engine, knob[1:])
-    _run(engine)
+    sinks_free = serve(engine, free)
+    sinks_knob += serve(engine, knob[1:])
+    run_idle(engine)
     _assert_same(_units(sinks_knob), want_knob)
     _assert_same(_units(sinks_free), want_free)
     assert any(len(step) == 2 and min(step.values()) == 1 < max(step.values()) for step in steps), \
@@ -241,9 +226,9 @@ def test_stop_frees_everything(make_engine, special) -> None:
     engine = make_engine([encoder])
     free_at_start = engine.runner.num_free_blocks()
     requests = _free_session("a")
-    done = _submit_all(engine, requests[:1])
-    _run(engine)
-    pending = _submit_all(engine, requests[1:3])
+    done = serve(engine, requests[:1])
+    run_idle(engine)
+    pending = serve(engine, requests[1:3])
     engine.step()  # the second append is now mid-flight
     engine.stop("a")
     assert engine.runner.num_free_blocks() == free_at_start
@@ -263,13 +248,13 @@ def test_stop_of_an_unknown_request_touches_nothing(make_engine) -> None:
     free = _free_session("f")
     want = _alone(make_engine, free)
     engine = make_engine()
-    sinks = _submit_all(engine, free)
+    sinks = serve(engine, free)
     engine.step()
     engine.stop("never-started")
     stop_sink = ListSink()
     engine.submit(ThinkerRequest("other", _silence(), action=ACTION_STOP), stop_sink)
     assert stop_sink.closed and stop_sink.error is None
-    _run(engine)
+    run_idle(engine)
     _assert_same(_units(sinks), want)
 
 
@@ -279,8 +264,8 @@ def test_stop_before_the_first_prefill_releases_the_slot(make_engine) -> None:
     engine.submit(_free_session("a")[0], first)
     engine.stop("a")
     assert first.error.code == "cancelled" and engine.runner.num_free_blocks() == 96
-    again = _submit_all(engine, _free_session("b")[:1])
-    _run(engine)
+    again = serve(engine, _free_session("b")[:1])
+    run_idle(engine)
     assert again[0].error is None and len(again[0].results) == 1
 
 
@@ -301,9 +286,9 @@ def test_context_overflow_ends_the_request_once(make_engine, monkeypatch) -> Non
     real_free = engine.runner.free_request
     monkeypatch.setattr(
         engine.runner, "free_request", lambda rid: (freed.append(rid), real_free(rid)))
-    other = _submit_all(engine, _free_session("b")[:1])
-    sinks = _submit_all(engine, _forced_listen_session("a", 4))
-    _run(engine)
+    other = serve(engine, _free_session("b")[:1])
+    sinks = serve(engine, _forced_listen_session("a", 4))
+    run_idle(engine)
     assert engine.runner.num_tokens("b") > 0
     assert [s.error for s in sinks[:2]] == [None, None]
     assert [s.error.code for s in sinks[2:]] == ["context_length_exceeded"] * 2
@@ -319,9 +304,9 @@ def test_encoder_failure_fails_only_its_session(make_engine) -> None:
     free = _free_session("f")
     want = _alone(make_engine, free)
     engine = make_engine([FakeEncoder(fail_on_unit=2), FakeEncoder()])
-    broken = _submit_all(engine, _free_session("a")[:3])
-    sinks = _submit_all(engine, free)
-    _run(engine)
+    broken = serve(engine, _free_session("a")[:3])
+    sinks = serve(engine, free)
+    run_idle(engine)
     assert broken[0].error is None
     assert [s.error.code for s in broken[1:]] == ["internal", "internal"]
     _assert_same(_units(sinks), want)
@@ -332,15 +317,15 @@ def test_policy_failure_inside_the_runner_step_fails_only_its_session(make_engin
     free = _free_session("f")
     want = _alone(make_engine, free)
     engine = make_engine()
-    broken = _submit_all(engine, _free_session("a")[:2])
-    sinks = _submit_all(engine, free)
+    broken = serve(engine, _free_session("a")[:2])
+    sinks = serve(engine, free)
     engine.step()
 
     def explode(*_: object) -> int:
         raise RuntimeError("injected policy failure")
 
     engine._sessions["a"].policy.before_sample = explode  # type: ignore[method-assign]
-    _run(engine)
+    run_idle(engine)
     assert any(s.error is not None and s.error.code == "internal" for s in broken)
     assert "injected policy failure" in next(s.error.message for s in broken if s.error)
     _assert_same(_units(sinks), want)
@@ -367,7 +352,7 @@ def test_bad_requests_are_answered(make_engine, request_kwargs, fragment) -> Non
 
 def test_admission_limit(make_engine) -> None:
     engine = make_engine(max_num_reqs=1)
-    _submit_all(engine, _free_session("a")[:1])
+    serve(engine, _free_session("a")[:1])
     refused = ListSink()
     engine.submit(_free_session("b")[0], refused)
     assert refused.error.code == "resource_exhausted"
@@ -386,8 +371,8 @@ def test_real_streaming_encoder_and_reference_audio(llm, tokenizer, special) -> 
         RunnerConfig(num_blocks=64, max_num_reqs=2, max_model_len=512),
     )
     first = ThinkerRequest("r", _audio(1, 1), seq=0, ref_audio=_audio(1, 4)[:4000])
-    sinks = _submit_all(engine, [first, ThinkerRequest("r", _audio(1, 2), seq=1)])
-    _run(engine)
+    sinks = serve(engine, [first, ThinkerRequest("r", _audio(1, 2), seq=1)])
+    run_idle(engine)
     units = _units(sinks)
     kv = engine.runner.token_ids("r")
     assert kv.count(special.unit) == 2 + 2  # two reference rows (4000 -> 3200 samples) + 2 units
@@ -411,8 +396,8 @@ def test_a_setup_append_then_units_equals_the_setup_with_the_first_unit(make_eng
     """Same rows at the same positions either way: the same tokens, handoffs and text."""
     want = _alone(make_engine, session("s"))
     engine = make_engine()
-    sinks = _submit_all(engine, _with_setup(session("s")))
-    _run(engine)
+    sinks = serve(engine, _with_setup(session("s")))
+    run_idle(engine)
     setup, units = sinks[0], sinks[1:]
     assert setup.closed and setup.error is None and setup.results == []  # no unit for a setup
     _assert_same(_units(units), want)
@@ -422,13 +407,13 @@ def test_the_setup_prefill_runs_before_any_unit_arrives(make_engine) -> None:
     engine = make_engine()
     setup = ListSink()
     engine.submit(ThinkerRequest("s", np.zeros(0, np.float32), seq=0, initial_user_text="hi"), setup)
-    _run(engine)
+    run_idle(engine)
     assert setup.closed and setup.error is None
     held = engine.runner.num_tokens("s")
     assert held > 0  # the system context is in KV, nothing sampled
     unit = ListSink()
     engine.submit(ThinkerRequest("s", _silence(), seq=1), unit)
-    _run(engine)
+    run_idle(engine)
     assert unit.error is None and len(unit.results) == 1
     engine.stop("s")
     assert engine.runner.num_free_blocks() == 96
@@ -436,9 +421,9 @@ def test_the_setup_prefill_runs_before_any_unit_arrives(make_engine) -> None:
 
 def test_empty_audio_after_the_setup_append_is_refused(make_engine) -> None:
     engine = make_engine()
-    sinks = _submit_all(engine, [ThinkerRequest("s", np.zeros(0, np.float32), seq=0),
+    sinks = serve(engine, [ThinkerRequest("s", np.zeros(0, np.float32), seq=0),
                                  ThinkerRequest("s", np.zeros(0, np.float32), seq=1)])
-    _run(engine)
+    run_idle(engine)
     assert sinks[0].error is None
     assert sinks[1].error.code == "invalid_argument" and "seq 1" in sinks[1].error.message
     engine.stop("s")
@@ -464,8 +449,8 @@ def test_chunked_prefill_equals_one_prefill(make_engine, monkeypatch, session) -
 
 
 def _run_and_keep(engine: ThinkerEngine, requests: list[ThinkerRequest]) -> list[ThinkerUnitResult]:
-    sinks = _submit_all(engine, requests)
-    _run(engine)
+    sinks = serve(engine, requests)
+    run_idle(engine)
     return _units([s for s in sinks if s.results or s.error is not None])
 
 
@@ -475,25 +460,25 @@ def test_a_chunked_setup_answers_after_its_last_chunk(make_engine) -> None:
     engine.submit(ThinkerRequest("s", np.zeros(0, np.float32), seq=0, initial_user_text="hello there"), setup)
     engine.step()
     assert not setup.closed and engine.runner.num_tokens("s") <= 4
-    _run(engine)
+    run_idle(engine)
     assert setup.closed and setup.error is None and setup.results == []
     whole = make_engine()
     whole.submit(ThinkerRequest("s", np.zeros(0, np.float32), seq=0, initial_user_text="hello there"),
                  ListSink())
-    _run(whole)
+    run_idle(whole)
     assert engine.runner.token_ids("s") == whole.runner.token_ids("s")
 
 
 def test_stop_between_chunks_frees_everything(make_engine) -> None:
     engine = make_engine(prefill_chunk_rows=4)
     free_at_start = engine.runner.num_free_blocks()
-    sinks = _submit_all(engine, _knob_session("a")[:2])
+    sinks = serve(engine, _knob_session("a")[:2])
     engine.step()
     engine.step()  # two chunks of the first append in KV, more to come
     assert 0 < engine.runner.num_tokens("a") <= 8 and not sinks[0].closed
     engine.stop("a")
     assert [s.error.code for s in sinks] == ["cancelled", "cancelled"]
     assert engine.runner.num_free_blocks() == free_at_start and not engine.has_work()
-    again = _submit_all(engine, _free_session("b")[:1])
-    _run(engine)
+    again = serve(engine, _free_session("b")[:1])
+    run_idle(engine)
     assert again[0].error is None and len(again[0].results) == 1
