@@ -5,7 +5,10 @@ repetition penalty over the last 512 generated tokens, then temperature / top-k 
 the keyed Gumbel draw (`host_draws.filtered_draw`). The runner samples hooked rows this way one
 after another, so a batch-16 Thinker step pays it 16 times. Prints the mean ms per draw, and
 its parts: the masks and the penalty, the top-k pass alone. On CUDA also the draw with the
-row's device-to-host copy first (what the runner does before a hook runs).
+row's device-to-host copy first (what the runner does before a hook runs). Then the policy's
+own text draw (`policy_rows`) on the whole row with the runner's raw top candidates, as a hook
+gets it with `compact_host_rows` "off", against the same draw from the row's summary
+(`host_rows.CompactRow`: what the host gets by default on CUDA, without the row's copy).
 
     python3 perf/bench_policy_draw.py [--rows 200] [--history 300]
 """
@@ -22,8 +25,12 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from backends.runner.host_draws import filtered_draw  # noqa: E402
+from backends.checkpoint.tokenizer import SpecialTokens  # noqa: E402
+from backends.runner.host_draws import TOP_CANDIDATES, TopCandidates, filtered_draw  # noqa: E402
+from backends.runner.host_rows import HostRows  # noqa: E402
 from backends.runner.sampler import apply_repetition_penalty, step_seed  # noqa: E402
+from backends.thinker.policy_masks import PolicyIds  # noqa: E402
+from backends.thinker.policy_rows import PolicyRow, SummaryRow, WholeRow  # noqa: E402
 
 VOCAB = 151936
 SPECIAL = [*range(151643, 151700), *range(151700, 151936, 7)]  # a few runs and scattered ids
@@ -60,6 +67,48 @@ def copied_draw(source: torch.Tensor, history: list[int], seed: int) -> int:
     return draw(host, history, seed)
 
 
+TOKENIZER_IDS = 151669  # ids past it: embedding padding, the policy's bad ids
+POLICY_IDS = PolicyIds(SpecialTokens(*range(151643, 151658)), range(TOKENIZER_IDS, VOCAB))
+
+
+def policy_draw(row: PolicyRow, history: list[int], seed: int, knob: bool) -> int:
+    """The duplex policy's text draw: the knob's reply token (`DuplexPolicy._reply_token`, no
+    boundary draw) or the real weights' (rule 4's boundary draw on the raw row first), then
+    rule 5 (`DuplexPolicy._sample`)."""
+    key = step_seed(seed, len(history))
+    if knob:
+        row.mask("special_ids")
+    elif row.boundary_hit(POLICY_IDS.chunk_eos_ids[0], False, key):
+        return POLICY_IDS.chunk_eos_ids[0]
+    else:
+        row.mask("chunk_eos_ids")
+    row.mask("bad_ids")
+    row.penalise(history, 1.05, 512)
+    return row.draw(0.7, 20, 0.8, key, lowered=True)
+
+
+def policy_draws(rows: list[torch.Tensor], history: list[int], knob: bool) -> tuple[float, float]:
+    """Mean ms of the policy's draw per row: whole row with candidates, then its summary."""
+    whole_rows, summaries = [], []
+    for row in rows:
+        top = torch.topk(row[:TOKENIZER_IDS], TOP_CANDIDATES)
+        whole_rows.append(TopCandidates(top.values.numpy(), top.indices.numpy(), TOKENIZER_IDS))
+        host_rows = HostRows(row[None], [True], TOKENIZER_IDS, POLICY_IDS.chunk_eos_ids,
+                             with_candidates=False)
+        summaries.append(host_rows.row(0, {k: v.clone() for k, v in host_rows.outputs.items()}))
+    drawn: list[list[int]] = [[], []]
+
+    def whole(row: torch.Tensor, i: int) -> None:
+        drawn[0].append(policy_draw(WholeRow(row, POLICY_IDS, whole_rows[i]), history, i, knob))
+
+    def summary(_: torch.Tensor, i: int) -> None:
+        drawn[1].append(policy_draw(SummaryRow(summaries[i], POLICY_IDS), history, i, knob))
+
+    whole_ms, summary_ms = mean_ms(rows, whole), mean_ms(rows, summary)
+    assert drawn[0] == drawn[1], "the summary must draw the whole row's tokens"
+    return whole_ms, summary_ms
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rows", type=int, default=200)
@@ -75,6 +124,11 @@ def main() -> None:
     print(f"| whole draw | {mean_ms(rows, lambda row, i: draw(row, hist, i)):.3f} |")
     print(f"| masks + penalty | {mean_ms(rows, lambda row, i: mask_and_penalise(row, hist)):.3f} |")
     print(f"| top-k pass (torch.topk k=21) | {mean_ms(rows, lambda row, i: torch.topk(row, 21)):.3f} |")
+    for knob, name in ((True, "reply knob (no boundary draw)"), (False, "real weights")):
+        policy_draws(rows[:20], hist, knob)  # warm-up
+        whole_ms, summary_ms = policy_draws(rows, hist, knob)
+        print(f"| policy draw, {name}: whole row with its device candidates | {whole_ms:.3f} |")
+        print(f"| policy draw, {name}: from the row's summary | {summary_ms:.3f} |")
     if torch.cuda.is_available():
         on_gpu = [row.cuda() for row in rows]
         mean_ms(on_gpu[:20], lambda row, i: copied_draw(row, hist, i))

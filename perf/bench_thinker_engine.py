@@ -5,7 +5,8 @@ What the served Thinker does per session, without Triton around it: each session
 unit of silence every second (staggered), and the engine thread's loop (submit what is due,
 step while there is work; with `--in-flight on`, the default, also submit what falls due while
 a step is on the GPU, as the engine thread's in-step drain does; `--in-flight on,off,on,off`
-alternates both over the levels in one process) runs here on the main thread.
+alternates both over the levels in one process, and `--compact-rows auto,off,auto,off` the
+hooked rows' copies to the host: summaries or whole rows) runs here on the main thread.
 Per level it prints the unit latency (append due -> unit result, so it includes the wait for
 the step in progress: what the duplex benchmark's server TTFT/TTFP start with),
 the engine steps per unit and their wall time, and with `--profile` the functions that took
@@ -24,7 +25,7 @@ import io
 import pstats
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -111,11 +112,11 @@ def _collect(sessions: list[_Session], latencies: list[float], first: list[float
         s.pending = [p for p in s.pending if not p[1].closed]
 
 
-def _row(result: dict[str, object], in_flight: bool) -> str:
+def _row(result: dict[str, object], in_flight: bool, compact: str) -> str:
     unit, first, step = result["unit_ms"], result["first_unit_ms"], result["step_ms"]
     per_unit = result["steps"] / max(1, result["units"])
     mode = "on" if in_flight else "off"
-    return (f"| {result['C']} | {mode} | {result['units']} | {_ms(first.mean)} | {_ms(unit.mean)} / "
+    return (f"| {result['C']} | {mode} | {compact} | {result['units']} | {_ms(first.mean)} | {_ms(unit.mean)} / "
             f"{_ms(unit.median)} / {_ms(unit.p99)} | {per_unit:.1f} | {_ms(step.mean)} / {_ms(step.p99)} |")
 
 
@@ -142,6 +143,27 @@ def _torch_profiled_level(engine, concurrency: int, args: argparse.Namespace) ->
     return result
 
 
+def _arms(parser: argparse.ArgumentParser, args: argparse.Namespace) -> list[tuple[bool, str]]:
+    """(in flight, compact rows) per arm: equal-length lists pair up, a single entry repeats."""
+    flights, compacts = args.in_flight.split(","), args.compact_rows.split(",")
+    if not set(flights) <= {"on", "off"} or not set(compacts) <= {"auto", "off"}:
+        parser.error(f"--in-flight takes on/off, --compact-rows auto/off (or comma lists), got "
+                     f"{args.in_flight!r} and {args.compact_rows!r}")
+    count = max(len(flights), len(compacts))
+    if {len(flights), len(compacts)} - {1, count}:
+        parser.error("--in-flight and --compact-rows lists must have one entry or the same length")
+    flights, compacts = flights * (count // len(flights)), compacts * (count // len(compacts))
+    args.in_flight = flights[0] == "on"
+    return [(f == "on", c) for f, c in zip(flights, compacts)]
+
+
+def _set_compact_rows(engine, mode: str) -> None:
+    """The runner reads the setting from its config at every step: swap the fast path's."""
+    fast = engine.runner.fast_path
+    if fast is not None:
+        fast.config = replace(fast.config, compact_host_rows=mode)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--concurrency", default="1,8,32")
@@ -157,16 +179,16 @@ def main() -> None:
     parser.add_argument("--in-flight", default="on",
                         help="on | off, or a list (on,off,...): take appends that fall due during a step "
                              "inside it, as the engine thread's drain does; every level runs once per entry")
+    parser.add_argument("--compact-rows", default="auto",
+                        help="auto | off, or a list: the runner's compact_host_rows (hooked rows reach the "
+                             "host as summaries on CUDA, or whole); a list of as many entries as --in-flight "
+                             "pairs with it, one entry goes with each")
     parser.add_argument("--profile", type=int, default=0, help="cProfile the level with this C")
     parser.add_argument("--torch-profile", type=int, default=0,
                         help="torch.profiler (host ops and CUDA kernels) over the level with this C")
     parser.add_argument("--trace", default="", help="with --torch-profile: also write its Chrome trace here")
     args = parser.parse_args()
-    names = args.in_flight.split(",")
-    if not set(names) <= {"on", "off"}:
-        parser.error(f"--in-flight takes on, off or a comma list of them, got {args.in_flight!r}")
-    modes = [name == "on" for name in names]
-    args.in_flight = modes[0]
+    arms = _arms(parser, args)
     levels = [int(c) for c in args.concurrency.split(",")]
     params = {"device": args.device, "checkpoint": args.checkpoint, "dtype": args.dtype,
               "max_sessions": str(args.max_sessions or max(levels)), "max_context_tokens": "8192"}
@@ -174,10 +196,11 @@ def main() -> None:
     engine = build_thinker_engine(params)
     print(f"engine built in {time.perf_counter() - started:.1f} s; warm-up level", flush=True)
     _run_level(engine, 1, argparse.Namespace(**{**vars(args), "seconds": 2.0}))
-    print("| C | in flight | units | first unit ms (prompt + unit) | unit ms mean / median / P99 "
-          "| steps per unit | step ms mean / P99 |\n|---|---|---|---|---|---|---|")
-    for c, in_flight in [(c, mode) for mode in modes for c in levels]:
+    print("| C | in flight | compact rows | units | first unit ms (prompt + unit) | unit ms mean / "
+          "median / P99 | steps per unit | step ms mean / P99 |\n|---|---|---|---|---|---|---|---|")
+    for c, (in_flight, compact) in [(c, arm) for arm in arms for c in levels]:
         args.in_flight = in_flight
+        _set_compact_rows(engine, compact)
         profiler = cProfile.Profile() if c == args.profile else None
         if profiler is not None:
             profiler.enable()
@@ -187,7 +210,7 @@ def main() -> None:
             result = _run_level(engine, c, args)
         if profiler is not None:
             profiler.disable()
-        print(_row(result, in_flight), flush=True)
+        print(_row(result, in_flight, compact), flush=True)
         if profiler is not None:
             out = io.StringIO()
             stats = pstats.Stats(profiler, stream=out)

@@ -29,7 +29,8 @@ from backends.runner.block_table import BlockTable
 from backends.runner.cuda_graphs import DecodeGraphs, bucket_sizes
 from backends.runner.fast_step import Forwarded, SamplePlan, step_results
 from backends.runner.fused_draw import sampling_states_for
-from backends.runner.host_draws import TOP_CANDIDATES, TopCandidates
+from backends.runner.host_draws import TopCandidates
+from backends.runner.host_rows import CompactRow, HostRows, wants_compact
 from backends.runner.host_staging import to_device
 from backends.runner.input_batch import build_input_batch
 from backends.runner.kv_cache import KVCache
@@ -44,8 +45,8 @@ from backends.runner.types import (
     StepResult,
 )
 
-# (input, slot, [vocab] logits, the row's top candidates if known) -> token
-HostSampler = Callable[[StepInput, int, torch.Tensor, TopCandidates | None], int]
+# (input, slot, [vocab] logits or their summary, the row's top candidates if known) -> token
+HostSampler = Callable[[StepInput, int, torch.Tensor | CompactRow, TopCandidates | None], int]
 
 
 class FastPath:
@@ -119,9 +120,10 @@ class FastPath:
                 forwarded = self._forward_eager(inputs, slots)
             for inp, slot in zip(inputs, slots):
                 self.states.append_tokens(slot, inp.token_ids)
-            output = AsyncOutput(self._outputs(inputs, slots, forwarded, plan))
+            host_rows = self._host_rows(slots, forwarded, plan)
+            output = AsyncOutput(self._outputs(inputs, slots, forwarded, plan, host_rows))
         return PendingStep(
-            lambda: self._finish(inputs, slots, forwarded, plan, output, host_sampler)
+            lambda: self._finish(inputs, slots, forwarded, plan, output, host_rows, host_sampler)
         )
 
     def _forward_decode(
@@ -216,6 +218,7 @@ class FastPath:
         slots: list[int],
         forwarded: Forwarded,
         plan: SamplePlan,
+        host_rows: HostRows | None,
     ) -> dict[str, torch.Tensor]:
         device = forwarded.logits.device
         outputs: dict[str, torch.Tensor] = {}
@@ -225,13 +228,8 @@ class FastPath:
             logits = self._rows(forwarded.logits, plan.on_device, len(plan.sampled))
             device_slots = [slots[plan.sampled[j]] for j in plan.on_device]
             outputs["tokens"] = self._sample(logits, device_slots)
-        if plan.on_host:
-            rows = self._rows(forwarded.logits, plan.on_host, len(plan.sampled))
-            outputs["host_logits"] = rows
-            if device.type == "cuda":  # on a CPU row the draw's own top-k costs the same
-                limit = self.config.candidate_ids or rows.shape[-1]
-                top = torch.topk(rows[:, :limit], min(TOP_CANDIDATES, limit))
-                outputs["top_values"], outputs["top_ids"] = top.values, top.indices
+        if host_rows is not None:
+            outputs.update(host_rows.outputs)
         captured = [
             row
             for i, inp in enumerate(inputs)
@@ -262,13 +260,14 @@ class FastPath:
         use_filters = any(p.top_k > 0 or p.top_p < 1.0 for p in params if not p.is_greedy)
         return self.sampling.sample(logits, index[0], index[1], use_filters)
 
-    def _hints(self, host: dict[str, torch.Tensor], rows: int) -> list[TopCandidates | None]:
-        """Each host-sampled row's top candidates, where the step took them."""
-        if "top_ids" not in host:
-            return [None] * rows
-        limit = self.config.candidate_ids or host["host_logits"].shape[-1]
-        values, ids = host["top_values"].numpy(), host["top_ids"].numpy()
-        return [TopCandidates(values[k], ids[k], limit) for k in range(rows)]
+    def _host_rows(
+        self, slots: list[int], forwarded: Forwarded, plan: SamplePlan
+    ) -> HostRows | None:
+        if not plan.on_host:
+            return None
+        rows = self._rows(forwarded.logits, plan.on_host, len(plan.sampled))
+        return HostRows.for_slots(rows, [slots[plan.sampled[j]] for j in plan.on_host],
+                                  self.states, self.config)
 
     def _finish(
         self,
@@ -277,6 +276,7 @@ class FastPath:
         forwarded: Forwarded,
         plan: SamplePlan,
         output: AsyncOutput,
+        host_rows: HostRows | None,
         host_sampler: HostSampler,
     ) -> list[StepResult]:
         host = output.wait()
@@ -287,8 +287,10 @@ class FastPath:
             token = int(device_tokens[i if forwarded.tokens is not None else k])
             tokens[i] = token
             self.states.generated[slots[i]].append(token)
-        hints = self._hints(host, len(plan.on_host))
-        for k, j in enumerate(plan.on_host):
-            i = plan.sampled[j]
-            tokens[i] = host_sampler(inputs[i], slots[i], host["host_logits"][k], hints[k])
+        if host_rows is not None:
+            hints = host_rows.candidates(host)
+            for k, j in enumerate(plan.on_host):
+                i = plan.sampled[j]
+                row = host_rows.row(k, host)
+                tokens[i] = host_sampler(inputs[i], slots[i], row, hints[k])
         return step_results(inputs, forwarded.positions, tokens, host.get("hidden"))

@@ -70,7 +70,11 @@ def boundary_hit(row: torch.Tensor, token: int, greedy: bool, step_seed: int) ->
     """row: [vocab] float32 raw logits -> whether the step's raw-softmax draw is `token`."""
     if greedy:
         return int(torch.argmax(row)) == token
-    log_p = float(row[token] - torch.logsumexp(row, dim=0))
+    return bernoulli_hit(float(row[token] - torch.logsumexp(row, dim=0)), step_seed)
+
+
+def bernoulli_hit(log_p: float, step_seed: int) -> bool:
+    """`boundary_hit`'s draw from the token's raw log-probability (float32)."""
     uniform = uniforms_at(step_seed, np.array([_BOUNDARY_KEY], dtype=np.int64))[0]
     return bool(uniform < np.exp(np.float32(log_p)))
 
@@ -90,6 +94,14 @@ def filtered_draw(
         return int(torch.argmax(row))
     hinted = _hinted_top_k(row, top_k, hint) if hint is not None else None
     values, ids = hinted if hinted is not None else _candidates(row, top_k, sort=top_p < 1.0)
+    return draw_among(values, ids, temperature, top_p, step_seed)
+
+
+def draw_among(
+    values: np.ndarray, ids: np.ndarray, temperature: float, top_p: float, step_seed: int
+) -> int:
+    """The draw after top-k: values (float32, descending, -inf allowed) of the surviving ids
+    -> temperature, top-p, then the keyed Gumbel-max over what is left."""
     keep = values > -np.inf
     scaled, ids = values[keep] / np.float32(temperature), ids[keep]
     if top_p < 1.0 and scaled.size:
@@ -101,6 +113,34 @@ def filtered_draw(
         return 0
     noise = -np.log(-np.log(uniforms_at(step_seed, ids)))
     return int(ids[np.argmax(scaled + noise)])
+
+
+def top_k_among(
+    current: np.ndarray, ids: np.ndarray, top_k: int, bound: float
+) -> tuple[np.ndarray, np.ndarray] | None:
+    """The row's top-k (ties with the k-th kept; descending, equal values by id) from some of
+    its ids alone: `current` holds their values, and every other id's value is at most
+    `bound`. None where that cannot decide it: the (k+1)-th value here must exceed `bound`."""
+    if top_k < 1 or ids.size <= top_k:
+        return None
+    order = np.lexsort((ids, -current))  # value descending, ties by id as `_candidates`
+    ranked = current[order]
+    if not ranked[top_k] > bound:
+        return None
+    tie = ranked[top_k] == ranked[top_k - 1]  # ties with the k-th stay candidates
+    kept = order[ranked >= ranked[top_k - 1]] if tie else order[:top_k]
+    return current[kept], ids[kept]
+
+
+def argmax_among(current: np.ndarray, ids: np.ndarray, bound: float) -> int | None:
+    """A whole-row argmax (the first id of the largest value) from some ids' values alone,
+    every other id's value being at most `bound`; None where the largest does not exceed it."""
+    if ids.size == 0:
+        return None
+    best = current.max()
+    if not best > bound:
+        return None
+    return int(ids[current == best].min())
 
 
 def _candidates(row: torch.Tensor, top_k: int, sort: bool) -> tuple[np.ndarray, np.ndarray]:
@@ -129,16 +169,9 @@ def _hinted_top_k(
     """`_candidates(row, top_k)` from the hint alone, or None where it cannot be sure: the
     (k+1)-th current value among the hint must exceed the hint's smallest raw value, which
     bounds every other id below the hint's limit, and every id past the limit."""
-    if top_k < 1 or hint.ids.size <= top_k or row.device.type != "cpu":
+    if row.device.type != "cpu":
         return None
-    current = row.numpy()[hint.ids]
-    order = np.lexsort((hint.ids, -current))  # value descending, ties by id as `_candidates`
-    ranked = current[order]
-    if not ranked[top_k] > hint.values[-1]:
-        return None
-    tail = row.numpy()[hint.limit :]
-    if tail.size and not tail.max() < ranked[top_k]:  # an id past the limit could compete
-        return None
-    tie = ranked[top_k] == ranked[top_k - 1]  # ties with the k-th stay candidates
-    kept = order[ranked >= ranked[top_k - 1]] if tie else order[:top_k]
-    return current[kept], hint.ids[kept]
+    values = row.numpy()
+    tail = values[hint.limit :]  # ids past the limit could compete
+    bound = max(hint.values[-1], tail.max()) if tail.size else hint.values[-1]
+    return top_k_among(values[hint.ids], hint.ids, top_k, bound)

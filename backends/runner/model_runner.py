@@ -32,6 +32,7 @@ from backends.runner.block_table import BlockTable
 from backends.runner.decode_chain import DecodeChains, PendingChain, check_chain
 from backends.runner.fast_path import FastPath
 from backends.runner.host_draws import TopCandidates
+from backends.runner.host_rows import CompactRow
 from backends.runner.input_batch import InputBatch, build_input_batch
 from backends.runner.kv_cache import KVCache
 from backends.runner.reanchor import check_reanchor, reanchor_slot
@@ -350,7 +351,7 @@ class ModelRunner:
             tokens[i] = token
             self.states.generated[slots[i]].append(token)
 
-    def _sample_one(self, inp: StepInput, slot: int, logits: torch.Tensor,
+    def _sample_one(self, inp: StepInput, slot: int, logits: torch.Tensor | CompactRow,
                     candidates: TopCandidates | None = None, record: bool = True,
                     owned: bool = False) -> int:
         params = self.states.sampling[slot]

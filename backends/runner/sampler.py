@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 from backends.runner.host_draws import filtered_draw
+from backends.runner.host_rows import CompactRow
 from backends.runner.types import SampleContext, SamplingHook, SamplingParams
 
 _MASK64 = (1 << 64) - 1
@@ -85,20 +86,35 @@ def apply_top_p(logits: torch.Tensor, top_p: float) -> None:
 
 
 def sample_token(
-    logits: torch.Tensor,
+    logits: torch.Tensor | CompactRow,
     params: SamplingParams,
     ctx: SampleContext,
     hook: SamplingHook | None,
     owned: bool = False,
 ) -> int:
-    """logits: [vocab] -> the final token for one request. The row is not modified unless
-    `owned` (a float32 row that is the caller's to give away, as a step's host copy of its
-    logits: the masks and the penalty then work on it without a 600 KB copy)."""
+    """logits: [vocab] (or a hooked row's summary, `host_rows.CompactRow`) -> the final token
+    for one request. The row is not modified unless `owned` (a float32 row that is the
+    caller's to give away, as a step's host copy of its logits: the masks and the penalty then
+    work on it without a 600 KB copy)."""
+    if isinstance(logits, CompactRow):
+        return _sample_compact(logits, params, ctx, hook)
     row = logits if owned and logits.dtype == torch.float32 else logits.to(torch.float32, copy=True)
     apply_repetition_penalty(row, ctx.generated, params.repetition_penalty, params.penalty_window)
     forced = hook.before_sample(row, ctx) if hook is not None else None
     token = forced if forced is not None else _draw(row, params, ctx, hook is not None)
     return hook.after_sample(token, ctx) if hook is not None else token
+
+
+def _sample_compact(
+    row: CompactRow, params: SamplingParams, ctx: SampleContext, hook: SamplingHook | None
+) -> int:
+    """A summary comes only for a hook that offers `before_sample_compact` and a row without
+    the runner's own penalty (`host_rows.wants_compact`); undecided, it draws on the row."""
+    if hook is None or params.repetition_penalty != 1.0:
+        raise ValueError("a compact row needs its hook and no runner repetition penalty")
+    forced = hook.before_sample_compact(row, ctx)  # type: ignore[attr-defined]
+    token = forced if forced is not None else _draw(row.full(), params, ctx, hooked=True)
+    return hook.after_sample(token, ctx)
 
 
 def _draw(row: torch.Tensor, params: SamplingParams, ctx: SampleContext, hooked: bool) -> int:

@@ -62,7 +62,12 @@ class SampleContext:
 
 
 class SamplingHook(Protocol):
-    """A stage's sampling policy, applied to one row of logits of one request."""
+    """A stage's sampling policy, applied to one row of logits of one request.
+
+    A hook may also offer `before_sample_compact(row: host_rows.CompactRow, ctx) -> int | None`,
+    the same decision from a summary of the raw row; the fast path then copies only that
+    summary to the host (RunnerConfig.compact_host_rows) and, where it returns None, draws on
+    the whole row as after `before_sample`."""
 
     def before_sample(self, logits: torch.Tensor, ctx: SampleContext) -> int | None:
         """`logits`: [vocab] float32, may be modified in place; return a token id to force it."""
@@ -194,6 +199,11 @@ class RunnerConfig:
     # are taken among ids below this (a tokenizer's vocabulary; its padding past it is what a
     # policy masks); 0: the whole row
     candidate_ids: int = 0
+    # fast path: hooked rows whose hook offers `before_sample_compact` reach the host as a
+    # summary (`host_rows.CompactRow`), not whole: "auto" on CUDA, "on" on any device (tests),
+    # "off" never; probe_ids are the ids whose raw logits every summary carries
+    compact_host_rows: str = "auto"
+    probe_ids: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         for name in ("num_blocks", "max_num_reqs", "max_model_len", "block_size"):
@@ -202,6 +212,9 @@ class RunnerConfig:
                 raise ValueError(f"RunnerConfig.{name} must be a positive int, got {value!r}")
         if not isinstance(self.candidate_ids, int) or self.candidate_ids < 0:
             raise ValueError(f"RunnerConfig.candidate_ids must be >= 0, got {self.candidate_ids!r}")
+        if self.compact_host_rows not in ("auto", "on", "off"):
+            raise ValueError("RunnerConfig.compact_host_rows must be 'auto', 'on' or 'off', "
+                             f"got {self.compact_host_rows!r}")
         if not self.dtype.is_floating_point:
             raise ValueError(f"RunnerConfig.dtype must be a floating dtype, got {self.dtype}")
         sizes = self.cuda_graph_sizes

@@ -23,6 +23,7 @@ BLOCK_SIZE = 16
 SLOT_MARGIN = 2  # requests of an epoch being stopped while the next one starts
 GEMV_ENV = "MINICPMO_GEMV"  # the served decoders' matmul backend on CUDA (RunnerConfig.gemv_backend)
 PREFILL_CHUNKS_ENV = "MINICPMO_PREFILL_CHUNKS"  # "0": a Thinker append is prefilled in one step
+COMPACT_ROWS_ENV = "MINICPMO_COMPACT_HOST_ROWS"  # "0": hooked rows reach the host whole
 # ms an announced first window holds Code2Wav's windows that can wait ("0": announcements ignored)
 FIRST_WINDOW_HOLD_ENV = "MINICPMO_CODE2WAV_FIRST_HOLD_MS"
 WARMUP_TEXT_TOKEN = 100  # a plain text id of every Thinker vocabulary, handed in Talker warm-ups
@@ -66,12 +67,14 @@ class StageSetup:
         blocks_per_request = -(-max_len // BLOCK_SIZE)
         num_reqs = self.max_sessions + SLOT_MARGIN
         # On CUDA: the Triton-language paged attention, CUDA graphs for decode batches, and the
-        # Triton GEMV with the norms and SwiGLU folded in (MINICPMO_GEMV=cublas for A/B runs).
+        # Triton GEMV with the norms and SwiGLU folded in (MINICPMO_GEMV=cublas for A/B runs);
+        # hooked rows to the host as summaries (MINICPMO_COMPACT_HOST_ROWS=0: whole, for A/B).
         cuda = self.device.type == "cuda"
         return RunnerConfig(num_blocks=num_reqs * blocks_per_request, max_num_reqs=num_reqs, max_model_len=max_len,
                             block_size=BLOCK_SIZE, device=str(self.device), dtype=self.dtype,
                             attention_backend="triton" if cuda else "reference",
-                            gemv_backend=os.environ.get(GEMV_ENV, "triton") if cuda else "cublas")
+                            gemv_backend=os.environ.get(GEMV_ENV, "triton") if cuda else "cublas",
+                            compact_host_rows="off" if os.environ.get(COMPACT_ROWS_ENV) == "0" else "auto")
 
 
 def build_thinker_engine(params: dict[str, str], device_id: str = "0"):

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from functools import partial
 
 from backends.audio.encoder_model import AudioEncoderModel
@@ -40,7 +40,7 @@ from backends.thinker.append_fit import check_context, fit_window
 from backends.thinker.append_request import check_append, policy_config, window_mode
 from backends.thinker.context_window import WINDOW_MODES, ContextWindow, WindowConfig
 from backends.thinker.duplex_policy import DuplexPolicy
-from backends.thinker.policy_masks import PolicyIds
+from backends.thinker.policy_masks import PolicyIds, policy_runner_config
 from backends.thinker.prompt_layout import PromptLayout
 from backends.thinker.session_state import QueuedAppend, ThinkerSession, UnitEncoder
 from backends.thinker.unit_batch import Encoded, encode_pending_units, streaming_encoder_factory
@@ -82,8 +82,7 @@ class ThinkerEngine:
         self.tokenizer = tokenizer
         self.special = special_tokens
         self.config = config or ThinkerEngineConfig()
-        # host draws' top candidates among the ids the tokenizer has (the rest is masked)
-        runner_config = replace(runner_config, candidate_ids=tokenizer.vocab_size)
+        runner_config = policy_runner_config(runner_config, tokenizer.vocab_size, special_tokens)
         self.runner = ModelRunner(model, runner_config)
         self.runner_config = runner_config
         self.layout = PromptLayout(tokenizer, special_tokens)

@@ -18,6 +18,10 @@ Per sampled token, in order:
 7. `<|listen|>` while a turn is open (and not forced) -> `<|tts_bos|>`;
 8. latches updated from the final token (`after_sample`).
 
+The runner hands the policy either the whole host row (`before_sample`) or, on the fast path,
+a summary of it (`before_sample_compact`: top candidates, logsumexp, probe values); both go
+through the same rules on a `policy_rows.PolicyRow` and draw the same tokens.
+
 Policy knobs for random weights (ARCHITECTURE.md 5) are options of this same policy: with
 `reply_units` set, a turn that is open gets speak units of exactly `reply_tokens_per_unit` text
 tokens (the last unit adds `<|turn_eos|>`), and no turn open means `<|listen|>`. Since random
@@ -34,10 +38,11 @@ from typing import TYPE_CHECKING, Protocol
 
 import torch
 
-from backends.runner.host_draws import boundary_hit, filtered_draw
-from backends.runner.sampler import apply_repetition_penalty, step_seed
+from backends.runner.host_rows import CompactRow
+from backends.runner.sampler import step_seed
 from backends.runner.types import SampleContext
 from backends.thinker.policy_masks import PolicyIds, special_token_ids  # noqa: F401 (re-export)
+from backends.thinker.policy_rows import PolicyRow, SummaryRow, WholeRow
 
 if TYPE_CHECKING:
     from backends.checkpoint.tokenizer import SpecialTokens
@@ -168,6 +173,13 @@ class DuplexPolicy:
         self._unit = _UnitState(force_listen=force_listen or silent_idle)
 
     def before_sample(self, logits: torch.Tensor, ctx: SampleContext) -> int | None:
+        return self._decide(WholeRow(logits, self.ids, ctx.candidates), ctx)
+
+    def before_sample_compact(self, row: CompactRow, ctx: SampleContext) -> int | None:
+        """The same decision from the runner's summary of the raw row (`policy_rows`)."""
+        return self._decide(SummaryRow(row, self.ids), ctx)
+
+    def _decide(self, row: PolicyRow, ctx: SampleContext) -> int:
         unit = self._unit
         if unit.force_listen and not unit.tokens:
             return self.special.listen
@@ -175,14 +187,14 @@ class DuplexPolicy:
             unit.guard_hit = True
             return unit.tokens[-1]
         if self.config.has_reply_knobs:
-            return self._reply_token(logits, ctx)
+            return self._reply_token(row, ctx)
         if len(unit.tokens) >= self.config.max_tokens_per_unit - 1:
             return self.special.chunk_eos
         greedy = self.config.temperature == 0.0
-        if boundary_hit(logits, self.special.chunk_eos, greedy, self._step_seed(ctx)):
+        if row.boundary_hit(self.special.chunk_eos, greedy, self._step_seed(ctx)):
             return self.special.chunk_eos
-        self._mask(logits, "chunk_eos_ids")
-        candidate = self._sample(logits, ctx)
+        row.mask("chunk_eos_ids")
+        candidate = self._sample(row, ctx)
         if self._reaches_char_limit(candidate):
             return self.special.chunk_eos
         if candidate == self.special.listen and self.latches.turn_open:
@@ -223,7 +235,7 @@ class DuplexPolicy:
             and latches.pending_speech_context
         )
 
-    def _reply_token(self, logits: torch.Tensor, ctx: SampleContext) -> int:
+    def _reply_token(self, row: PolicyRow, ctx: SampleContext) -> int:
         sp, num_text = self.special, self.config.reply_tokens_per_unit
         index = len(self._unit.tokens)
         if not self.latches.turn_open and index == 0:
@@ -231,32 +243,26 @@ class DuplexPolicy:
         if index == 0:
             return sp.speak
         if index <= num_text:
-            self._mask(logits, "special_ids")
-            return self._sample(logits, ctx)
+            row.mask("special_ids")
+            return self._sample(row, ctx)
         is_last_unit = self.reply_units_done + 1 >= self.config.reply_units
         if index == num_text + 1 and is_last_unit:
             return sp.turn_eos
         return sp.chunk_eos
 
-    def _sample(self, logits: torch.Tensor, ctx: SampleContext) -> int:
+    def _sample(self, row: PolicyRow, ctx: SampleContext) -> int:
         """Rule 5 after the chunk_eos mask: bad ids, penalty, temperature/top-k/top-p, draw."""
-        self._mask(logits, "bad_ids")
+        row.mask("bad_ids")
         cfg = self.config
-        apply_repetition_penalty(
-            logits, list(self.latches.history), cfg.repetition_penalty, cfg.penalty_window
-        )
-        hint = ctx.candidates if cfg.repetition_penalty >= 1.0 else None  # masks only lower
+        row.penalise(list(self.latches.history), cfg.repetition_penalty, cfg.penalty_window)
+        lowered = cfg.repetition_penalty >= 1.0  # masks only lower: the raw candidates serve
         seed = self._step_seed(ctx)
-        return filtered_draw(logits, cfg.temperature, cfg.top_k, cfg.top_p, seed, hint)
+        return row.draw(cfg.temperature, cfg.top_k, cfg.top_p, seed, lowered)
 
     def _step_seed(self, ctx: SampleContext) -> int:
         """The draws' key: RoPE positions repeat after a context-window cut or re-prefill, so
         they are keyed on the stream position (position + offset), which never repeats."""
         return step_seed(self.seed, ctx.position + self.position_offset)
-
-    def _mask(self, logits: torch.Tensor, id_set: str) -> None:
-        """-inf on the ids of `id_set` ("chunk_eos_ids", "special_ids" or "bad_ids")."""
-        self.ids.fill(logits, id_set)
 
     def _reaches_char_limit(self, candidate: int) -> bool:
         """Rule 6: the unit's text since the last turn_eos plus a non-special candidate."""

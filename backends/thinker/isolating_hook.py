@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
+from backends.runner.host_rows import CompactRow
 from backends.runner.types import SampleContext
 from backends.thinker.duplex_policy import DuplexPolicy
 
@@ -18,8 +21,14 @@ class IsolatingHook:
         self.error: Exception | None = None
 
     def before_sample(self, logits: torch.Tensor, ctx: SampleContext) -> int | None:
+        return self._guarded(lambda: self.policy.before_sample(logits, ctx))
+
+    def before_sample_compact(self, row: CompactRow, ctx: SampleContext) -> int | None:
+        return self._guarded(lambda: self.policy.before_sample_compact(row, ctx))
+
+    def _guarded(self, decide: Callable[[], int | None]) -> int | None:
         try:
-            return self.policy.before_sample(logits, ctx)
+            return decide()
         except Exception as err:  # noqa: BLE001 - re-raised by the engine for this session only
             self.error = self.error or err
             return self.fallback

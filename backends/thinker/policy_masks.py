@@ -14,10 +14,12 @@ import dataclasses
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
+import numpy as np
 import torch
 
 if TYPE_CHECKING:
     from backends.checkpoint.tokenizer import SpecialTokens
+    from backends.runner.types import RunnerConfig
 
 ID_SETS = ("chunk_eos_ids", "special_ids", "bad_ids")
 MAX_RUNS = 64  # beyond this many runs of consecutive ids a set is filled through its mask
@@ -40,6 +42,14 @@ class PolicyIds:
             return
         for start, stop in runs:
             logits[start:stop] = float("-inf")  # slices past the end are empty
+
+    def host_mask(self, id_set: str, vocab: int) -> np.ndarray:
+        """`mask` on the host as numpy: looked up at a few ids (a compact row's candidates)."""
+        return self.mask(id_set, vocab, torch.device("cpu")).numpy()
+
+    def covers(self, id_set: str, start: int, stop: int) -> bool:
+        """Whether every id in [start, stop) is in `id_set` (runs are maximal: one holds it)."""
+        return start >= stop or any(a <= start and stop <= b for a, b in self._runs[id_set])
 
     def mask(self, id_set: str, vocab: int, device: torch.device) -> torch.Tensor:
         """[vocab] bool, True on the ids of `id_set` (one of ID_SETS) below `vocab`."""
@@ -70,3 +80,12 @@ def special_token_ids(special: SpecialTokens) -> frozenset[int]:
     """Every id the SpecialTokens dataclass names."""
     values = (getattr(special, f.name) for f in dataclasses.fields(special))
     return frozenset(value for value in values if isinstance(value, int))
+
+
+def policy_runner_config(
+    config: RunnerConfig, vocab_size: int, special: SpecialTokens
+) -> RunnerConfig:
+    """The runner settings the policy's host draws rely on: top candidates among the ids the
+    tokenizer has (past them: embedding padding, masked as bad ids), and chunk_eos's raw logit
+    in every compact row whatever its rank (the boundary draw reads it)."""
+    return dataclasses.replace(config, candidate_ids=vocab_size, probe_ids=(special.chunk_eos,))

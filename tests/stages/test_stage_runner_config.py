@@ -1,7 +1,8 @@
 """The runner config a served stage gets from its setup: on CUDA the fast path with the Triton
 GEMV (MINICPMO_GEMV selects cuBLAS for A/B runs, a bad value is refused at load), on CPU the
 reference path; on CUDA the Thinker's long prefills go in chunks its mixed graphs hold
-(MINICPMO_PREFILL_CHUNKS=0: whole); Code2Wav's first-window hold comes from
+(MINICPMO_PREFILL_CHUNKS=0: whole) and hooked rows reach the host as summaries
+(MINICPMO_COMPACT_HOST_ROWS=0: whole); Code2Wav's first-window hold comes from
 MINICPMO_CODE2WAV_FIRST_HOLD_MS. Pure configuration: no device is touched."""
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import torch
 from dataclasses import replace
 
 from backends.stages.factory import (
-    FIRST_WINDOW_HOLD_ENV, GEMV_ENV, PREFILL_CHUNKS_ENV, StageSetup, first_window_hold_s, prefill_chunk_rows,
+    COMPACT_ROWS_ENV, FIRST_WINDOW_HOLD_ENV, GEMV_ENV, PREFILL_CHUNKS_ENV, StageSetup, first_window_hold_s, prefill_chunk_rows,
 )
 from backends.stages.window_schedule import FIRST_WINDOW_HOLD_S
 
@@ -52,6 +53,13 @@ def test_graphed_thinkers_prefill_in_chunks_of_the_mixed_graphs_query(monkeypatc
     assert prefill_chunk_rows(setup_on("cpu").runner_config(1024)) == 0
     monkeypatch.setenv(PREFILL_CHUNKS_ENV, "0")
     assert prefill_chunk_rows(cuda) == 0
+
+
+def test_hooked_rows_go_compact_unless_switched_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(COMPACT_ROWS_ENV, raising=False)
+    assert setup_on("cuda:0").runner_config(512).compact_host_rows == "auto"  # on CUDA: compact
+    monkeypatch.setenv(COMPACT_ROWS_ENV, "0")
+    assert setup_on("cuda:0").runner_config(512).compact_host_rows == "off"
 
 
 def test_the_first_window_hold_is_read_in_ms_and_bad_values_are_refused(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -39,9 +39,10 @@ def tiny_audio_parts() -> Parts:
     return llm, audio, tokenizer, SpecialTokens.resolve(tokenizer)
 
 
-def audio_engine(parts: Parts) -> ThinkerEngine:
+def audio_engine(parts: Parts, **runner_overrides: object) -> ThinkerEngine:
     llm, audio, tokenizer, special = parts
-    runner = RunnerConfig(num_blocks=128, max_num_reqs=4, max_model_len=512)
+    settings: dict[str, object] = dict(num_blocks=128, max_num_reqs=4, max_model_len=512)
+    runner = RunnerConfig(**{**settings, **runner_overrides})  # type: ignore[arg-type]
     return ThinkerEngine(llm, audio, tokenizer, special, runner)
 
 
