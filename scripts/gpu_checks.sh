@@ -62,6 +62,9 @@ check profile_talker_engine "$python" perf/profile_talker_engine.py --batch 1,16
 # Served Thinker in-process: unit latency with C paced sessions, host profile at C=8.
 check bench_thinker_engine "$python" perf/bench_thinker_engine.py --concurrency 1,8,32 --seconds 8 \
     --profile 8
+# The same at C=16 with the hooked rows' host copies as summaries (default) and whole (A/B, alternating).
+check bench_thinker_compact_rows "$python" perf/bench_thinker_engine.py --concurrency 16 --seconds 8 \
+    --compact-rows auto,off,auto,off
 # Talker time to 25 frames: chunk policy on the device (default), then the host hook it replaced.
 check bench_talker "$python" perf/bench_audio_tail.py --stages talker --repeats 3 \
     --out "$out/audio_tail_talker.md" --commit "${COMMIT:-unknown}"

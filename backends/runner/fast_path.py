@@ -11,7 +11,8 @@ when one is installed (then a graphed decode also replays a sampling graph; on C
 or a penalty get their logits row copied to the host and sampled there by the runner's host
 sampler, exactly as on the reference path (mixed graphs leave sampling outside the graph), with
 each row's top candidates from one device top-k over all of them (`host_draws.TopCandidates`),
-so a draw skips its own pass over the 152k-entry row. Tokens, hook logits and captured hidden
+so a draw skips its own pass over the 152k-entry row; a hook that draws from a summary gets
+that instead of the row (`host_rows`: candidates, logsumexp, probe values; no row copy). Tokens, hook logits and captured hidden
 rows come back through one `AsyncOutput`, whose `wait` (inside `PendingStep.wait`) is the
 step's only host wait.
 """
