@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from backends.runner.request_states import RequestStates
     from backends.runner.types import RunnerConfig
 
+
 @dataclass(slots=True)
 class CompactRow:
     """One raw logits row as a summary (no mask or penalty applied to any of it)."""
@@ -123,7 +124,8 @@ class HostRows:
 
     def _queue_summaries(self, rows: torch.Tensor, picked: list[int]) -> None:
         # index_select always copies: the step's graph buffers may be reused before `full`
-        self._device = kept = rows.index_select(0, to_device(np.asarray(picked), rows.device))
+        index = to_device(np.asarray(picked, dtype=np.int64), rows.device)
+        self._device = kept = rows.index_select(0, index)
         self.outputs["logsumexp"] = torch.logsumexp(kept, dim=-1)
         if self.probe_ids:
             probes = to_device(np.asarray(self.probe_ids, dtype=np.int64), rows.device)
