@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# On the GPU machine, one device call: is the Thinker's host work per step (in-step drain of new
+# appends, twenty-fifth session; compact host rows, twenty-sixth) worth its keep at 16 sessions?
+# Here first: `bash scripts/gpu_duplex_bench.sh prepare` (fills .devcarry); carry [".devcarry"].
+#
+#   bash scripts/gpu_thinker_host_ab.sh checks new_a base_a    # GPU tests, in-process A/B, two starts
+#   bash scripts/gpu_thinker_host_ab.sh starts base_b new_b    # more served starts, another call
+#
+# "checks": the GPU tests of both changes, then perf/bench_thinker_engine.py at C = 16 alternating
+# (in flight, compact rows) = (on, auto), (off, off), (on, off), (off, auto) in one process.
+# Each further argument is one served C = 16 start (30-s level, stage-call metrics) named
+# s26_<arm>: arms named base* switch both off (MINICPMO_IN_STEP_DRAIN=0,
+# MINICPMO_COMPACT_HOST_ROWS=0), the others run the defaults. Only each start's JSON and Markdown
+# stay in $OUT (the device tool returns 8 files).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+phase=$1
+shift
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+out="${OUT:-perf/out}"
+mkdir -p "$out"
+if [ "$phase" = checks ]; then
+  nvidia-smi -L
+  python3 -m pytest -q -p no:cacheprovider tests/runner_gpu/test_gpu_compact_rows.py \
+    tests/runner_gpu/test_gpu_thinker_in_flight.py tests/runner_gpu/test_gpu_hook_candidates.py 2>&1 | tail -4
+  timeout 200 python3 perf/bench_thinker_engine.py --concurrency 16 --seconds 8 \
+    --in-flight on,off,on,off --compact-rows auto,off,off,auto 2>&1 | grep -E '^\| (16|C) ' \
+    | tee "$out/thinker_ab16.txt"
+elif [ "$phase" != starts ]; then
+  echo "usage: $0 checks|starts [arm ...]" >&2
+  exit 2
+fi
+for arm in "$@"; do
+  switches=()
+  case $arm in base*) switches=(MINICPMO_IN_STEP_DRAIN=0 MINICPMO_COMPACT_HOST_ROWS=0) ;; esac
+  echo "=== arm $arm (${switches[*]:-defaults}) $(date +%T)"
+  env "${switches[@]}" COMMIT="${COMMIT:-wip}-$arm" MINICPMO_STAGE_CALL_METRICS=1 LEVEL_BUDGET_S=30 \
+    OUT="$out" bash scripts/gpu_duplex_bench.sh bench 16 "s26_$arm" 2>&1 | tail -6
+  rm -f "$out"/*.png "$out"/*.log "$out"/compiled*.txt
+  rm -rf "$out/stacks"
+done
+echo "=== done $(date +%T)"
