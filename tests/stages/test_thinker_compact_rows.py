@@ -25,7 +25,7 @@ def parts() -> Parts:
 
 def _requests() -> list[ThinkerRequest]:
     rng = np.random.default_rng(4)
-    audio = [(0.1 * rng.standard_normal(UNIT)).astype(np.float32) for _ in range(3)]
+    audio = [(0.1 * rng.standard_normal(UNIT)).astype(np.float32) for _ in range(2)]
     knob = dict(reply_units=2, reply_tokens_per_unit=3)
     requests = []
     for rid, extra in (("knob", knob), ("real", {})):
