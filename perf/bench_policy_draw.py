@@ -8,7 +8,8 @@ its parts: the masks and the penalty, the top-k pass alone. On CUDA also the dra
 row's device-to-host copy first (what the runner does before a hook runs). Then the policy's
 own text draw (`policy_rows`) on the whole row with the runner's raw top candidates, as a hook
 gets it with `compact_host_rows` "off", against the same draw from the row's summary
-(`host_rows.CompactRow`: what the host gets by default on CUDA, without the row's copy).
+(`host_rows.CompactRow`: what the host gets by default on CUDA, without the row's copy), and
+what handing a step's 16 summaries to their draws costs per row (`HostRows.row`).
 
     python3 perf/bench_policy_draw.py [--rows 200] [--history 300]
 """
@@ -31,6 +32,7 @@ from backends.runner.host_rows import HostRows  # noqa: E402
 from backends.runner.sampler import apply_repetition_penalty, step_seed  # noqa: E402
 from backends.thinker.policy_masks import PolicyIds  # noqa: E402
 from backends.thinker.policy_rows import PolicyRow, SummaryRow, WholeRow  # noqa: E402
+from backends.thinker.recent_tokens import RecentTokens  # noqa: E402
 
 VOCAB = 151936
 SPECIAL = [*range(151643, 151700), *range(151700, 151936, 7)]  # a few runs and scattered ids
@@ -71,7 +73,7 @@ TOKENIZER_IDS = 151669  # ids past it: embedding padding, the policy's bad ids
 POLICY_IDS = PolicyIds(SpecialTokens(*range(151643, 151658)), range(TOKENIZER_IDS, VOCAB))
 
 
-def policy_draw(row: PolicyRow, history: list[int], seed: int, knob: bool) -> int:
+def policy_draw(row: PolicyRow, history: RecentTokens, seed: int, knob: bool) -> int:
     """The duplex policy's text draw: the knob's reply token (`DuplexPolicy._reply_token`, no
     boundary draw) or the real weights' (rule 4's boundary draw on the raw row first), then
     rule 5 (`DuplexPolicy._sample`)."""
@@ -83,7 +85,7 @@ def policy_draw(row: PolicyRow, history: list[int], seed: int, knob: bool) -> in
     else:
         row.mask("chunk_eos_ids")
     row.mask("bad_ids")
-    row.penalise(history, 1.05, 512)
+    row.penalise(history, 1.05)
     return row.draw(0.7, 20, 0.8, key, lowered=True)
 
 
@@ -97,16 +99,34 @@ def policy_draws(rows: list[torch.Tensor], history: list[int], knob: bool) -> tu
                              with_candidates=False)
         summaries.append(host_rows.row(0, {k: v.clone() for k, v in host_rows.outputs.items()}))
     drawn: list[list[int]] = [[], []]
+    recent = RecentTokens(512)
+    recent.extend(history)
 
     def whole(row: torch.Tensor, i: int) -> None:
-        drawn[0].append(policy_draw(WholeRow(row, POLICY_IDS, whole_rows[i]), history, i, knob))
+        drawn[0].append(policy_draw(WholeRow(row, POLICY_IDS, whole_rows[i]), recent, i, knob))
 
     def summary(_: torch.Tensor, i: int) -> None:
-        drawn[1].append(policy_draw(SummaryRow(summaries[i], POLICY_IDS), history, i, knob))
+        drawn[1].append(policy_draw(SummaryRow(summaries[i], POLICY_IDS), recent, i, knob))
 
     whole_ms, summary_ms = mean_ms(rows, whole), mean_ms(rows, summary)
     assert drawn[0] == drawn[1], "the summary must draw the whole row's tokens"
     return whole_ms, summary_ms
+
+
+def summaries_ms(rows: list[torch.Tensor], batch: int = 16) -> float:
+    """Mean ms per row of `HostRows.row`: one step's summaries (`batch` rows) handed to their
+    draws after the step's wait (its outputs already on the host)."""
+    total, count = 0.0, 0
+    for start in range(0, len(rows) - batch + 1, batch):
+        host_rows = HostRows(torch.stack(rows[start : start + batch]), [True] * batch,
+                             TOKENIZER_IDS, POLICY_IDS.chunk_eos_ids, with_candidates=False)
+        host = {k: v.clone() for k, v in host_rows.outputs.items()}
+        begin = time.perf_counter()
+        for k in range(batch):
+            host_rows.row(k, host)
+        total += time.perf_counter() - begin
+        count += batch
+    return 1e3 * total / count
 
 
 def main() -> None:
@@ -129,6 +149,8 @@ def main() -> None:
         whole_ms, summary_ms = policy_draws(rows, hist, knob)
         print(f"| policy draw, {name}: whole row with its device candidates | {whole_ms:.3f} |")
         print(f"| policy draw, {name}: from the row's summary | {summary_ms:.3f} |")
+    summaries_ms(rows[:32])  # warm-up
+    print(f"| a step's summary handed to its draw (`HostRows.row`, 16 rows) | {summaries_ms(rows):.3f} |")
     if torch.cuda.is_available():
         on_gpu = [row.cuda() for row in rows]
         mean_ms(on_gpu[:20], lambda row, i: copied_draw(row, hist, i))

@@ -48,22 +48,37 @@ class TopCandidates:
     limit: int
 
 
-def _mix64(x: np.ndarray) -> np.ndarray:
-    """splitmix64's finaliser on uint64 (wrapping): `device_sampler.mix64` bit for bit."""
-    x = x ^ (x >> np.uint64(30))
-    x = x * np.uint64(MIX1 & _U64)
-    x = x ^ (x >> np.uint64(27))
-    x = x * np.uint64(MIX2 & _U64)
-    return x ^ (x >> np.uint64(31))
+# uint64 constants made once: numpy scalars built per call were a third of a draw's noise
+_GOLDEN, _MIX1, _MIX2 = (np.uint64(c & _U64) for c in (GOLDEN, MIX1, MIX2))
+_SHIFTS = (np.uint64(30), np.uint64(27), np.uint64(31), np.uint64(64 - UNIFORM_BITS))
+_HALF, _SCALE = np.float32(0.5), np.float32(2.0**-UNIFORM_BITS)
 
 
 def uniforms_at(step_seed: int, token_ids: np.ndarray) -> np.ndarray:
-    """[n] int64 token ids -> [n] float32 uniforms, bitwise `device_sampler.uniform_at`."""
-    with np.errstate(over="ignore"):
-        keys = (token_ids.astype(np.int64) + 1).astype(np.uint64) * np.uint64(GOLDEN & _U64)
-        mixed = _mix64(np.uint64(step_seed & _U64) + keys)
-    bits = mixed >> np.uint64(64 - UNIFORM_BITS)
-    return (bits.astype(np.float32) + np.float32(0.5)) * np.float32(2.0**-UNIFORM_BITS)
+    """[n] int64 token ids -> [n] float32 uniforms, bitwise `device_sampler.uniform_at`
+    (splitmix64's finaliser on uint64, wrapping: array arithmetic, in place)."""
+    x = (token_ids + 1).astype(np.uint64)
+    x *= _GOLDEN
+    x += np.uint64(step_seed & _U64)
+    for shift, factor in ((_SHIFTS[0], _MIX1), (_SHIFTS[1], _MIX2)):
+        x ^= x >> shift
+        x *= factor
+    x ^= x >> _SHIFTS[2]
+    x >>= _SHIFTS[3]
+    uniforms = x.astype(np.float32)  # < 2^23 + 0.5: exact in float32, as on the device
+    uniforms += _HALF
+    uniforms *= _SCALE
+    return uniforms
+
+
+def one_uniform_at(step_seed: int, token_id: int) -> float:
+    """`uniforms_at` of one id in Python integers (a float32 value): a 1-element array paid
+    ~15 us of numpy dispatch for the boundary draw's single uniform."""
+    x = (step_seed + (token_id + 1) * (GOLDEN & _U64)) & _U64
+    x = ((x ^ (x >> 30)) * (MIX1 & _U64)) & _U64
+    x = ((x ^ (x >> 27)) * (MIX2 & _U64)) & _U64
+    bits = (x ^ (x >> 31)) >> (64 - UNIFORM_BITS)
+    return (bits + 0.5) * 2.0**-UNIFORM_BITS  # exact: 24 significant bits
 
 
 def boundary_hit(row: torch.Tensor, token: int, greedy: bool, step_seed: int) -> bool:
@@ -75,8 +90,7 @@ def boundary_hit(row: torch.Tensor, token: int, greedy: bool, step_seed: int) ->
 
 def bernoulli_hit(log_p: float, step_seed: int) -> bool:
     """`boundary_hit`'s draw from the token's raw log-probability (float32)."""
-    uniform = uniforms_at(step_seed, np.array([_BOUNDARY_KEY], dtype=np.int64))[0]
-    return bool(uniform < np.exp(np.float32(log_p)))
+    return bool(one_uniform_at(step_seed, _BOUNDARY_KEY) < np.exp(np.float32(log_p)))
 
 
 def filtered_draw(

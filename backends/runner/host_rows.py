@@ -23,6 +23,9 @@ import torch
 from backends.runner.host_draws import TOP_CANDIDATES, TopCandidates, argmax_among
 from backends.runner.host_staging import to_device
 
+# the outputs a compact row is made of (besides "host_logits": whole rows, handed as tensors)
+SUMMARY_OUTPUTS = ("top_values", "top_ids", "logsumexp", "probes", "tail_max")
+
 if TYPE_CHECKING:
     from backends.runner.request_states import RequestStates
     from backends.runner.types import RunnerConfig
@@ -99,6 +102,8 @@ class HostRows:
         self._index = _positions(compact)
         self.outputs: dict[str, torch.Tensor] = {}
         self._device: torch.Tensor | None = None  # compact rows' raw values, for `full`
+        self._host: dict[str, torch.Tensor] | None = None  # the step's host outputs, and
+        self._host_arrays: dict[str, np.ndarray] = {}  # ... their summaries as numpy
         whole = [k for k, c in enumerate(compact) if not c]
         if whole:
             self.outputs["host_logits"] = _select(rows, whole)
@@ -145,17 +150,26 @@ class HostRows:
         j = self._index[k]
         if not self.compact[k]:
             return host["host_logits"][j]
-        probes = host["probes"][j].numpy() if "probes" in host else ()
-        tail = host["tail_max"][j].numpy() if "tail_max" in host else np.float32(-np.inf)
-        values, ids = host["top_values"][k].numpy(), host["top_ids"][k].numpy()
+        arrays = self._arrays(host)
+        probes = arrays["probes"][j] if "probes" in arrays else ()
+        tail = arrays["tail_max"][j] if "tail_max" in arrays else np.float32(-np.inf)
         return CompactRow(
-            candidates=TopCandidates(values, ids, self.limit),
-            logsumexp=host["logsumexp"][j].numpy()[()],
+            candidates=TopCandidates(arrays["top_values"][k], arrays["top_ids"][k], self.limit),
+            logsumexp=arrays["logsumexp"][j],
             probes=dict(zip(self.probe_ids, probes)),
-            tail_max=np.float32(tail),
+            tail_max=tail,
             vocab=self.vocab,
             fetch=lambda: self._fetch(j),
         )
+
+    def _arrays(self, host: dict[str, torch.Tensor]) -> dict[str, np.ndarray]:
+        """The step's summary tensors as numpy, once per step: per row, a tensor index and
+        `.numpy()` of each cost ~0.02 ms of a ~0.15 ms draw."""
+        if self._host is not host:
+            self._host = host
+            self._host_arrays = {name: tensor.numpy() for name, tensor in host.items()
+                                 if name in SUMMARY_OUTPUTS}  # fmt: skip
+        return self._host_arrays
 
     def _fetch(self, j: int) -> torch.Tensor:
         assert self._device is not None

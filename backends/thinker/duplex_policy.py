@@ -31,7 +31,6 @@ first non-speech unit after user speech (or at once with `initial_user_text`).
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
@@ -43,6 +42,7 @@ from backends.runner.sampler import step_seed
 from backends.runner.types import SampleContext
 from backends.thinker.policy_masks import PolicyIds, special_token_ids  # noqa: F401 (re-export)
 from backends.thinker.policy_rows import PolicyRow, SummaryRow, WholeRow
+from backends.thinker.recent_tokens import RecentTokens
 
 if TYPE_CHECKING:
     from backends.checkpoint.tokenizer import SpecialTokens
@@ -112,7 +112,7 @@ class TurnLatches:
     turn_open: bool = False
     pending_speech_context: bool = False  # user speech (or initial text) awaits an answer
     pending_terminator: int | None = None  # re-injected at the head of the next append
-    history: deque[int] = field(default_factory=lambda: deque(maxlen=PENALTY_WINDOW))
+    history: RecentTokens = field(default_factory=lambda: RecentTokens(PENALTY_WINDOW))
 
 
 @dataclass(slots=True)
@@ -142,7 +142,7 @@ class DuplexPolicy:
         self.position_offset = 0
         self.tokenizer = tokenizer
         self.config = config
-        self.latches = TurnLatches(history=deque(maxlen=config.penalty_window))
+        self.latches = TurnLatches(history=RecentTokens(config.penalty_window))
         self.terminators = frozenset((special.listen, special.chunk_eos, special.chunk_tts_eos))
         self.ids = ids or PolicyIds(special, bad_token_ids, extra_special_ids)
         self.special_ids = self.ids.special_ids
@@ -254,7 +254,7 @@ class DuplexPolicy:
         """Rule 5 after the chunk_eos mask: bad ids, penalty, temperature/top-k/top-p, draw."""
         row.mask("bad_ids")
         cfg = self.config
-        row.penalise(list(self.latches.history), cfg.repetition_penalty, cfg.penalty_window)
+        row.penalise(self.latches.history, cfg.repetition_penalty)
         lowered = cfg.repetition_penalty >= 1.0  # masks only lower: the raw candidates serve
         seed = self._step_seed(ctx)
         return row.draw(cfg.temperature, cfg.top_k, cfg.top_p, seed, lowered)

@@ -33,6 +33,9 @@ class PolicyIds:
         self.chunk_eos_ids = (special.chunk_eos,)
         self._masks: dict[tuple[str, int, torch.device], torch.Tensor] = {}
         self._runs = {name: _runs(getattr(self, name)) for name in ID_SETS}
+        # per-row lookups of a compact row's draw (~2 us each uncached); a few keys per engine
+        self._host_masks: dict[tuple[str, int], np.ndarray] = {}
+        self._covers: dict[tuple[str, int, int], bool] = {}
 
     def fill(self, logits: torch.Tensor, id_set: str) -> None:
         """-inf in place on the ids of `id_set` below len(logits) ([vocab] float32)."""
@@ -45,11 +48,20 @@ class PolicyIds:
 
     def host_mask(self, id_set: str, vocab: int) -> np.ndarray:
         """`mask` on the host as numpy: looked up at a few ids (a compact row's candidates)."""
-        return self.mask(id_set, vocab, torch.device("cpu")).numpy()
+        key = (id_set, vocab)
+        mask = self._host_masks.get(key)
+        if mask is None:
+            mask = self._host_masks[key] = self.mask(id_set, vocab, torch.device("cpu")).numpy()
+        return mask
 
     def covers(self, id_set: str, start: int, stop: int) -> bool:
         """Whether every id in [start, stop) is in `id_set` (runs are maximal: one holds it)."""
-        return start >= stop or any(a <= start and stop <= b for a, b in self._runs[id_set])
+        key = (id_set, start, stop)
+        covered = self._covers.get(key)
+        if covered is None:
+            covered = start >= stop or any(a <= start and stop <= b for a, b in self._runs[id_set])
+            self._covers[key] = covered
+        return covered
 
     def mask(self, id_set: str, vocab: int, device: torch.device) -> torch.Tensor:
         """[vocab] bool, True on the ids of `id_set` (one of ID_SETS) below `vocab`."""

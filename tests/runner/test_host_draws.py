@@ -19,6 +19,7 @@ from backends.runner.host_draws import (
     _hinted_top_k,
     boundary_hit,
     filtered_draw,
+    one_uniform_at,
     uniforms_at,
 )
 from backends.runner.sampler import apply_repetition_penalty
@@ -95,6 +96,20 @@ def test_host_uniforms_are_bitwise_the_device_sampler_noise() -> None:
         expected = uniform_at(torch.tensor(seed, dtype=torch.int64), ids)
         got = torch.from_numpy(uniforms_at(seed, ids.numpy()))
         assert torch.equal(got, expected), seed
+
+
+def test_one_uniform_in_python_integers_is_bitwise_the_numpy_one() -> None:
+    """The boundary draw's single uniform (`one_uniform_at`, Python integers) equals
+    `uniforms_at`'s float32 for negative, small and 64-bit seeds and ids from -1 on."""
+    gen = torch.Generator().manual_seed(6)
+    seeds = [0, 1, -1, -(2**63), 2**63 - 1, *torch.randint(-(2**62), 2**62, (40,), generator=gen).tolist()]
+    ids = [-1, 0, 1, 151935, *torch.randint(0, 151936, (20,), generator=gen).tolist()]
+    for seed in seeds:
+        expected = uniforms_at(seed, torch.tensor(ids).numpy())
+        got = [one_uniform_at(seed, token) for token in ids]
+        assert all(isinstance(u, float) for u in got)
+        assert torch.equal(torch.tensor(got, dtype=torch.float64),
+                           torch.from_numpy(expected).double()), seed
 
 
 def _hint(row: torch.Tensor, n: int = 128) -> TopCandidates:
