@@ -128,13 +128,16 @@ class HostRows:
                    with_candidates=rows.device.type == "cuda")
 
     def _queue_summaries(self, rows: torch.Tensor, picked: list[int]) -> None:
-        # index_select always copies: the step's graph buffers may be reused before `full`
-        index = to_device(np.asarray(picked, dtype=np.int64), rows.device)
-        self._device = kept = rows.index_select(0, index)
+        # a copy, never a view: the step's graph buffers may be reused before `full`; all rows
+        # (the usual case) and the few probe columns need no index copied to the device first
+        if picked == list(range(rows.shape[0])):
+            kept = rows.clone()
+        else:
+            kept = rows.index_select(0, to_device(np.asarray(picked, dtype=np.int64), rows.device))
+        self._device = kept
         self.outputs["logsumexp"] = torch.logsumexp(kept, dim=-1)
         if self.probe_ids:
-            probes = to_device(np.asarray(self.probe_ids, dtype=np.int64), rows.device)
-            self.outputs["probes"] = kept.index_select(1, probes)
+            self.outputs["probes"] = torch.stack([kept[:, p] for p in self.probe_ids], dim=1)
         if self.limit < self.vocab:
             self.outputs["tail_max"] = kept[:, self.limit :].amax(dim=-1)
 
