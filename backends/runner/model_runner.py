@@ -37,7 +37,7 @@ from backends.runner.input_batch import InputBatch, build_input_batch
 from backends.runner.kv_cache import KVCache
 from backends.runner.reanchor import check_reanchor, reanchor_slot
 from backends.runner.request_states import RequestStates
-from backends.runner.sampler import make_generator, sample_token
+from backends.runner.sampler import sample_token
 from backends.runner.types import (
     AdmissionError,
     ChainResult,
@@ -356,9 +356,8 @@ class ModelRunner:
                     owned: bool = False) -> int:
         params = self.states.sampling[slot]
         position = int(self.states.num_computed_tokens_np[slot])  # where the token will sit
-        generator = make_generator(params.seed, position, logits.device)
         # generated: the live history (hooks must not mutate it)
-        ctx = SampleContext(inp.request_id, position, generator, self.states.generated[slot], candidates)
+        ctx = SampleContext(inp.request_id, position, self.states.generated[slot], candidates)
         token = sample_token(logits, params, ctx, self.states.hooks[slot], owned)
         if record:
             self.states.generated[slot].append(token)

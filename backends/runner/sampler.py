@@ -3,7 +3,8 @@
 Each sampled row's Gumbel noise is a counter-based function of (request seed, position, token
 id) (`device_sampler.uniform_at`, the same noise the device sampler draws; the draw itself is
 `host_draws.filtered_draw`, linear in the vocabulary), so a request's tokens never depend on
-which other requests share the batch, on batch order, on slot or on device. Hooks get a `torch.Generator` seeded from (seed, position) for their own draws.
+which other requests share the batch, on batch order, on slot or on device. Hooks key their own
+draws the same way (`step_seed`).
 Order per row (vLLM's): float32 copy ->
 repetition penalty -> hook.before_sample (may force a token) -> temperature -> top-k ->
 top-p -> Gumbel-max (plain argmax when temperature is 0) -> hook.after_sample.
@@ -32,12 +33,6 @@ def _splitmix64(x: int) -> int:
 def step_seed(seed: int, position: int) -> int:
     """The 63-bit generator seed for the token sampled at `position` (fits manual_seed)."""
     return _splitmix64(_splitmix64(seed & _MASK64) ^ (position & _MASK64)) >> 1
-
-
-def make_generator(seed: int, position: int, device: torch.device | str) -> torch.Generator:
-    generator = torch.Generator(device=device)
-    generator.manual_seed(step_seed(seed, position))
-    return generator
 
 
 def apply_repetition_penalty(

@@ -50,8 +50,8 @@ class SamplingParams:
 @dataclass(slots=True)
 class SampleContext:
     request_id: str
-    position: int  # position of the token being sampled
-    generator: torch.Generator  # seeded from (seed, position): draw from it for any randomness
+    position: int  # position of the token being sampled; key a hook's own noise on it and the
+    # request's seed (`sampler.step_seed`), so a draw never depends on the batch around it
     # this request's generated-token history (most recent last); the runner's live list, so
     # read it, never mutate it
     generated: list[int]

@@ -19,7 +19,7 @@ from backends.models.talker_policy import (
     TalkerSamplingConfig,
     apply_frequency_penalty,
 )
-from backends.runner.sampler import make_generator, sample_token
+from backends.runner.sampler import sample_token
 from backends.runner.types import SampleContext, SamplingParams
 
 VOCAB = CODEC_EOS + 1
@@ -40,7 +40,7 @@ def _run_chunk(policy: TalkerChunkPolicy, kind: ChunkKind, want_eos: set[int]) -
     policy.begin_chunk(kind)
     frames: list[int] = []
     for step in range(1000):
-        ctx = SampleContext("r", step, make_generator(0, step, "cpu"), [])
+        ctx = SampleContext("r", step, [])
         token = sample_token(_logits(step, want_eos), GREEDY, ctx, policy)
         if token == CODEC_EOS:
             return frames
@@ -89,7 +89,7 @@ def test_empty_chunk_is_eos_at_once() -> None:
 def test_sampling_outside_a_chunk_is_eos() -> None:
     """A sample after the chunk's EOS and before the next condition must not forward audio."""
     policy = TalkerChunkPolicy()
-    ctx = SampleContext("r", 0, make_generator(0, 0, "cpu"), [])
+    ctx = SampleContext("r", 0, [])
     assert policy.before_sample(torch.zeros(VOCAB), ctx) == CODEC_EOS
     _run_chunk(policy, ChunkKind.MID_TURN, set())
     assert policy.is_chunk_done
@@ -109,7 +109,7 @@ def test_penalty_window_is_16_and_survives_chunk_boundaries() -> None:
     policy.begin_chunk(ChunkKind.TURN_START)  # history is kept; EOS not masked here
     assert policy.recent_codes == frames[-16:]
     logits = torch.ones(VOCAB)
-    ctx = SampleContext("r", 0, make_generator(0, 0, "cpu"), [])
+    ctx = SampleContext("r", 0, [])
     policy.before_sample(logits, ctx)
     penalised = {int(i) for i in torch.nonzero(logits < 1.0)}
     assert penalised == set(frames[-16:])

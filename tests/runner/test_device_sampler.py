@@ -24,7 +24,6 @@ from backends.runner.sampler import (
     _splitmix64,
     apply_top_k,
     apply_top_p,
-    make_generator,
     sample_token,
     step_seed,
 )
@@ -53,7 +52,7 @@ def test_noise_is_per_row_whatever_the_batch() -> None:
 
 
 def host_token(logits: torch.Tensor, params: SamplingParams, position: int) -> int:
-    ctx = SampleContext("r", position, make_generator(params.seed, position, "cpu"), [])
+    ctx = SampleContext("r", position, [])
     return sample_token(logits, params, ctx, None)
 
 

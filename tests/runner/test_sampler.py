@@ -17,7 +17,6 @@ from backends.runner.sampler import (
     apply_repetition_penalty,
     apply_top_k,
     apply_top_p,
-    make_generator,
     sample_token,
     step_seed,
 )
@@ -29,7 +28,7 @@ Z_BOUND = 5.0  # 5-sigma per bin: a false alarm is ~1e-6 per bin, a temperature 
 
 
 def ctx_at(position: int, seed: int = 0, generated: list[int] | None = None) -> SampleContext:
-    return SampleContext("r", position, make_generator(seed, position, "cpu"), generated or [])
+    return SampleContext("r", position, generated or [])
 
 
 def draw(logits: torch.Tensor, params: SamplingParams, position: int) -> int:

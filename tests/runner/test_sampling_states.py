@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from backends.runner.device_sampler import as_int64, step_seeds
-from backends.runner.sampler import make_generator, sample_token, step_seed
+from backends.runner.sampler import sample_token, step_seed
 from backends.runner.sampling_states import SamplingStates
 from backends.runner.types import SampleContext, SamplingParams
 
@@ -42,7 +42,7 @@ PARAMS = [
 
 
 def host_token(logits: torch.Tensor, params: SamplingParams, position: int) -> int:
-    ctx = SampleContext("r", position, make_generator(params.seed, position, "cpu"), [])
+    ctx = SampleContext("r", position, [])
     return sample_token(logits, params, ctx, None)
 
 

@@ -34,7 +34,7 @@ from backends.models.talker_policy import (
     TalkerChunkPolicy,
     TalkerSamplingConfig,
 )
-from backends.runner.sampler import make_generator, sample_token
+from backends.runner.sampler import sample_token
 from backends.runner.sampling_states import SamplingStates
 from backends.runner.types import SampleContext
 from backends.talker.policy_table import TalkerPolicyTable, penalty_powers
@@ -102,8 +102,7 @@ class Harness:
         return logits
 
     def host_sample(self, sim: Sim, logits: torch.Tensor) -> int:
-        generator = make_generator(sim.seed, sim.position, "cpu")
-        ctx = SampleContext(sim.name, sim.position, generator, [])
+        ctx = SampleContext(sim.name, sim.position, [])
         params = dataclasses.replace(self.params, seed=sim.seed)
         return sample_token(logits, params, ctx, sim.host)
 
@@ -130,7 +129,7 @@ class Harness:
 
     def check_processed(self, sim: Sim, raw: torch.Tensor, device_row: torch.Tensor) -> None:
         host_row = raw.clone()
-        ctx = SampleContext(sim.name, sim.position, make_generator(0, 0, "cpu"), [])
+        ctx = SampleContext(sim.name, sim.position, [])
         if sim.host.before_sample(host_row, ctx) is None:  # a forced row is never drawn
             assert torch.equal(device_row, host_row), (sim.name, sim.host.step)
 

@@ -17,7 +17,6 @@ import torch
 
 from backends.checkpoint.tokenizer import SpecialTokens, TextTokenizer
 from backends.runner.host_draws import TopCandidates
-from backends.runner.sampler import make_generator
 from backends.runner.types import SampleContext
 from backends.thinker.duplex_policy import DuplexPolicy, PolicyConfig
 from backends.thinker.policy_masks import PolicyIds
@@ -29,7 +28,7 @@ SIGMAS = 5.0  # a fair implementation fails a 5-sigma bound about once in 2 mill
 
 
 def _ctx(seed: int = 0, position: int = 100) -> SampleContext:
-    return SampleContext("r", position, make_generator(seed, position, "cpu"), [])
+    return SampleContext("r", position, [])
 
 
 def _policy(

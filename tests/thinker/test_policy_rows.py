@@ -16,7 +16,6 @@ import torch
 from backends.checkpoint.tokenizer import SpecialTokens, TextTokenizer
 from backends.runner.host_draws import TOP_CANDIDATES, TopCandidates
 from backends.runner.host_rows import CompactRow, HostRows
-from backends.runner.sampler import make_generator
 from backends.runner.types import SampleContext
 from backends.thinker.duplex_policy import DuplexPolicy, PolicyConfig
 from backends.thinker.isolating_hook import IsolatingHook
@@ -27,7 +26,7 @@ BAD_IDS = range(LIMIT, VOCAB)
 
 
 def _ctx(position: int, candidates: TopCandidates | None = None) -> SampleContext:
-    return SampleContext("r", position, make_generator(0, position, "cpu"), [], candidates)
+    return SampleContext("r", position, [], candidates)
 
 
 def _summary(raw: torch.Tensor, count: int, probes: tuple[int, ...], fetches: list[int]) -> CompactRow:

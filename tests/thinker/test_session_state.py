@@ -13,7 +13,6 @@ import torch
 
 from backends.checkpoint.tokenizer import SpecialTokens, TextTokenizer
 from backends.runner.hidden_ledger import HiddenLedger
-from backends.runner.sampler import make_generator
 from backends.runner.types import SampleContext, StepInput, StepResult
 from backends.stages.contracts import DECISION_SPEAK, ThinkerRequest
 from backends.stages.sink import ListSink
@@ -130,7 +129,7 @@ def test_isolating_hook_keeps_the_error(tokenizer, special) -> None:
         raise ValueError("policy bug")
 
     policy.before_sample = explode  # type: ignore[method-assign]
-    ctx = SampleContext("s", 0, make_generator(0, 0, "cpu"), [])
+    ctx = SampleContext("s", 0, [])
     assert hook.before_sample(torch.zeros(1000), ctx) == special.chunk_eos
     assert hook.after_sample(special.chunk_eos, ctx) == special.chunk_eos
     assert isinstance(hook.error, ValueError)
