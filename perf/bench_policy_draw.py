@@ -8,7 +8,8 @@ its parts: the masks and the penalty, the top-k pass alone. On CUDA also the dra
 row's device-to-host copy first (what the runner does before a hook runs). Then the policy's
 own text draw (`policy_rows`) on the whole row with the runner's raw top candidates, as a hook
 gets it with `compact_host_rows` "off", against the same draw from the row's summary
-(`host_rows.CompactRow`: what the host gets by default on CUDA, without the row's copy), and
+(`host_rows.CompactRow`: what the host gets by default on CUDA, without the row's copy), a
+step's 16 summary draws one after another against together (`host_draws.run_together`), and
 what handing a step's 16 summaries to their draws costs per row (`HostRows.row`).
 
     python3 perf/bench_policy_draw.py [--rows 200] [--history 300]
@@ -27,7 +28,15 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from backends.checkpoint.tokenizer import SpecialTokens  # noqa: E402
-from backends.runner.host_draws import TOP_CANDIDATES, TopCandidates, filtered_draw  # noqa: E402
+from backends.runner.host_draws import (  # noqa: E402
+    TOP_CANDIDATES,
+    DrawRequest,
+    DrawSteps,
+    TopCandidates,
+    filtered_draw,
+    run_alone,
+    run_together,
+)
 from backends.runner.host_rows import HostRows  # noqa: E402
 from backends.runner.sampler import apply_repetition_penalty, step_seed  # noqa: E402
 from backends.thinker.policy_masks import PolicyIds  # noqa: E402
@@ -74,9 +83,13 @@ POLICY_IDS = PolicyIds(SpecialTokens(*range(151643, 151658)), range(TOKENIZER_ID
 
 
 def policy_draw(row: PolicyRow, history: RecentTokens, seed: int, knob: bool) -> int:
+    return run_alone(policy_steps(row, history, seed, knob))
+
+
+def policy_steps(row: PolicyRow, history: RecentTokens, seed: int, knob: bool) -> DrawSteps:
     """The duplex policy's text draw: the knob's reply token (`DuplexPolicy._reply_token`, no
     boundary draw) or the real weights' (rule 4's boundary draw on the raw row first), then
-    rule 5 (`DuplexPolicy._sample`)."""
+    rule 5 (`DuplexPolicy._sample`), its last part yielded where the row leaves it."""
     key = step_seed(seed, len(history))
     if knob:
         row.mask("special_ids")
@@ -86,7 +99,8 @@ def policy_draw(row: PolicyRow, history: RecentTokens, seed: int, knob: bool) ->
         row.mask("chunk_eos_ids")
     row.mask("bad_ids")
     row.penalise(history, 1.05)
-    return row.draw(0.7, 20, 0.8, key, lowered=True)
+    drawn = row.draw(0.7, 20, 0.8, key, lowered=True)
+    return (yield drawn) if isinstance(drawn, DrawRequest) else drawn
 
 
 def policy_draws(rows: list[torch.Tensor], history: list[int], knob: bool) -> tuple[float, float]:
@@ -111,6 +125,30 @@ def policy_draws(rows: list[torch.Tensor], history: list[int], knob: bool) -> tu
     whole_ms, summary_ms = mean_ms(rows, whole), mean_ms(rows, summary)
     assert drawn[0] == drawn[1], "the summary must draw the whole row's tokens"
     return whole_ms, summary_ms
+
+
+def step_draws_ms(rows: list[torch.Tensor], history: list[int], knob: bool,
+                  batch: int = 16) -> tuple[float, float]:
+    """Mean ms per row of a step's `batch` summary draws: one after another (`run_alone`, as
+    the runner did), and together (`run_together`, as `FastPath._finish` does now)."""
+    recent = RecentTokens(512)
+    recent.extend(history)
+    times = [0.0, 0.0]
+    count = 0
+    for start in range(0, len(rows) - batch + 1, batch):
+        host_rows = HostRows(torch.stack(rows[start : start + batch]), [True] * batch,
+                             TOKENIZER_IDS, POLICY_IDS.chunk_eos_ids, with_candidates=False)
+        host = {k: v.clone() for k, v in host_rows.outputs.items()}
+        summaries = [host_rows.row(k, host) for k in range(batch)]
+        drawn = []
+        for form, run in enumerate((lambda s: [run_alone(x) for x in s], run_together)):
+            begin = time.perf_counter()
+            drawn.append(run([policy_steps(SummaryRow(summary, POLICY_IDS), recent, start + k, knob)
+                              for k, summary in enumerate(summaries)]))
+            times[form] += time.perf_counter() - begin
+        assert drawn[0] == drawn[1], "drawn together, the rows must draw their tokens alone"
+        count += batch
+    return 1e3 * times[0] / count, 1e3 * times[1] / count
 
 
 def summaries_ms(rows: list[torch.Tensor], batch: int = 16) -> float:
@@ -149,6 +187,10 @@ def main() -> None:
         whole_ms, summary_ms = policy_draws(rows, hist, knob)
         print(f"| policy draw, {name}: whole row with its device candidates | {whole_ms:.3f} |")
         print(f"| policy draw, {name}: from the row's summary | {summary_ms:.3f} |")
+        step_draws_ms(rows[:32], hist, knob)  # warm-up
+        alone_ms, together_ms = step_draws_ms(rows, hist, knob)
+        print(f"| policy draw, {name}: a step's 16 summaries, one after another | {alone_ms:.3f} |")
+        print(f"| policy draw, {name}: a step's 16 summaries, drawn together | {together_ms:.3f} |")
     summaries_ms(rows[:32])  # warm-up
     print(f"| a step's summary handed to its draw (`HostRows.row`, 16 rows) | {summaries_ms(rows):.3f} |")
     if torch.cuda.is_available():

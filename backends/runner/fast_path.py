@@ -12,9 +12,10 @@ or a penalty get their logits row copied to the host and sampled there by the ru
 sampler, exactly as on the reference path (mixed graphs leave sampling outside the graph), with
 each row's top candidates from one device top-k over all of them (`host_draws.TopCandidates`),
 so a draw skips its own pass over the 152k-entry row; a hook that draws from a summary gets
-that instead of the row (`host_rows`: candidates, logsumexp, probe values; no row copy). Tokens, hook logits and captured hidden
-rows come back through one `AsyncOutput`, whose `wait` (inside `PendingStep.wait`) is the
-step's only host wait.
+that instead of the row (`host_rows`: candidates, logsumexp, probe values; no row copy), and
+where its hook yields its draw (`decide_compact`) the step's draws are made together
+(`host_draws.run_together`). Tokens, hook logits and captured hidden rows come back through
+one `AsyncOutput`, whose `wait` (inside `PendingStep.wait`) is the step's only host wait.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from backends.runner.block_table import BlockTable
 from backends.runner.cuda_graphs import DecodeGraphs, bucket_sizes
 from backends.runner.fast_step import Forwarded, SamplePlan, step_results
 from backends.runner.fused_draw import sampling_states_for
-from backends.runner.host_draws import TopCandidates
+from backends.runner.host_draws import DrawSteps, TopCandidates, run_together
 from backends.runner.host_rows import CompactRow, HostRows, wants_compact
 from backends.runner.host_staging import to_device
 from backends.runner.input_batch import build_input_batch
@@ -46,8 +47,9 @@ from backends.runner.types import (
     StepResult,
 )
 
-# (input, slot, [vocab] logits or their summary, the row's top candidates if known) -> token
-HostSampler = Callable[[StepInput, int, torch.Tensor | CompactRow, TopCandidates | None], int]
+# (input, slot, [vocab] logits or their summary, the row's top candidates if known) -> the
+# row's sampling as steps (its draw may be yielded: a step's rows draw together)
+HostSampler = Callable[[StepInput, int, torch.Tensor | CompactRow, TopCandidates | None], DrawSteps]
 
 
 class FastPath:
@@ -290,8 +292,9 @@ class FastPath:
             self.states.generated[slots[i]].append(token)
         if host_rows is not None:
             hints = host_rows.candidates(host)
-            for k, j in enumerate(plan.on_host):
-                i = plan.sampled[j]
-                row = host_rows.row(k, host)
-                tokens[i] = host_sampler(inputs[i], slots[i], row, hints[k])
+            rows = [plan.sampled[j] for j in plan.on_host]
+            steps = [host_sampler(inputs[i], slots[i], host_rows.row(k, host), hints[k])
+                     for k, i in enumerate(rows)]  # fmt: skip
+            for i, token in zip(rows, run_together(steps)):
+                tokens[i] = token
         return step_results(inputs, forwarded.positions, tokens, host.get("hidden"))

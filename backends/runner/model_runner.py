@@ -31,13 +31,13 @@ from backends.runner.block_pool import BlockPool
 from backends.runner.block_table import BlockTable
 from backends.runner.decode_chain import DecodeChains, PendingChain, check_chain
 from backends.runner.fast_path import FastPath
-from backends.runner.host_draws import TopCandidates
+from backends.runner.host_draws import DrawSteps, TopCandidates, run_alone
 from backends.runner.host_rows import CompactRow
 from backends.runner.input_batch import InputBatch, build_input_batch
 from backends.runner.kv_cache import KVCache
 from backends.runner.reanchor import check_reanchor, reanchor_slot
 from backends.runner.request_states import RequestStates
-from backends.runner.sampler import sample_token
+from backends.runner.sampler import sample_steps
 from backends.runner.types import (
     AdmissionError,
     ChainResult,
@@ -196,7 +196,7 @@ class ModelRunner:
             return PendingStep.done([])
         slots = self._validate(inputs)
         if self.fast_path is not None:
-            sample = partial(self._sample_one, owned=True)  # rows of the step's own host copy
+            sample = partial(self._sample_steps, owned=True)  # rows of the step's own host copy
             self._pending = self.fast_path.launch(inputs, slots, sample)
             return self._pending
         with torch.no_grad():
@@ -319,9 +319,9 @@ class ModelRunner:
         logits = self.model.compute_logits(hidden.index_select(0, last_rows))
         processed = self._process(logits, [slots[i] for i in sampled])
         for k, (logits_row, batch_idx) in enumerate(zip(logits, sampled)):
-            tokens[batch_idx] = self._sample_one(
+            tokens[batch_idx] = run_alone(self._sample_steps(
                 inputs[batch_idx], slots[batch_idx], logits_row, record=k not in processed
-            )
+            ))  # fmt: skip
         if processed:
             self._finish_processed([sampled[k] for k in processed], slots, tokens)
         return tokens
@@ -351,14 +351,15 @@ class ModelRunner:
             tokens[i] = token
             self.states.generated[slots[i]].append(token)
 
-    def _sample_one(self, inp: StepInput, slot: int, logits: torch.Tensor | CompactRow,
-                    candidates: TopCandidates | None = None, record: bool = True,
-                    owned: bool = False) -> int:
+    def _sample_steps(self, inp: StepInput, slot: int, logits: torch.Tensor | CompactRow,
+                      candidates: TopCandidates | None = None, record: bool = True,
+                      owned: bool = False) -> DrawSteps:
+        """One row's host sampling, its draw yielded where the hook leaves it (`sample_steps`)."""
         params = self.states.sampling[slot]
         position = int(self.states.num_computed_tokens_np[slot])  # where the token will sit
         # generated: the live history (hooks must not mutate it)
         ctx = SampleContext(inp.request_id, position, self.states.generated[slot], candidates)
-        token = sample_token(logits, params, ctx, self.states.hooks[slot], owned)
+        token = yield from sample_steps(logits, params, ctx, self.states.hooks[slot], owned)
         if record:
             self.states.generated[slot].append(token)
         return token

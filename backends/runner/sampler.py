@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from backends.runner.host_draws import filtered_draw
+from backends.runner.host_draws import DrawSteps, filtered_draw, run_alone
 from backends.runner.host_rows import CompactRow
 from backends.runner.types import SampleContext, SamplingHook, SamplingParams
 
@@ -92,7 +92,7 @@ def sample_token(
     caller's to give away, as a step's host copy of its logits: the masks and the penalty then
     work on it without a 600 KB copy)."""
     if isinstance(logits, CompactRow):
-        return _sample_compact(logits, params, ctx, hook)
+        return run_alone(_compact_steps(logits, params, ctx, hook))
     row = logits if owned and logits.dtype == torch.float32 else logits.to(torch.float32, copy=True)
     apply_repetition_penalty(row, ctx.generated, params.repetition_penalty, params.penalty_window)
     forced = hook.before_sample(row, ctx) if hook is not None else None
@@ -100,14 +100,32 @@ def sample_token(
     return hook.after_sample(token, ctx) if hook is not None else token
 
 
-def _sample_compact(
+def sample_steps(
+    logits: torch.Tensor | CompactRow,
+    params: SamplingParams,
+    ctx: SampleContext,
+    hook: SamplingHook | None,
+    owned: bool = False,
+) -> DrawSteps:
+    """`sample_token` as steps: a summary's draw, where its hook yields it (`decide_compact`),
+    is left to the caller, who may make a step's draws together (`host_draws.run_together`)."""
+    if isinstance(logits, CompactRow):
+        return (yield from _compact_steps(logits, params, ctx, hook))
+    return sample_token(logits, params, ctx, hook, owned)
+
+
+def _compact_steps(
     row: CompactRow, params: SamplingParams, ctx: SampleContext, hook: SamplingHook | None
-) -> int:
+) -> DrawSteps:
     """A summary comes only for a hook that offers `before_sample_compact` and a row without
     the runner's own penalty (`host_rows.wants_compact`); undecided, it draws on the row."""
     if hook is None or params.repetition_penalty != 1.0:
         raise ValueError("a compact row needs its hook and no runner repetition penalty")
-    forced = hook.before_sample_compact(row, ctx)  # type: ignore[attr-defined]
+    steps = getattr(hook, "decide_compact", None)
+    if steps is not None:
+        forced = yield from steps(row, ctx)
+    else:
+        forced = hook.before_sample_compact(row, ctx)  # type: ignore[attr-defined]
     token = forced if forced is not None else _draw(row.full(), params, ctx, hooked=True)
     return hook.after_sample(token, ctx)
 

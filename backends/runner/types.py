@@ -67,7 +67,9 @@ class SamplingHook(Protocol):
     A hook may also offer `before_sample_compact(row: host_rows.CompactRow, ctx) -> int | None`,
     the same decision from a summary of the raw row; the fast path then copies only that
     summary to the host (RunnerConfig.compact_host_rows) and, where it returns None, draws on
-    the whole row as after `before_sample`."""
+    the whole row as after `before_sample`. And `decide_compact(row, ctx)`, the same as a
+    generator that yields its `host_draws.DrawRequest` and takes the drawn token back, which
+    the fast path prefers: a step's hooked rows then draw together (`host_draws.run_together`)."""
 
     def before_sample(self, logits: torch.Tensor, ctx: SampleContext) -> int | None:
         """`logits`: [vocab] float32, may be modified in place; return a token id to force it."""

@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Protocol
 
 import torch
 
+from backends.runner.host_draws import DrawRequest, DrawSteps, run_alone
 from backends.runner.host_rows import CompactRow
 from backends.runner.sampler import step_seed
 from backends.runner.types import SampleContext
@@ -173,13 +174,18 @@ class DuplexPolicy:
         self._unit = _UnitState(force_listen=force_listen or silent_idle)
 
     def before_sample(self, logits: torch.Tensor, ctx: SampleContext) -> int | None:
-        return self._decide(WholeRow(logits, self.ids, ctx.candidates), ctx)
+        return run_alone(self._decide(WholeRow(logits, self.ids, ctx.candidates), ctx))
 
     def before_sample_compact(self, row: CompactRow, ctx: SampleContext) -> int | None:
         """The same decision from the runner's summary of the raw row (`policy_rows`)."""
-        return self._decide(SummaryRow(row, self.ids), ctx)
+        return run_alone(self.decide_compact(row, ctx))
 
-    def _decide(self, row: PolicyRow, ctx: SampleContext) -> int:
+    def decide_compact(self, row: CompactRow, ctx: SampleContext) -> DrawSteps:
+        """`before_sample_compact` as steps: the rule-5 draw is yielded (a `DrawRequest`), so
+        the runner can make a step's draws together (`host_draws.run_together`)."""
+        return (yield from self._decide(SummaryRow(row, self.ids), ctx))
+
+    def _decide(self, row: PolicyRow, ctx: SampleContext) -> DrawSteps:
         unit = self._unit
         if unit.force_listen and not unit.tokens:
             return self.special.listen
@@ -187,14 +193,14 @@ class DuplexPolicy:
             unit.guard_hit = True
             return unit.tokens[-1]
         if self.config.has_reply_knobs:
-            return self._reply_token(row, ctx)
+            return (yield from self._reply_token(row, ctx))
         if len(unit.tokens) >= self.config.max_tokens_per_unit - 1:
             return self.special.chunk_eos
         greedy = self.config.temperature == 0.0
         if row.boundary_hit(self.special.chunk_eos, greedy, self._step_seed(ctx)):
             return self.special.chunk_eos
         row.mask("chunk_eos_ids")
-        candidate = self._sample(row, ctx)
+        candidate = yield from self._sample(row, ctx)
         if self._reaches_char_limit(candidate):
             return self.special.chunk_eos
         if candidate == self.special.listen and self.latches.turn_open:
@@ -235,7 +241,7 @@ class DuplexPolicy:
             and latches.pending_speech_context
         )
 
-    def _reply_token(self, row: PolicyRow, ctx: SampleContext) -> int:
+    def _reply_token(self, row: PolicyRow, ctx: SampleContext) -> DrawSteps:
         sp, num_text = self.special, self.config.reply_tokens_per_unit
         index = len(self._unit.tokens)
         if not self.latches.turn_open and index == 0:
@@ -244,20 +250,22 @@ class DuplexPolicy:
             return sp.speak
         if index <= num_text:
             row.mask("special_ids")
-            return self._sample(row, ctx)
+            return (yield from self._sample(row, ctx))
         is_last_unit = self.reply_units_done + 1 >= self.config.reply_units
         if index == num_text + 1 and is_last_unit:
             return sp.turn_eos
         return sp.chunk_eos
 
-    def _sample(self, row: PolicyRow, ctx: SampleContext) -> int:
-        """Rule 5 after the chunk_eos mask: bad ids, penalty, temperature/top-k/top-p, draw."""
+    def _sample(self, row: PolicyRow, ctx: SampleContext) -> DrawSteps:
+        """Rule 5 after the chunk_eos mask: bad ids, penalty, temperature/top-k/top-p, draw
+        (yielded where the row leaves its last part to the caller)."""
         row.mask("bad_ids")
         cfg = self.config
         row.penalise(self.latches.history, cfg.repetition_penalty)
         lowered = cfg.repetition_penalty >= 1.0  # masks only lower: the raw candidates serve
         seed = self._step_seed(ctx)
-        return row.draw(cfg.temperature, cfg.top_k, cfg.top_p, seed, lowered)
+        drawn = row.draw(cfg.temperature, cfg.top_k, cfg.top_p, seed, lowered)
+        return (yield drawn) if isinstance(drawn, DrawRequest) else drawn
 
     def _step_seed(self, ctx: SampleContext) -> int:
         """The draws' key: RoPE positions repeat after a context-window cut or re-prefill, so

@@ -6,6 +6,7 @@ from collections.abc import Callable
 
 import torch
 
+from backends.runner.host_draws import DrawSteps
 from backends.runner.host_rows import CompactRow
 from backends.runner.types import SampleContext
 from backends.thinker.duplex_policy import DuplexPolicy
@@ -25,6 +26,14 @@ class IsolatingHook:
 
     def before_sample_compact(self, row: CompactRow, ctx: SampleContext) -> int | None:
         return self._guarded(lambda: self.policy.before_sample_compact(row, ctx))
+
+    def decide_compact(self, row: CompactRow, ctx: SampleContext) -> DrawSteps:
+        """`before_sample_compact` as steps (`DuplexPolicy.decide_compact`), guarded alike."""
+        try:
+            return (yield from self.policy.decide_compact(row, ctx))
+        except Exception as err:  # noqa: BLE001 - as in _guarded
+            self.error = self.error or err
+            return self.fallback
 
     def _guarded(self, decide: Callable[[], int | None]) -> int | None:
         try:

@@ -20,11 +20,11 @@ import numpy as np
 import torch
 
 from backends.runner.host_draws import (
+    DrawRequest,
     TopCandidates,
     argmax_among,
     bernoulli_hit,
     boundary_hit,
-    draw_among,
     filtered_draw,
     top_k_among,
 )
@@ -49,9 +49,10 @@ class PolicyRow(Protocol):
 
     def draw(
         self, temperature: float, top_k: int, top_p: float, step_seed: int, lowered: bool
-    ) -> int:
+    ) -> int | DrawRequest:
         """`host_draws.filtered_draw` of the row as changed so far; `lowered`: every change
-        lowered logits (a penalty >= 1), so the raw top candidates may serve."""
+        lowered logits (a penalty >= 1), so the raw top candidates may serve. Its last part,
+        `draw_among` of the top-k, may come back as a `DrawRequest` for the caller to make."""
         ...
 
 
@@ -111,7 +112,7 @@ class SummaryRow:
 
     def draw(
         self, temperature: float, top_k: int, top_p: float, step_seed: int, lowered: bool
-    ) -> int:
+    ) -> int | DrawRequest:
         top = self.row.candidates
         if lowered and top.values.size:
             bound = max(top.values[-1], self.tail_bound)
@@ -120,7 +121,7 @@ class SummaryRow:
                 if token is not None:
                     return token
             elif (picked := top_k_among(self.current, top.ids, top_k, bound)) is not None:
-                return draw_among(*picked, temperature, top_p, step_seed)
+                return DrawRequest(*picked, temperature, top_p, step_seed)
         whole = self.row.full()
         for change in self._changes:
             change(whole)

@@ -37,7 +37,7 @@ def _requests() -> list[ThinkerRequest]:
 
 def test_summaries_and_whole_rows_draw_the_same_units(parts, monkeypatch) -> None:
     forms: list[str] = []
-    for method in ("before_sample", "before_sample_compact"):
+    for method in ("before_sample", "decide_compact"):
         original = getattr(DuplexPolicy, method)
 
         def spy(self, row, ctx, _original=original, _name=method):
@@ -54,7 +54,7 @@ def test_summaries_and_whole_rows_draw_the_same_units(parts, monkeypatch) -> Non
         run_idle(engine)
         assert all(s.closed and s.error is None for s in sinks), [s.error for s in sinks]
         units[mode] = [[r.token_ids.tolist() for r in s.results] for s in sinks]
-        whole = "before_sample" if mode == "off" else "before_sample_compact"
+        whole = "before_sample" if mode == "off" else "decide_compact"
         assert forms and set(forms) == {whole}
     assert units["on"] == units["off"]
     texts = [t for unit in units["on"] for result in unit for t in result]

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from backends.checkpoint.tokenizer import SpecialTokens, TextTokenizer
-from backends.runner.host_draws import TOP_CANDIDATES, TopCandidates
+from backends.runner.host_draws import TOP_CANDIDATES, TopCandidates, run_together
 from backends.runner.host_rows import CompactRow, HostRows
 from backends.runner.types import SampleContext
 from backends.thinker.duplex_policy import DuplexPolicy, PolicyConfig
@@ -137,3 +137,54 @@ def test_a_greedy_boundary_with_the_largest_logit_in_the_padding(tokenizer, spec
 
     tokens, _ = _run(policies, special, make, TOP_CANDIDATES, units=2)
     assert tokens[0][0] != special.chunk_eos  # padding wins the raw argmax: no boundary
+
+
+def test_rows_drawn_together_draw_as_alone_and_keep_their_failures(tokenizer, special) -> None:
+    """The fast path makes a step's yielded draws together (`run_together`): every session
+    gets the tokens it gets alone, and a policy failing after its draw (rule 6 here) fails
+    only its own row, as the hook's `before_sample_compact` would."""
+    alone = [DuplexPolicy(special, tokenizer, PolicyConfig(), BAD_IDS, seed=s) for s in range(4)]
+    together = [DuplexPolicy(special, tokenizer, PolicyConfig(), BAD_IDS, seed=s) for s in range(4)]
+    broken = DuplexPolicy(special, tokenizer, PolicyConfig(), BAD_IDS, seed=9)
+    broken._reaches_char_limit = lambda candidate: 1 / 0  # type: ignore[method-assign]
+    for policy in [*alone, *together, broken]:
+        policy.open_turn_with_text()
+        policy.begin_unit(False, [False])
+    hooks = [IsolatingHook(p, special.chunk_eos) for p in [*together, broken]]
+    rows, drawn, yielded = _rows(special, 11, False), [[], []], 0
+    for position in range(60, 72):
+        raws = [rows() for _ in alone]
+        ctx = _ctx(position)
+        for policy, raw in zip(alone, raws):
+            token = policy.before_sample_compact(_summary(raw, TOP_CANDIDATES, (special.chunk_eos,), []), ctx)
+            drawn[0].append(policy.after_sample(token, ctx))
+        steps = [h.decide_compact(_summary(raw, TOP_CANDIDATES, (special.chunk_eos,), []), ctx)
+                 for h, raw in zip(hooks, [*raws, raws[0]])]
+        counted = [_counting(s) for s in steps]
+        tokens = run_together(counted)
+        yielded += sum(c.asked for c in counted)
+        drawn[1] += [h.after_sample(t, ctx) for h, t in zip(hooks[:-1], tokens[:-1])]
+        assert tokens[-1] == special.chunk_eos and isinstance(hooks[-1].error, ZeroDivisionError)
+        for policy in [*alone, *together]:
+            if policy.unit_tokens and policy.unit_tokens[-1] in policy.terminators:
+                policy.begin_unit(False, [False])
+    assert drawn[0] == drawn[1] and yielded > 20
+    assert all(h.error is None for h in hooks[:-1])
+
+
+class _counting:
+    """Steps that count the draws they yield."""
+
+    def __init__(self, steps) -> None:
+        self.steps, self.asked = steps, 0
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        return self.send(None)
+
+    def send(self, value):
+        request = self.steps.send(value)
+        self.asked += 1
+        return request
