@@ -6,7 +6,9 @@
 #   bash scripts/gpu_thinker_host_ab.sh checks new_a base_a    # GPU tests, in-process A/B, two starts
 #   bash scripts/gpu_thinker_host_ab.sh starts base_b new_b    # more served starts, another call
 #
-# "checks": the GPU tests of both changes, then perf/bench_thinker_engine.py at C = 16 alternating
+# "checks": the GPU tests of both changes and the host draws' tests on this machine's numpy,
+# the policy draw's host cost (perf/bench_policy_draw.py: one row, 16 rows drawn together), then
+# perf/bench_thinker_engine.py at C = 16 alternating
 # (in flight, compact rows) = (on, auto), (off, off), (on, off), (off, auto) in one process.
 # Each further argument is one served C = 16 start (30-s level, stage-call metrics) named
 # s26_<arm>: arms named base* switch both off (MINICPMO_IN_STEP_DRAIN=0,
@@ -22,7 +24,9 @@ mkdir -p "$out"
 if [ "$phase" = checks ]; then
   nvidia-smi -L
   python3 -m pytest -q -p no:cacheprovider tests/runner_gpu/test_gpu_compact_rows.py \
-    tests/runner_gpu/test_gpu_thinker_in_flight.py tests/runner_gpu/test_gpu_hook_candidates.py 2>&1 | tail -4
+    tests/runner_gpu/test_gpu_thinker_in_flight.py tests/runner_gpu/test_gpu_hook_candidates.py \
+    tests/runner/test_draws_together.py tests/thinker/test_policy_rows.py 2>&1 | tail -4
+  python3 perf/bench_policy_draw.py 2>&1 | tail -13 | tee "$out/policy_draw_host.txt"
   timeout 200 python3 perf/bench_thinker_engine.py --concurrency 16 --seconds 8 \
     --in-flight on,off,on,off --compact-rows auto,off,off,auto 2>&1 | grep -E '^\| (16|C) ' \
     | tee "$out/thinker_ab16.txt"
