@@ -160,7 +160,7 @@ def test_rows_drawn_together_draw_as_alone_and_keep_their_failures(tokenizer, sp
             drawn[0].append(policy.after_sample(token, ctx))
         steps = [h.decide_compact(_summary(raw, TOP_CANDIDATES, (special.chunk_eos,), []), ctx)
                  for h, raw in zip(hooks, [*raws, raws[0]])]
-        counted = [_counting(s) for s in steps]
+        counted = [_Counting(s) for s in steps]
         tokens = run_together(counted)
         yielded += sum(c.asked for c in counted)
         drawn[1] += [h.after_sample(t, ctx) for h, t in zip(hooks[:-1], tokens[:-1])]
@@ -172,7 +172,7 @@ def test_rows_drawn_together_draw_as_alone_and_keep_their_failures(tokenizer, sp
     assert all(h.error is None for h in hooks[:-1])
 
 
-class _counting:
+class _Counting:
     """Steps that count the draws they yield."""
 
     def __init__(self, steps) -> None:
