@@ -9,7 +9,9 @@ alternates both over the levels in one process, and `--compact-rows auto,off,aut
 hooked rows' copies to the host: summaries or whole rows) runs here on the main thread.
 Per level it prints the unit latency (append due -> unit result, so it includes the wait for
 the step in progress: what the duplex benchmark's server TTFT/TTFP start with),
-the engine steps per unit and their wall time, and with `--profile` the functions that took
+the engine steps per unit and their wall time, then a line with the steps split by kind
+(decodes only, or with some session's append rows) and the sessions a step carried on average,
+and with `--profile` the functions that took
 the host time (cProfile, cumulative).
 
     python3 perf/bench_thinker_engine.py --concurrency 1,8,32 --seconds 8 [--profile 8]
@@ -63,10 +65,28 @@ def _request(session: _Session, args: argparse.Namespace) -> ThinkerRequest:
     )  # fmt: skip
 
 
+class _StepKinds:
+    """Stands in for the runner's `launch_step` to note what each step carried: "decode" (one
+    row per session) or "append" (some session's append rows, alone or beside decodes), and
+    how many sessions."""
+
+    def __init__(self, runner) -> None:
+        self.launch_step = runner.launch_step
+        self.last: tuple[str, int] | None = None
+
+    def __call__(self, inputs):
+        self.last = ("decode" if all(i.num_rows == 1 for i in inputs) else "append", len(inputs))
+        return self.launch_step(inputs)
+
+
 def _run_level(engine, concurrency: int, args: argparse.Namespace) -> dict[str, object]:
     t0 = time.perf_counter()
     sessions = [_Session(i, t0 + i * args.stagger_s) for i in range(concurrency)]
     latencies, first_latencies, step_times = [], [], []
+    kinds = _StepKinds(engine.runner)
+    engine.runner.launch_step = kinds  # the instance attribute shadows the method for the level
+    by_kind: dict[str, list[float]] = {"decode": [], "append": []}
+    rows: list[int] = []
     end = t0 + args.seconds
 
     def submit_due() -> None:
@@ -87,15 +107,29 @@ def _run_level(engine, concurrency: int, args: argparse.Namespace) -> dict[str, 
             started = time.perf_counter()
             engine.step()
             step_times.append(time.perf_counter() - started)
+            if kinds.last is not None:
+                by_kind[kinds.last[0]].append(step_times[-1])
+                rows.append(kinds.last[1])
+                kinds.last = None
         else:
             time.sleep(0.0005)
         _collect(sessions, latencies, first_latencies)
+    del engine.runner.launch_step
     for s in sessions:
         engine.stop(s.request_id)
     return {"C": concurrency, "units": len(latencies) + len(first_latencies),
             "first_unit_ms": Distribution.of(x * 1e3 for x in first_latencies),
             "unit_ms": Distribution.of(x * 1e3 for x in latencies),
-            "steps": len(step_times), "step_ms": Distribution.of(x * 1e3 for x in step_times)}
+            "steps": len(step_times), "step_ms": Distribution.of(x * 1e3 for x in step_times),
+            "kinds": {k: Distribution.of(x * 1e3 for x in v) for k, v in by_kind.items()},
+            "rows": float(np.mean(rows)) if rows else 0.0}
+
+
+def _kinds_line(result: dict[str, object]) -> str:
+    """Where the level's step time went: steps by kind (count, wall ms mean / P99) and the
+    sessions a step carried on average."""
+    parts = [f"{kind} {d.count} x {_ms(d.mean)} / {_ms(d.p99)} ms" for kind, d in result["kinds"].items()]
+    return f"  C = {result['C']} steps: {'; '.join(parts)}; {result['rows']:.1f} sessions a step"
 
 
 def _nothing() -> None:
@@ -211,6 +245,7 @@ def main() -> None:
         if profiler is not None:
             profiler.disable()
         print(_row(result, in_flight, compact), flush=True)
+        print(_kinds_line(result), flush=True)
         if profiler is not None:
             out = io.StringIO()
             stats = pstats.Stats(profiler, stream=out)
