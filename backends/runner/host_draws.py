@@ -155,6 +155,9 @@ class DrawRequest:
     top_p: float
     step_seed: int
 
+    def draw_alone(self) -> int:
+        return draw_among(self.values, self.ids, self.temperature, self.top_p, self.step_seed)
+
 
 # A row's sampling as a generator: yields the draws it wants made, returns its token.
 DrawSteps = Generator[DrawRequest, int, int]
@@ -165,8 +168,7 @@ def run_alone(steps: DrawSteps) -> int:
     try:
         request = next(steps)
         while True:
-            request = steps.send(draw_among(request.values, request.ids, request.temperature,
-                                            request.top_p, request.step_seed))
+            request = steps.send(request.draw_alone())
     except StopIteration as done:
         return done.value
 
@@ -203,14 +205,11 @@ def draw_all(requests: list[DrawRequest]) -> list[int]:
         if r.values.size and np.isfinite(r.values[-1]):  # descending: all finite
             groups.setdefault((r.values.size, r.temperature, r.top_p), []).append(k)
         else:
-            tokens[k] = draw_among(r.values, r.ids, r.temperature, r.top_p, r.step_seed)
+            tokens[k] = r.draw_alone()
     for (_, temperature, top_p), rows in groups.items():
         picked = [requests[k] for k in rows]
-        if len(picked) == 1:
-            r = picked[0]
-            drawn = [draw_among(r.values, r.ids, temperature, top_p, r.step_seed)]
-        else:
-            drawn = _draw_rows(picked, temperature, top_p)
+        alone = len(picked) == 1
+        drawn = [picked[0].draw_alone()] if alone else _draw_rows(picked, temperature, top_p)
         for k, token in zip(rows, drawn):
             tokens[k] = token
     return tokens

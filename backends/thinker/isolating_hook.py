@@ -6,7 +6,7 @@ from collections.abc import Callable
 
 import torch
 
-from backends.runner.host_draws import DrawSteps
+from backends.runner.host_draws import DrawSteps, run_alone
 from backends.runner.host_rows import CompactRow
 from backends.runner.types import SampleContext
 from backends.thinker.duplex_policy import DuplexPolicy
@@ -25,7 +25,7 @@ class IsolatingHook:
         return self._guarded(lambda: self.policy.before_sample(logits, ctx))
 
     def before_sample_compact(self, row: CompactRow, ctx: SampleContext) -> int | None:
-        return self._guarded(lambda: self.policy.before_sample_compact(row, ctx))
+        return run_alone(self.decide_compact(row, ctx))
 
     def decide_compact(self, row: CompactRow, ctx: SampleContext) -> DrawSteps:
         """`before_sample_compact` as steps (`DuplexPolicy.decide_compact`), guarded alike."""
