@@ -6,7 +6,8 @@ unit of silence every second (staggered), and the engine thread's loop (submit w
 step while there is work; with `--in-flight on`, the default, also submit what falls due while
 a step is on the GPU, as the engine thread's in-step drain does; `--in-flight on,off,on,off`
 alternates both over the levels in one process, and `--compact-rows auto,off,auto,off` the
-hooked rows' copies to the host: summaries or whole rows) runs here on the main thread.
+hooked rows' copies to the host: summaries or whole rows, and `--encoder-keys bucketed,whole` the
+graphed audio encoder's key length) runs here on the main thread.
 Per level it prints the unit latency (append due -> unit result, so it includes the wait for
 the step in progress: what the duplex benchmark's server TTFT/TTFP start with),
 the engine steps per unit and their wall time, then a line with the steps split by kind
@@ -34,6 +35,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from backends.audio.encoder_graphs import key_buckets  # noqa: E402
 from backends.stages.contracts import ThinkerRequest  # noqa: E402
 from backends.stages.factory import build_thinker_engine  # noqa: E402
 from backends.stages.sink import ListSink  # noqa: E402
@@ -146,11 +148,11 @@ def _collect(sessions: list[_Session], latencies: list[float], first: list[float
         s.pending = [p for p in s.pending if not p[1].closed]
 
 
-def _row(result: dict[str, object], in_flight: bool, compact: str) -> str:
+def _row(result: dict[str, object], in_flight: bool, compact: str, keys: str) -> str:
     unit, first, step = result["unit_ms"], result["first_unit_ms"], result["step_ms"]
     per_unit = result["steps"] / max(1, result["units"])
     mode = "on" if in_flight else "off"
-    return (f"| {result['C']} | {mode} | {compact} | {result['units']} | {_ms(first.mean)} | {_ms(unit.mean)} / "
+    return (f"| {result['C']} | {mode} | {compact} | {keys} | {result['units']} | {_ms(first.mean)} | {_ms(unit.mean)} / "
             f"{_ms(unit.median)} / {_ms(unit.p99)} | {per_unit:.1f} | {_ms(step.mean)} / {_ms(step.p99)} |")
 
 
@@ -177,18 +179,29 @@ def _torch_profiled_level(engine, concurrency: int, args: argparse.Namespace) ->
     return result
 
 
-def _arms(parser: argparse.ArgumentParser, args: argparse.Namespace) -> list[tuple[bool, str]]:
-    """(in flight, compact rows) per arm: equal-length lists pair up, a single entry repeats."""
-    flights, compacts = args.in_flight.split(","), args.compact_rows.split(",")
-    if not set(flights) <= {"on", "off"} or not set(compacts) <= {"auto", "off"}:
-        parser.error(f"--in-flight takes on/off, --compact-rows auto/off (or comma lists), got "
-                     f"{args.in_flight!r} and {args.compact_rows!r}")
-    count = max(len(flights), len(compacts))
-    if {len(flights), len(compacts)} - {1, count}:
-        parser.error("--in-flight and --compact-rows lists must have one entry or the same length")
-    flights, compacts = flights * (count // len(flights)), compacts * (count // len(compacts))
+def _arms(parser: argparse.ArgumentParser, args: argparse.Namespace) -> list[tuple[bool, str, str]]:
+    """(in flight, compact rows, encoder keys) per arm: equal-length lists pair up, a single
+    entry repeats."""
+    lists = [args.in_flight.split(","), args.compact_rows.split(","), args.encoder_keys.split(",")]
+    allowed = [{"on", "off"}, {"auto", "off"}, {"bucketed", "whole"}]
+    if any(not set(given) <= ok for given, ok in zip(lists, allowed)):
+        parser.error(f"--in-flight takes on/off, --compact-rows auto/off, --encoder-keys bucketed/whole "
+                     f"(or comma lists), got {args.in_flight!r}, {args.compact_rows!r}, {args.encoder_keys!r}")
+    count = max(len(given) for given in lists)
+    if {len(given) for given in lists} - {1, count}:
+        parser.error("--in-flight, --compact-rows and --encoder-keys lists must have one entry or the same length")
+    flights, compacts, keys = (given * (count // len(given)) for given in lists)
     args.in_flight = flights[0] == "on"
-    return [(f == "on", c) for f, c in zip(flights, compacts)]
+    return [(f == "on", c, k) for f, c, k in zip(flights, compacts, keys)]
+
+
+def _set_encoder_keys(engine, mode: str) -> None:
+    """Graphed encoder passes over key buckets or the whole table: the shared graphs (all
+    captured at load) read their buckets at every pass."""
+    graphs = engine.encoder_factory().graphs
+    if graphs is not None:
+        table = graphs.model.apm.config.max_source_positions
+        graphs.key_sizes = key_buckets(table, mode == "bucketed")
 
 
 def _set_compact_rows(engine, mode: str) -> None:
@@ -217,6 +230,9 @@ def main() -> None:
                         help="auto | off, or a list: the runner's compact_host_rows (hooked rows reach the "
                              "host as summaries on CUDA, or whole); a list of as many entries as --in-flight "
                              "pairs with it, one entry goes with each")
+    parser.add_argument("--encoder-keys", default="bucketed",
+                        help="bucketed | whole, or a list: the graphed audio encoder's passes attend over "
+                             "key buckets or the whole 1500-frame table; pairs with --in-flight as above")
     parser.add_argument("--profile", type=int, default=0, help="cProfile the level with this C")
     parser.add_argument("--torch-profile", type=int, default=0,
                         help="torch.profiler (host ops and CUDA kernels) over the level with this C")
@@ -230,11 +246,12 @@ def main() -> None:
     engine = build_thinker_engine(params)
     print(f"engine built in {time.perf_counter() - started:.1f} s; warm-up level", flush=True)
     _run_level(engine, 1, argparse.Namespace(**{**vars(args), "seconds": 2.0}))
-    print("| C | in flight | compact rows | units | first unit ms (prompt + unit) | unit ms mean / "
-          "median / P99 | steps per unit | step ms mean / P99 |\n|---|---|---|---|---|---|---|---|")
-    for c, (in_flight, compact) in [(c, arm) for arm in arms for c in levels]:
+    print("| C | in flight | compact rows | encoder keys | units | first unit ms (prompt + unit) | unit ms mean "
+          "/ median / P99 | steps per unit | step ms mean / P99 |\n|---|---|---|---|---|---|---|---|---|")
+    for c, (in_flight, compact, keys) in [(c, arm) for arm in arms for c in levels]:
         args.in_flight = in_flight
         _set_compact_rows(engine, compact)
+        _set_encoder_keys(engine, keys)
         profiler = cProfile.Profile() if c == args.profile else None
         if profiler is not None:
             profiler.enable()
@@ -244,7 +261,7 @@ def main() -> None:
             result = _run_level(engine, c, args)
         if profiler is not None:
             profiler.disable()
-        print(_row(result, in_flight, compact), flush=True)
+        print(_row(result, in_flight, compact, keys), flush=True)
         print(_kinds_line(result), flush=True)
         if profiler is not None:
             out = io.StringIO()

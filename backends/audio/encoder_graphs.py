@@ -1,4 +1,4 @@
-"""The streaming chunk's pass through the audio tower as CUDA graphs, one per batch bucket.
+"""The streaming chunk's pass through the audio tower as CUDA graphs, one per (batch, keys) bucket.
 
 An eager chunk pass (24 Whisper layers, projector, pool) is ~400 small kernels whose launches
 the host issues one by one: ~16 ms per unit on an H200 host, for ~1 ms of GPU work, and it sits
@@ -10,9 +10,15 @@ stack replays from a graph over static buffers:
 - `starts` [rows]: each row's cache length, i.e. the position of its first frame;
 - a working KV cache [rows, layers, heads, max_source_positions, head_dim]: the sessions' held
   frames are copied in before the replay, the chunk's keys/values are written at each row's
-  own positions inside the graph, attention sees every position with keys past a row's end
-  masked out (as `BatchedKV` does eagerly), and the chunk's frames are copied back to the
-  sessions' caches after the replay (only then do the cache lengths advance).
+  own positions inside the graph, attention sees the first `keys` positions with keys past a
+  row's end masked out (as `BatchedKV` does eagerly), and the chunk's frames are copied back to
+  the sessions' caches after the replay (only then do the cache lengths advance).
+
+The key bucket is the smallest of 64, 128, 256, ... frames (the table's length last) that holds
+every row's frames and chunk: attending over the whole 1500-frame table cost ~95 us a layer on
+an H100 (~2.3 ms a unit, on the Thinker's stream right before its append) when a session holds
+a few seconds; its first unit attends over 64 keys. Every bucket is captured at load
+(`capture_all`), so serving never captures.
 
 Rows beyond the sessions of a call (bucket padding) run on zeros at position 0 and are never
 copied back. Without CUDA (tests) the same static-buffer pass runs eagerly.
@@ -29,24 +35,33 @@ from backends.runner.host_staging import copy_to_device
 
 DEFAULT_MAX_ROWS = 4  # working cache: 147 MB per row at the real sizes in bf16
 _WARMUP_RUNS = 2
+_SMALLEST_KEYS = 64  # frames; a unit's chunk is 50
+
+
+def key_buckets(table: int, bucketed: bool = True) -> tuple[int, ...]:
+    """Key lengths a graph attends over: powers of two from 64 below `table`, then `table`
+    (only `table` when not `bucketed`)."""
+    sizes = [] if not bucketed else [
+        _SMALLEST_KEYS << i for i in range(table.bit_length()) if _SMALLEST_KEYS << i < table]
+    return (*sizes, table)
 
 
 class _WorkingKV:
-    """`ChunkKV` over the static working cache: rows [0, size) of it."""
+    """`ChunkKV` over the static working cache: rows [0, size), positions [0, key_length)."""
 
     def __init__(self, keys: torch.Tensor, values: torch.Tensor, starts: torch.Tensor,
-                 num_frames: int) -> None:
+                 num_frames: int, key_length: int) -> None:
         size, device = starts.shape[0], starts.device
-        self.keys, self.values = keys[:size], values[:size]
+        self.keys, self.values = keys[:size, :, :, :key_length], values[:size, :, :, :key_length]
         self.positions = starts[:, None] + torch.arange(num_frames, device=device)  # [rows, n]
         self._rows = torch.arange(size, device=device)[:, None].expand_as(self.positions)
-        table = torch.arange(keys.shape[3], device=device)
-        # [rows, 1, 1, max_source_positions] bool: a row attends to its frames [0, start + n)
+        table = torch.arange(key_length, device=device)
+        # [rows, 1, 1, key_length] bool: a row attends to its frames [0, start + n)
         self.mask = (table[None, :] < (starts + num_frames)[:, None])[:, None, None, :]
 
     def append(self, layer: int, keys: torch.Tensor,
                values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        # keys/values [rows, heads, n, head_dim] -> every position of the layer's working cache
+        # keys/values [rows, heads, n, head_dim] -> the layer's working cache up to key_length
         layer_keys, layer_values = self.keys[:, layer], self.values[:, layer]
         layer_keys[self._rows, :, self.positions] = keys.transpose(1, 2)
         layer_values[self._rows, :, self.positions] = values.transpose(1, 2)
@@ -57,13 +72,19 @@ class ChunkEncoderGraphs:
     """Graphed chunk passes over one `AudioEncoderModel` for up to `max_rows` sessions a call."""
 
     def __init__(self, model: AudioEncoderModel, num_frames: int,
-                 max_rows: int = DEFAULT_MAX_ROWS) -> None:
+                 max_rows: int = DEFAULT_MAX_ROWS, bucket_keys: bool = True) -> None:
+        """bucket_keys False: every pass attends over the whole position table (the
+        benchmark's baseline)."""
         if max_rows < 1:
             raise ValueError(f"max_rows must be >= 1, got {max_rows}")
         self.model, self.num_frames, self.max_rows = model, num_frames, max_rows
         self.sizes = tuple(sorted({min(2**i, max_rows) for i in range(max_rows.bit_length() + 1)}))
+        table = model.apm.config.max_source_positions
+        self.key_sizes = tuple(size for size in key_buckets(table, bucket_keys)
+                               if size >= min(num_frames, table))
         self._buffers: dict[str, torch.Tensor] | None = None  # allocated on first use
-        self._graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        # (rows, key length) -> graph and its output
+        self._graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         self._pool = None
 
     @property
@@ -76,8 +97,9 @@ class ChunkEncoderGraphs:
         caches: their claimed caches (`cache_for` applied) -> [b, n // pool, llm_hidden]; each
         cache holds the chunk and has advanced by n when this returns."""
         size = self._bucket(len(caches))
+        key_length = self._key_bucket(max(cache.length for cache in caches) + self.num_frames)
         buffers = self._stage(hidden, caches, size)
-        out = self._run(size, buffers)[: len(caches)].clone()
+        out = self._run((size, key_length), buffers)[: len(caches)].clone()
         for row, cache in enumerate(caches):
             span = slice(cache.length, cache.length + self.num_frames)
             cache.keys[:, :, span] = buffers["keys"][row, :, :, span]
@@ -89,6 +111,21 @@ class ChunkEncoderGraphs:
         if not 1 <= rows <= self.max_rows:
             raise ValueError(f"a graphed chunk pass takes 1 to {self.max_rows} rows, got {rows}")
         return next(size for size in self.sizes if size >= rows)
+
+    def _key_bucket(self, end: int) -> int:
+        # `cache_for` restarts a cache before a chunk would reach the table, so end fits
+        return next(size for size in self.key_sizes if size >= end)
+
+    def capture_all(self) -> int:
+        """Capture every (rows, key length) graph now (at load), on zero inputs; returns how
+        many there are. A no-op without CUDA."""
+        if not self.is_graphed:
+            return 0
+        buffers = self._buffers or self._allocate()
+        buffers["starts"].zero_()
+        for shape in ((size, keys) for size in self.sizes for keys in self.key_sizes):
+            self._run(shape, buffers)
+        return len(self._graphs)
 
     def _stage(self, hidden: torch.Tensor, caches: list[EncoderKVCache],
                size: int) -> dict[str, torch.Tensor]:
@@ -117,24 +154,26 @@ class ChunkEncoderGraphs:
         }
         return self._buffers
 
-    def _run(self, size: int, buffers: dict[str, torch.Tensor]) -> torch.Tensor:
+    def _run(self, shape: tuple[int, int], buffers: dict[str, torch.Tensor]) -> torch.Tensor:
         if not self.is_graphed:
-            return self._forward(size, buffers)
-        if size not in self._graphs:
-            self._graphs[size] = self._capture(size, buffers)
-        graph, out = self._graphs[size]
+            return self._forward(shape, buffers)
+        if shape not in self._graphs:
+            self._graphs[shape] = self._capture(shape, buffers)
+        graph, out = self._graphs[shape]
         graph.replay()
         return out
 
-    def _forward(self, size: int, buffers: dict[str, torch.Tensor]) -> torch.Tensor:
-        """The graphed work: [size, n // pool, llm_hidden] from the static buffers."""
+    def _forward(self, shape: tuple[int, int], buffers: dict[str, torch.Tensor]) -> torch.Tensor:
+        """The graphed work for (rows, key length): [rows, n // pool, llm_hidden] from the
+        static buffers."""
         apm = self.model.apm
+        size, key_length = shape
         kv = _WorkingKV(buffers["keys"], buffers["values"], buffers["starts"][:size],
-                        self.num_frames)
+                        self.num_frames, key_length)
         hidden = buffers["hidden"][:size] + apm.embed_positions.weight[kv.positions]
         return self.model.embed(apm.transform(hidden, kv.mask, kv))
 
-    def _capture(self, size: int,
+    def _capture(self, shape: tuple[int, int],
                  buffers: dict[str, torch.Tensor]) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
         # Warm-up and capture write the chunk's keys into the working cache only, at the
         # staged positions, which the replay that follows writes again: nothing is lost.
@@ -142,11 +181,11 @@ class ChunkEncoderGraphs:
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
             for _ in range(_WARMUP_RUNS):
-                self._forward(size, buffers)
+                self._forward(shape, buffers)
         torch.cuda.current_stream().wait_stream(side)
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self._pool):
-            out = self._forward(size, buffers)
+            out = self._forward(shape, buffers)
         return graph, out

@@ -27,13 +27,7 @@ from backends.checkpoint.tokenizer import SpecialTokens, TextTokenizer
 from backends.models.qwen3 import Qwen3ForCausalLM
 from backends.runner.hidden_ledger import HiddenLedger
 from backends.runner.model_runner import ModelRunner
-from backends.runner.types import (
-    AdmissionError,
-    RunnerConfig,
-    SamplingParams,
-    StepInput,
-    StepResult,
-)
+from backends.runner.types import AdmissionError, RunnerConfig, SamplingParams, StepInput, StepResult
 from backends.stages.contracts import ACTION_STOP, ThinkerRequest
 from backends.stages.sink import ResponseSink, StageError, StageFailure
 from backends.thinker.append_fit import check_context, fit_window
@@ -45,7 +39,6 @@ from backends.thinker.prompt_layout import PromptLayout
 from backends.thinker.session_state import QueuedAppend, ThinkerSession, UnitEncoder
 from backends.thinker.unit_batch import Encoded, encode_pending_units, streaming_encoder_factory
 
-
 logger = logging.getLogger(__name__)
 
 
@@ -56,6 +49,7 @@ class ThinkerEngineConfig:
     window: WindowConfig = WindowConfig()  # watermarks and limits of the basic/context modes
     ledger_rows: int = 64  # captured hidden rows kept per session (a unit forwards <= 19)
     prefill_chunk_rows: int = 0  # most prefill rows of a session per step (0: no limit; factory)
+    encoder_key_buckets: bool = True  # False: graphed encoder passes attend over the whole table
 
     def __post_init__(self) -> None:
         if min(self.max_context_tokens, self.ledger_rows - 1, self.prefill_chunk_rows) < 0:
@@ -86,7 +80,8 @@ class ThinkerEngine:
         self.runner = ModelRunner(model, runner_config)
         self.runner_config = runner_config
         self.layout = PromptLayout(tokenizer, special_tokens)
-        self.encoder_factory = encoder_factory or streaming_encoder_factory(audio_encoder_model)
+        self.encoder_factory = encoder_factory or streaming_encoder_factory(
+            audio_encoder_model, self.config.encoder_key_buckets)
         self.max_len = _max_len(model, runner_config, self.config)
         # Embedding rows past the tokenizer's vocabulary are padding: never sampled.
         self.bad_token_ids = range(tokenizer.vocab_size, model.config.vocab_size)

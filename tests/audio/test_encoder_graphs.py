@@ -15,7 +15,7 @@ import torch
 
 from backends.audio import batched_encoder
 from backends.audio.batched_encoder import encode_units_batched
-from backends.audio.encoder_graphs import ChunkEncoderGraphs
+from backends.audio.encoder_graphs import ChunkEncoderGraphs, key_buckets
 from backends.audio.encoder_model import AudioEncoderModel
 from backends.audio.streaming_encoder import StreamingAudioConfig, StreamingAudioEncoder
 from backends.models.whisper_encoder import WhisperEncoderConfig
@@ -78,17 +78,50 @@ def test_graphed_batches_split_into_groups_and_equal_plain(device: str, monkeypa
     assert sizes == [2, 2] * 4  # the fifth session of each step: a group of one, serial path
 
 
+def test_key_buckets_are_powers_of_two_from_64_then_the_table() -> None:
+    assert key_buckets(1500) == (64, 128, 256, 512, 1024, 1500)
+    assert key_buckets(1500, bucketed=False) == (1500,)
+    assert key_buckets(1024) == (64, 128, 256, 512, 1024)
+    assert key_buckets(50) == (50,)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_pass_attends_over_the_smallest_key_bucket_holding_its_rows(device: str,
+                                                                      monkeypatch) -> None:
+    model = _model(device)
+    graphs = ChunkEncoderGraphs(model, FRAMES, max_rows=2)
+    assert graphs.key_sizes == (64, 128, 200)
+    if device == "cuda":
+        assert graphs.capture_all() == len(graphs.sizes) * len(graphs.key_sizes)
+    shapes, real = [], ChunkEncoderGraphs._run
+    monkeypatch.setattr(ChunkEncoderGraphs, "_run",
+                        lambda self, shape, buffers: (shapes.append(shape),
+                                                      real(self, shape, buffers))[1])
+    for plain, graphed, audio in _twins(model, graphs, [0], steps=4):
+        for unit in audio:
+            torch.testing.assert_close(graphed.encode_unit(unit), plain.encode_unit(unit),
+                                       rtol=RTOL, atol=ATOL)
+    # rows ending at 50, 100 and 150 frames, then the cache's restart at the table: 50 again
+    assert shapes == [(1, 64), (1, 128), (1, 200), (1, 64)]
+    if device == "cuda":  # every shape was captured at `capture_all`, none since
+        assert len(graphs._graphs) == len(graphs.sizes) * len(graphs.key_sizes)
+
+
+def test_capture_all_without_cuda_captures_nothing() -> None:
+    assert ChunkEncoderGraphs(_model("cpu"), FRAMES).capture_all() == 0
+
+
 def test_a_failing_group_falls_back_without_committing_twice(monkeypatch) -> None:
     model = _model("cpu")
     graphs = ChunkEncoderGraphs(model, FRAMES, max_rows=2)
     twins = _twins(model, graphs, [1, 2, 5, 6], steps=1)
     real, calls = ChunkEncoderGraphs._run, []
 
-    def second_group_fails(self, size, buffers):
-        calls.append(size)
+    def second_group_fails(self, shape, buffers):
+        calls.append(shape)
         if len(calls) == 2:
             raise RuntimeError("injected replay failure")
-        return real(self, size, buffers)
+        return real(self, shape, buffers)
 
     monkeypatch.setattr(ChunkEncoderGraphs, "_run", second_group_fails)
     want = [plain.encode_unit(audio[0]) for plain, _, audio in twins]

@@ -2,7 +2,8 @@
 GEMV (MINICPMO_GEMV selects cuBLAS for A/B runs, a bad value is refused at load), on CPU the
 reference path; on CUDA the Thinker's long prefills go in chunks its mixed graphs hold
 (MINICPMO_PREFILL_CHUNKS=0: whole) and hooked rows reach the host as summaries
-(MINICPMO_COMPACT_HOST_ROWS=0: whole); Code2Wav's first-window hold comes from
+(MINICPMO_COMPACT_HOST_ROWS=0: whole) and its graphed encoder passes attend over key buckets
+(MINICPMO_ENCODER_KEY_BUCKETS=0: the whole table); Code2Wav's first-window hold comes from
 MINICPMO_CODE2WAV_FIRST_HOLD_MS. Pure configuration: no device is touched."""
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ import torch
 from dataclasses import replace
 
 from backends.stages.factory import (
-    COMPACT_ROWS_ENV, FIRST_WINDOW_HOLD_ENV, GEMV_ENV, PREFILL_CHUNKS_ENV, StageSetup, first_window_hold_s, prefill_chunk_rows,
+    COMPACT_ROWS_ENV, FIRST_WINDOW_HOLD_ENV, GEMV_ENV, KEY_BUCKETS_ENV, PREFILL_CHUNKS_ENV, StageSetup,
+    encoder_key_buckets, first_window_hold_s, prefill_chunk_rows,
 )
 from backends.stages.window_schedule import FIRST_WINDOW_HOLD_S
 
@@ -73,3 +75,13 @@ def test_the_first_window_hold_is_read_in_ms_and_bad_values_are_refused(monkeypa
         monkeypatch.setenv(FIRST_WINDOW_HOLD_ENV, bad)
         with pytest.raises(ValueError, match=FIRST_WINDOW_HOLD_ENV):
             first_window_hold_s()
+
+
+def test_encoder_key_buckets_stay_on_unless_switched_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(KEY_BUCKETS_ENV, raising=False)
+    assert encoder_key_buckets() is True
+    monkeypatch.setenv(KEY_BUCKETS_ENV, "0")
+    assert encoder_key_buckets() is False
+    monkeypatch.setenv(KEY_BUCKETS_ENV, "off")
+    with pytest.raises(ValueError, match=KEY_BUCKETS_ENV):
+        encoder_key_buckets()

@@ -1,0 +1,123 @@
+"""The streaming audio encoder's graphed chunk pass: keys bucketed to what sessions hold vs the
+whole position table.
+
+Whisper-medium sizes (24 layers, d_model 1024, table 1500), random weights, bf16 on CUDA. Each
+case is one `ChunkEncoderGraphs.encode` call of `rows` sessions that each hold `held` frames
+(a unit adds 50): staging their held keys into the working cache, the replay, the copy back.
+It prints the median and P90 wall ms of a call (synchronised: what the Thinker's thread waits
+for before the append's step) for both arms, their ratio, the seconds `capture_all` took and
+how many graphs it holds, and the peak GPU memory.
+
+    python3 perf/bench_audio_encoder.py [--rows 1,2,4] [--held 0,100,250,500,1000,1400]
+                                        [--repeats 50] [--tiny]
+
+--tiny runs a 2-layer tower (for a CPU smoke run; the CPU runs the same static-buffer pass
+eagerly, so its numbers say nothing about the GPU).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from backends.audio.encoder_graphs import ChunkEncoderGraphs  # noqa: E402
+from backends.audio.encoder_model import AudioEncoderModel  # noqa: E402
+from backends.audio.streaming_encoder import StreamingAudioConfig  # noqa: E402
+from backends.checkpoint.full_random import WHISPER_MEDIUM  # noqa: E402
+from backends.models.whisper_encoder import EncoderKVCache, WhisperEncoderConfig  # noqa: E402
+
+LLM_HIDDEN = 4096
+TINY = {**WHISPER_MEDIUM, "d_model": 64, "encoder_layers": 2, "encoder_attention_heads": 4,
+        "encoder_ffn_dim": 256}
+ARMS = (("whole table", False), ("bucketed keys", True))
+
+
+def _model(tiny: bool, device: torch.device) -> AudioEncoderModel:
+    config = WhisperEncoderConfig.from_dict(TINY if tiny else WHISPER_MEDIUM)
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    torch.manual_seed(0)
+    return AudioEncoderModel.from_config(config, LLM_HIDDEN if not tiny else 128, dtype=dtype,
+                                         device=device)
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def time_case(graphs: ChunkEncoderGraphs, rows: int, held: int, repeats: int) -> list[float]:
+    """Wall ms of `repeats` encode calls of `rows` sessions holding `held` frames each."""
+    model = graphs.model
+    weight = model.apm.conv1.weight
+    caches = [EncoderKVCache.allocate(model.apm.config, weight.dtype, weight.device)
+              for _ in range(rows)]
+    for cache in caches:
+        cache.keys.normal_()
+        cache.values.normal_()
+    hidden = torch.randn(rows, graphs.num_frames, model.apm.config.d_model, dtype=weight.dtype,
+                         device=weight.device)
+    times = []
+    for _ in range(repeats + 2):  # the first two are not timed
+        for cache in caches:
+            cache.length = held
+        _sync(weight.device)
+        started = time.perf_counter()
+        graphs.encode(hidden, caches)
+        _sync(weight.device)
+        times.append((time.perf_counter() - started) * 1e3)
+    return times[2:]
+
+
+def _arm(model: AudioEncoderModel, bucketed: bool, args: argparse.Namespace,
+         ) -> tuple[dict[tuple[int, int], list[float]], str]:
+    frames = StreamingAudioConfig().frames_per_unit
+    graphs = ChunkEncoderGraphs(model, frames, max_rows=max(args.rows), bucket_keys=bucketed)
+    started = time.perf_counter()
+    count = graphs.capture_all()
+    note = f"capture_all {time.perf_counter() - started:.2f} s, {count} graphs"
+    table = model.apm.config.max_source_positions
+    cases = {(rows, held): time_case(graphs, rows, held, args.repeats)
+             for rows in args.rows for held in args.held if held + frames < table}
+    return cases, note
+
+
+def _ints(text: str) -> list[int]:
+    return [int(part) for part in text.split(",") if part]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", type=_ints, default=[1, 2, 4])
+    parser.add_argument("--held", type=_ints, default=[0, 100, 250, 500, 1000, 1400])
+    parser.add_argument("--repeats", type=int, default=50)
+    parser.add_argument("--tiny", action="store_true")
+    args = parser.parse_args()
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    model = _model(args.tiny, device)
+    print(f"device {torch.cuda.get_device_name() if device.type == 'cuda' else 'cpu'}, "
+          f"{'tiny' if args.tiny else 'whisper-medium'} tower, {args.repeats} calls a case")
+    results = {}
+    for name, bucketed in ARMS:
+        results[name], note = _arm(model, bucketed, args)
+        print(f"{name}: {note}")
+    print("| rows | held frames | whole table median / P90 ms | bucketed median / P90 ms | ratio |")
+    print("|---|---|---|---|---|")
+    whole, bucketed = (results[name] for name, _ in ARMS)
+    for case, base in whole.items():
+        new = bucketed[case]
+        ratio = np.median(new) / np.median(base)
+        print(f"| {case[0]} | {case[1]} | {np.median(base):.3f} / {np.percentile(base, 90):.3f} "
+              f"| {np.median(new):.3f} / {np.percentile(new, 90):.3f} | {ratio:.2f} |")
+    if device.type == "cuda":
+        print(f"peak GPU memory {torch.cuda.max_memory_allocated() / 2**30:.2f} GiB")
+
+
+if __name__ == "__main__":
+    main()
