@@ -9,7 +9,10 @@ for before the append's step) for both arms, their ratio, the seconds `capture_a
 how many graphs it holds, and the peak GPU memory.
 
     python3 perf/bench_audio_encoder.py [--rows 1,2,4] [--held 0,100,250,500,1000,1400]
-                                        [--repeats 50] [--tiny]
+                                        [--repeats 50] [--tiny] [--profile]
+
+--profile: also the CUDA kernels of one session's bucketed calls at 100 held frames
+(torch.profiler, by device time), and how many kernels a call launches.
 
 --tiny runs a 2-layer tower (for a CPU smoke run; the CPU runs the same static-buffer pass
 eagerly, so its numbers say nothing about the GPU).
@@ -98,6 +101,7 @@ def main() -> None:
     parser.add_argument("--held", type=_ints, default=[0, 100, 250, 500, 1000, 1400])
     parser.add_argument("--repeats", type=int, default=50)
     parser.add_argument("--tiny", action="store_true")
+    parser.add_argument("--profile", action="store_true")
     args = parser.parse_args()
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     model = _model(args.tiny, device)
@@ -117,6 +121,22 @@ def main() -> None:
               f"| {np.median(new):.3f} / {np.percentile(new, 90):.3f} | {ratio:.2f} |")
     if device.type == "cuda":
         print(f"peak GPU memory {torch.cuda.max_memory_allocated() / 2**30:.2f} GiB")
+    if args.profile:
+        _profile(model, args)
+
+
+def _profile(model: AudioEncoderModel, args: argparse.Namespace, calls: int = 20) -> None:
+    graphs = ChunkEncoderGraphs(model, StreamingAudioConfig().frames_per_unit, max_rows=1)
+    graphs.capture_all()
+    time_case(graphs, 1, 100, 2)  # staged shapes warm
+    activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+    with torch.profiler.profile(activities=activities) as prof:
+        time_case(graphs, 1, 100, calls - 2)
+    kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    print(f"\nprofile: {calls} calls of 1 session at 100 held frames, {len(kernels) / calls:.0f} "
+          f"kernels and {sum(e.device_time for e in kernels) / calls / 1e3:.3f} ms of device time a call")
+    print(prof.key_averages().table(sort_by="self_device_time_total", row_limit=25,
+                                    max_name_column_width=80))
 
 
 if __name__ == "__main__":
