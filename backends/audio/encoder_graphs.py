@@ -114,7 +114,11 @@ class ChunkEncoderGraphs:
 
     def _key_bucket(self, end: int) -> int:
         # `cache_for` restarts a cache before a chunk would reach the table, so end fits
-        return next(size for size in self.key_sizes if size >= end)
+        fitting = next((size for size in self.key_sizes if size >= end), None)
+        if fitting is None:
+            raise ValueError(f"a pass ending at frame {end} exceeds the key table "
+                             f"{self.key_sizes[-1]}: claim the caches with `cache_for` first")
+        return fitting
 
     def capture_all(self) -> int:
         """Capture every (rows, key length) graph now (at load), on zero inputs; returns how

@@ -103,6 +103,8 @@ def test_a_pass_attends_over_the_smallest_key_bucket_holding_its_rows(device: st
                                        rtol=RTOL, atol=ATOL)
     # rows ending at 50, 100 and 150 frames, then the cache's restart at the table: 50 again
     assert shapes == [(1, 64), (1, 128), (1, 200), (1, 64)]
+    with pytest.raises(ValueError, match="exceeds the key table 200"):
+        graphs._key_bucket(201)
     if device == "cuda":  # every shape was captured at `capture_all`, none since
         assert len(graphs._graphs) == len(graphs.sizes) * len(graphs.key_sizes)
 
