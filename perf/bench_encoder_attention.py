@@ -7,7 +7,9 @@ heads (16 x 64), bf16, on CUDA. Three ways to attend:
   flash, so the memory-efficient kernel runs: one program per head and 64-query block, each
   walking every key);
 - `math`: the same call restricted to the math backend;
-- `explicit`: scores by one batched GEMM, a masked float32 softmax, one more GEMM.
+- `explicit bf16`: scores by one batched bf16 GEMM, a masked float32 softmax, one more GEMM;
+- `explicit fp32`: the same in float32 throughout, the probabilities and values too (tried in
+  the twenty-ninth session as a one-session, >= 1024-key graph's attention; not kept).
 Each time is the median device microseconds per call over replays of a CUDA graph of 24 calls
 (a pass's layers), `bench_gemv.graph_us`; the outputs are checked against `efficient`.
 
@@ -41,7 +43,7 @@ def math(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) 
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
 
 
-def explicit(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+def explicit_bf16(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     scores = (q * q.shape[-1] ** -0.5) @ k.transpose(-1, -2)
     probs = torch.softmax(scores.masked_fill(~mask, float("-inf")), -1, dtype=torch.float32)
     return probs.to(v.dtype) @ v
@@ -60,12 +62,19 @@ def case(rows: int, keys: int) -> tuple[torch.Tensor, ...]:
     return q, k, v, mask
 
 
+def explicit_fp32(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    scores = q.float() @ k.float().transpose(-1, -2) * q.shape[-1] ** -0.5
+    probs = torch.softmax(scores.masked_fill(~mask, float("-inf")), dim=-1)
+    return (probs @ v.float()).to(v.dtype)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", default="1,4")
     parser.add_argument("--keys", default="64,128,256,512,1024,1500")
     args = parser.parse_args()
-    kernels = {"efficient": efficient, "math": math, "explicit": explicit}
+    kernels = {"efficient": efficient, "math": math, "explicit bf16": explicit_bf16,
+               "explicit fp32": explicit_fp32}
     print(f"device {torch.cuda.get_device_name()}; us per call (graph of {LAYERS} calls), "
           f"max |difference| against efficient")
     print("| rows | keys | " + " | ".join(kernels) + " |\n|---|---|" + "---|" * len(kernels))
