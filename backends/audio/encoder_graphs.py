@@ -86,6 +86,7 @@ class ChunkEncoderGraphs:
         # (rows, key length) -> graph and its output
         self._graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         self._pool = None
+        self._side: torch.cuda.Stream | None = None  # where captures warm up
 
     @property
     def is_graphed(self) -> bool:
@@ -129,6 +130,8 @@ class ChunkEncoderGraphs:
         buffers["starts"].zero_()
         for shape in ((size, keys) for size in self.sizes for keys in self.key_sizes):
             self._run(shape, buffers)
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()  # the warm-ups' cached blocks: the stage has a memory share
         return len(self._graphs)
 
     def _stage(self, hidden: torch.Tensor, caches: list[EncoderKVCache],
@@ -181,7 +184,13 @@ class ChunkEncoderGraphs:
                  buffers: dict[str, torch.Tensor]) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
         # Warm-up and capture write the chunk's keys into the working cache only, at the
         # staged positions, which the replay that follows writes again: nothing is lost.
-        side = torch.cuda.Stream()
+        # One warm-up stream for every capture: the allocator caches blocks per stream, so a
+        # new stream per graph kept each warm-up's blocks apart (18 graphs: +6.7 GiB of peak
+        # in perf/bench_audio_encoder.py at the real sizes), and the served Thinker ran out of
+        # its memory share at load on an H200 (e1bf328).
+        if self._side is None:
+            self._side = torch.cuda.Stream()
+        side = self._side
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
             for _ in range(_WARMUP_RUNS):

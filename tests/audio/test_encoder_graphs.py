@@ -109,6 +109,23 @@ def test_a_pass_attends_over_the_smallest_key_bucket_holding_its_rows(device: st
         assert len(graphs._graphs) == len(graphs.sizes) * len(graphs.key_sizes)
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_captures_warm_up_on_one_stream(monkeypatch) -> None:
+    # The allocator caches blocks per stream: a warm-up stream per capture held every
+    # warm-up's memory apart (18 graphs: ~6.7 GB at the real sizes).
+    made = []
+
+    class CountedStream(torch.cuda.Stream):
+        def __new__(cls, *args, **kwargs):
+            made.append(1)
+            return super().__new__(cls, *args, **kwargs)
+
+    graphs = ChunkEncoderGraphs(_model("cuda"), FRAMES, max_rows=2)
+    monkeypatch.setattr(torch.cuda, "Stream", CountedStream)
+    assert graphs.capture_all() == 6
+    assert len(made) == 1
+
+
 def test_capture_all_without_cuda_captures_nothing() -> None:
     assert ChunkEncoderGraphs(_model("cpu"), FRAMES).capture_all() == 0
 
