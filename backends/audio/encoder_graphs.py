@@ -31,6 +31,7 @@ import torch
 
 from backends.audio.encoder_model import AudioEncoderModel
 from backends.models.whisper_encoder import EncoderKVCache
+from backends.runner.cuda_graphs import capture_graph
 from backends.runner.host_staging import copy_to_device
 
 DEFAULT_MAX_ROWS = 4  # working cache: 147 MB per row at the real sizes in bf16
@@ -184,21 +185,12 @@ class ChunkEncoderGraphs:
                  buffers: dict[str, torch.Tensor]) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
         # Warm-up and capture write the chunk's keys into the working cache only, at the
         # staged positions, which the replay that follows writes again: nothing is lost.
-        # One warm-up stream for every capture: the allocator caches blocks per stream, so a
-        # new stream per graph kept each warm-up's blocks apart (18 graphs: +6.7 GiB of peak
-        # in perf/bench_audio_encoder.py at the real sizes), and the served Thinker ran out of
-        # its memory share at load on an H200 (e1bf328).
+        # One warm-up stream for every capture: a new stream per graph kept each warm-up's
+        # blocks apart (18 graphs: +6.7 GiB of peak in perf/bench_audio_encoder.py at the real
+        # sizes), and the served Thinker ran out of its memory share at load on an H200 (e1bf328).
         if self._side is None:
             self._side = torch.cuda.Stream()
-        side = self._side
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            for _ in range(_WARMUP_RUNS):
-                self._forward(shape, buffers)
-        torch.cuda.current_stream().wait_stream(side)
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self._pool):
-            out = self._forward(shape, buffers)
-        return graph, out
+        return capture_graph(lambda: self._forward(shape, buffers), self._pool, _WARMUP_RUNS,
+                             self._side)

@@ -262,10 +262,13 @@ class DecodeGraphs:
 
 
 def capture_graph(
-    run: Callable[[], _Output], pool: tuple[int, int], warmup_steps: int
+    run: Callable[[], _Output], pool: tuple[int, int], warmup_steps: int,
+    side: torch.cuda.Stream | None = None,
 ) -> tuple[torch.cuda.CUDAGraph, _Output]:
-    """Warm `run` up on a side stream, then capture it; returns (graph, its static output)."""
-    side = torch.cuda.Stream()
+    """Warm `run` up on a side stream (`side`, or a new one), then capture it; returns (graph,
+    its static output). The allocator caches blocks per stream: a caller capturing many graphs
+    passes one `side` for all, or each warm-up's blocks stay reserved apart."""
+    side = side if side is not None else torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
         for _ in range(warmup_steps):
