@@ -1,17 +1,17 @@
 """The streaming audio encoder's graphed chunk pass: keys bucketed to what sessions hold vs the
-whole position table.
+whole position table, and q, k, v as one GEMM (packed, the served default) vs three.
 
 Whisper-medium sizes (24 layers, d_model 1024, table 1500), random weights, bf16 on CUDA. Each
 case is one `ChunkEncoderGraphs.encode` call of `rows` sessions that each hold `held` frames
 (a unit adds 50): staging their held keys into the working cache, the replay, the copy back.
 It prints the median and P90 wall ms of a call (synchronised: what the Thinker's thread waits
-for before the append's step) for both arms, their ratio, the seconds `capture_all` took and
-how many graphs it holds, and the peak GPU memory.
+for before the append's step) for each arm, each arm's ratio to the first, the seconds
+`capture_all` took and how many graphs it holds, and the peak GPU memory.
 
     python3 perf/bench_audio_encoder.py [--rows 1,2,4] [--held 0,100,250,500,1000,1400]
                                         [--repeats 50] [--tiny] [--profile]
 
---profile: also the CUDA kernels of one session's bucketed calls at 100 held frames
+--profile: also the CUDA kernels of one session's bucketed, packed calls at 100 held frames
 (torch.profiler, by device time), and how many kernels a call launches.
 
 --tiny runs a 2-layer tower (for a CPU smoke run; the CPU runs the same static-buffer pass
@@ -39,7 +39,9 @@ from backends.models.whisper_encoder import EncoderKVCache, WhisperEncoderConfig
 LLM_HIDDEN = 4096
 TINY = {**WHISPER_MEDIUM, "d_model": 64, "encoder_layers": 2, "encoder_attention_heads": 4,
         "encoder_ffn_dim": 256}
-ARMS = (("whole table", False), ("bucketed keys", True))
+# name, keys bucketed, q/k/v packed
+ARMS = (("whole table", False, False), ("bucketed", True, False),
+        ("bucketed + packed qkv", True, True))
 
 
 def _model(tiny: bool, device: torch.device) -> AudioEncoderModel:
@@ -78,9 +80,10 @@ def time_case(graphs: ChunkEncoderGraphs, rows: int, held: int, repeats: int) ->
     return times[2:]
 
 
-def _arm(model: AudioEncoderModel, bucketed: bool, args: argparse.Namespace,
+def _arm(model: AudioEncoderModel, bucketed: bool, packed: bool, args: argparse.Namespace,
          ) -> tuple[dict[tuple[int, int], list[float]], str]:
     frames = StreamingAudioConfig().frames_per_unit
+    model.apm.pack_projections(packed)  # before the captures: a graph keeps the path it recorded
     graphs = ChunkEncoderGraphs(model, frames, max_rows=max(args.rows), bucket_keys=bucketed)
     started = time.perf_counter()
     count = graphs.capture_all()
@@ -108,24 +111,30 @@ def main() -> None:
     print(f"device {torch.cuda.get_device_name() if device.type == 'cuda' else 'cpu'}, "
           f"{'tiny' if args.tiny else 'whisper-medium'} tower, {args.repeats} calls a case")
     results = {}
-    for name, bucketed in ARMS:
-        results[name], note = _arm(model, bucketed, args)
+    for name, bucketed, packed in ARMS:
+        results[name], note = _arm(model, bucketed, packed, args)
         print(f"{name}: {note}")
-    print("| rows | held frames | whole table median / P90 ms | bucketed median / P90 ms | ratio |")
-    print("|---|---|---|---|---|")
-    whole, bucketed = (results[name] for name, _ in ARMS)
-    for case, base in whole.items():
-        new = bucketed[case]
-        ratio = np.median(new) / np.median(base)
-        print(f"| {case[0]} | {case[1]} | {np.median(base):.3f} / {np.percentile(base, 90):.3f} "
-              f"| {np.median(new):.3f} / {np.percentile(new, 90):.3f} | {ratio:.2f} |")
+    _table(results)
     if device.type == "cuda":
         print(f"peak GPU memory {torch.cuda.max_memory_allocated() / 2**30:.2f} GiB")
     if args.profile:
         _profile(model, args)
 
 
+def _table(results: dict[str, dict[tuple[int, int], list[float]]]) -> None:
+    names = list(results)
+    print("| rows | held frames | " + " | ".join(f"{name} median / P90 ms" for name in names)
+          + " | " + " | ".join(f"{name} / {names[0]}" for name in names[1:]) + " |")
+    print("|---" * (2 + 2 * len(names) - 1) + "|")
+    for case, base in results[names[0]].items():
+        arms = [results[name][case] for name in names]
+        times = [f"{np.median(t):.3f} / {np.percentile(t, 90):.3f}" for t in arms]
+        ratios = [f"{np.median(t) / np.median(base):.2f}" for t in arms[1:]]
+        print(f"| {case[0]} | {case[1]} | " + " | ".join(times + ratios) + " |")
+
+
 def _profile(model: AudioEncoderModel, args: argparse.Namespace, calls: int = 20) -> None:
+    model.apm.pack_projections()
     graphs = ChunkEncoderGraphs(model, StreamingAudioConfig().frames_per_unit, max_rows=1)
     graphs.capture_all()
     time_case(graphs, 1, 100, 2)  # staged shapes warm

@@ -16,7 +16,7 @@
 # s26_<arm>: arms named base* run with $BASE_SWITCHES (default: both off, MINICPMO_IN_STEP_DRAIN=0
 # MINICPMO_COMPACT_HOST_ROWS=0), the others run the defaults.
 # "encoder" (twenty-ninth session): the graphed audio encoder's GPU tests, its pass with keys
-# bucketed vs the whole 1500-frame table (perf/bench_audio_encoder.py), then the Thinker engine at
+# bucketed vs the whole 1500-frame table, q/k/v packed vs not (perf/bench_audio_encoder.py), then the Thinker engine at
 # C = 1 and 16 with (bucketed, whole, bucketed, whole) in one process, with the steps' kinds. Only each start's JSON and Markdown
 # stay in $OUT (the device tool returns 8 files).
 set -uo pipefail
@@ -54,6 +54,8 @@ for arm in "$@"; do
   echo "=== arm $arm (${switches[*]:-defaults}) $(date +%T)"
   env "${switches[@]}" COMMIT="${COMMIT:-wip}-$arm" MINICPMO_STAGE_CALL_METRICS=1 LEVEL_BUDGET_S=30 \
     OUT="$out" bash scripts/gpu_duplex_bench.sh bench 16 "s26_$arm" 2>&1 | tail -6
+  # A start that fails to load says why here: its logs are deleted below.
+  grep -h -m6 -E 'OutOfMemory|Traceback|Error:' "$out"/server_*.log 2>/dev/null | cut -c1-400
   rm -f "$out"/*.png "$out"/*.log "$out"/compiled*.txt
   rm -rf "$out/stacks"
 done

@@ -127,17 +127,46 @@ class WhisperAttention(nn.Module):
         self.v_proj = nn.Linear(config.d_model, config.d_model)
         self.q_proj = nn.Linear(config.d_model, config.d_model)
         self.out_proj = nn.Linear(config.d_model, config.d_model)
+        self._packed: tuple[torch.Tensor, torch.Tensor, tuple[int, ...]] | None = None
 
     def forward(self, hidden: torch.Tensor, mask: torch.Tensor | None,
                 cache: ChunkKV | None, layer: int) -> torch.Tensor:
         # hidden [batch, n, d_model]; mask bool, broadcast to [batch, heads, n, keys], or None;
         # an EncoderKVCache only with batch 1
-        q, k, v = (self._heads(proj(hidden)) for proj in (self.q_proj, self.k_proj, self.v_proj))
+        q, k, v = (self._heads(x) for x in self._project(hidden))
         if cache is not None:
             k, v = cache.append(layer, k, v)
         with sdpa_kernel(_ATTENTION_BACKENDS):
             attended = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
         return self.out_proj(attended.transpose(1, 2).flatten(2))
+
+    def pack_projections(self, packed: bool = True) -> None:
+        """q, k, v by one GEMM over a [3 d, d] weight the three parameters view (k's bias: zeros).
+        Loads copy into the views; a `.to()` that moves them makes `_project` use three GEMMs
+        again, as does packed False."""
+        if not packed:
+            self._packed = None
+            return
+        projections, size = (self.q_proj, self.k_proj, self.v_proj), self.q_proj.out_features
+        with torch.inference_mode(False), torch.no_grad():  # tensors any later mode may use
+            weight = torch.cat([proj.weight for proj in projections])
+            bias = torch.cat([self.q_proj.bias, torch.zeros_like(self.q_proj.bias),
+                              self.v_proj.bias])
+        for index, proj in enumerate(projections):
+            proj.weight.data = weight[index * size:(index + 1) * size]
+        self.q_proj.bias.data, self.v_proj.bias.data = bias[:size], bias[2 * size:]
+        self._packed = (weight, bias, self._view_pointers())
+
+    def _view_pointers(self) -> tuple[int, ...]:
+        return tuple(tensor.data_ptr() for tensor in (
+            self.q_proj.weight, self.k_proj.weight, self.v_proj.weight, self.q_proj.bias,
+            self.v_proj.bias))
+
+    def _project(self, hidden: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        # [batch, n, d_model] -> q, k, v, each [batch, n, d_model]
+        if self._packed is not None and self._packed[2] == self._view_pointers():
+            return F.linear(hidden, self._packed[0], self._packed[1]).chunk(3, dim=-1)
+        return self.q_proj(hidden), self.k_proj(hidden), self.v_proj(hidden)
 
     def _heads(self, x: torch.Tensor) -> torch.Tensor:
         # [batch, n, d_model] -> [batch, heads, n, head_dim]
@@ -242,6 +271,12 @@ class WhisperEncoder(nn.Module):
         mel = mel.to(self.conv1.weight.dtype)
         hidden = F.gelu(self.conv2(F.gelu(self.conv1(mel))))
         return hidden.transpose(1, 2)
+
+    def pack_projections(self, packed: bool = True) -> None:
+        """Every layer's q, k, v as one GEMM (`WhisperAttention.pack_projections`); call after
+        the tower's last move to its device and dtype."""
+        for layer in self.layers:
+            layer.self_attn.pack_projections(packed)
 
     def transform(self, hidden: torch.Tensor, mask: torch.Tensor | None,
                   cache: ChunkKV | None) -> torch.Tensor:

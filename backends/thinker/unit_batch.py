@@ -47,6 +47,7 @@ def streaming_encoder_factory(
     its chunk passes replay graphs; `key_buckets` False: over the whole key table, for A/B)."""
     if audio_encoder_model is None:
         raise ValueError("ThinkerEngine needs an audio_encoder_model or an encoder_factory")
+    audio_encoder_model.apm.pack_projections()  # loaded and on its device by now
     graphs = None
     if audio_encoder_model.apm.conv1.weight.device.type == "cuda":
         graphs = ChunkEncoderGraphs(audio_encoder_model, StreamingAudioConfig().frames_per_unit,

@@ -47,9 +47,11 @@ def _assert_same(got: StreamingAudioEncoder, want: StreamingAudioEncoder) -> Non
     assert_same_cache(got, want, RTOL, ATOL)
 
 
+@pytest.mark.parametrize("packed", [False, True])  # q, k, v as one GEMM: as served
 @pytest.mark.parametrize("device", DEVICES)
-def test_graphed_unit_by_unit_equals_plain(device: str) -> None:
+def test_graphed_unit_by_unit_equals_plain(device: str, packed: bool) -> None:
     model = _model(device)
+    model.apm.pack_projections(packed)
     graphs = ChunkEncoderGraphs(model, FRAMES, max_rows=2)
     for plain, graphed, audio in _twins(model, graphs, [0, 2], steps=5):
         for unit in audio:

@@ -179,3 +179,53 @@ def test_config_validation() -> None:
     loaded = WhisperEncoderConfig.from_dict(
         {"d_model": 64, "encoder_layers": 2, "model_type": "whisper"})
     assert (loaded.d_model, loaded.encoder_layers, loaded.encoder_ffn_dim) == (64, 2, 4096)
+
+
+def _linear_calls(encoder: WhisperEncoder, mel: torch.Tensor) -> int:
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profile:
+        encoder(mel)
+    return sum(event.count for event in profile.key_averages() if event.key == "aten::linear")
+
+
+def test_packed_projections_equal_transformers_and_take_weight_loads() -> None:
+    """Packed before the load: the load writes through the parameters' views into the packed
+    weight, and each layer's q, k, v is one GEMM (4 linears a layer, 6 unpacked)."""
+    hf = _hf_encoder(TINY, seed=6)
+    ours = WhisperEncoder(TINY).eval()
+    ours.pack_projections()
+    ours.load_state_dict(hf.state_dict(), strict=True)
+    mel = _mel(3000, seed=7)  # transformers takes whole 30 s inputs only
+    with torch.no_grad():
+        torch.testing.assert_close(ours(mel), hf(mel).last_hidden_state, rtol=0,
+                                   atol=PARITY_TOLERANCE)
+        assert _linear_calls(ours, mel) == 4 * TINY.encoder_layers
+        ours.pack_projections(False)
+        assert _linear_calls(ours, mel) == 6 * TINY.encoder_layers
+
+
+def test_packed_projections_fall_back_when_a_move_breaks_the_views(
+    pair: tuple[HFWhisperEncoder, WhisperEncoder],
+) -> None:
+    hf, _ = pair
+    ours = _ours(hf, TINY)
+    ours.pack_projections()
+    ours.double()  # new tensors for every parameter: the packed weight is stale
+    mel = _mel(400, seed=8).double()
+    with torch.no_grad():
+        expected = _ours(hf, TINY).double()(mel)
+        torch.testing.assert_close(ours(mel), expected, rtol=0, atol=1e-12)
+        assert _linear_calls(ours, mel) == 6 * TINY.encoder_layers
+
+
+def test_packed_inside_inference_mode_serves_any_mode(
+    pair: tuple[HFWhisperEncoder, WhisperEncoder],
+) -> None:
+    """The engine may pack under inference mode; a capture warms up with autograd on."""
+    hf, plain = pair
+    ours = _ours(hf, TINY)
+    with torch.inference_mode():
+        ours.pack_projections()
+    mel = _mel(400, seed=9)
+    with torch.no_grad():
+        expected = plain(mel)
+    torch.testing.assert_close(ours(mel).detach(), expected, rtol=0, atol=PARITY_TOLERANCE)
