@@ -35,7 +35,6 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from backends.audio.encoder_graphs import key_buckets  # noqa: E402
 from backends.stages.contracts import ThinkerRequest  # noqa: E402
 from backends.stages.factory import build_thinker_engine  # noqa: E402
 from backends.stages.sink import ListSink  # noqa: E402
@@ -200,8 +199,7 @@ def _set_encoder_keys(engine, mode: str) -> None:
     captured at load) read their buckets at every pass."""
     graphs = engine.encoder_factory().graphs
     if graphs is not None:
-        table = graphs.model.apm.config.max_source_positions
-        graphs.key_sizes = key_buckets(table, mode == "bucketed")
+        graphs.use_key_buckets(mode == "bucketed")
 
 
 def _set_compact_rows(engine, mode: str) -> None:

@@ -80,14 +80,20 @@ class ChunkEncoderGraphs:
             raise ValueError(f"max_rows must be >= 1, got {max_rows}")
         self.model, self.num_frames, self.max_rows = model, num_frames, max_rows
         self.sizes = tuple(sorted({min(2**i, max_rows) for i in range(max_rows.bit_length() + 1)}))
-        table = model.apm.config.max_source_positions
-        self.key_sizes = tuple(size for size in key_buckets(table, bucket_keys)
-                               if size >= min(num_frames, table))
+        self.key_sizes: tuple[int, ...] = ()
+        self.use_key_buckets(bucket_keys)
         self._buffers: dict[str, torch.Tensor] | None = None  # allocated on first use
         # (rows, key length) -> graph and its output
         self._graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         self._pool = None
         self._side: torch.cuda.Stream | None = None  # where captures warm up
+
+    def use_key_buckets(self, bucketed: bool) -> None:
+        """The key lengths passes attend over from now on: the buckets, or the whole table only
+        (its graph is among the buckets', so an A/B can switch after `capture_all`)."""
+        table = self.model.apm.config.max_source_positions
+        self.key_sizes = tuple(size for size in key_buckets(table, bucketed)
+                               if size >= min(self.num_frames, table))
 
     @property
     def is_graphed(self) -> bool:

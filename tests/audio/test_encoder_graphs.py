@@ -109,6 +109,8 @@ def test_a_pass_attends_over_the_smallest_key_bucket_holding_its_rows(device: st
         graphs._key_bucket(201)
     if device == "cuda":  # every shape was captured at `capture_all`, none since
         assert len(graphs._graphs) == len(graphs.sizes) * len(graphs.key_sizes)
+    graphs.use_key_buckets(False)  # the benchmark's whole-table arm, after the captures
+    assert graphs.key_sizes == (200,)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
