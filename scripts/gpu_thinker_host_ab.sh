@@ -7,6 +7,7 @@
 #   bash scripts/gpu_thinker_host_ab.sh starts base_b new_b    # more served starts, another call
 #   bash scripts/gpu_thinker_host_ab.sh encoder                # the encoder's key buckets in-process
 #   BASE_SWITCHES=MINICPMO_ENCODER_KEY_BUCKETS=0 bash scripts/gpu_thinker_host_ab.sh starts new base
+#   SERVER_SETS=h100 ... starts new base   # on an H100: the served stack sized for 80 GB (A/B only)
 #
 # "checks": the GPU tests of both changes and the host draws' tests on this machine's numpy,
 # the policy draw's host cost (perf/bench_policy_draw.py: one row, 16 rows drawn together), then
