@@ -4,8 +4,8 @@ ISTFT.
 
 `GraphRunner` captures a function once per input shape and replays it: inputs are copied into
 the graph's static tensors, outputs are the graph's own tensors (valid until that graph is
-replayed again; each graph has its own memory pool, so replaying one never overwrites
-another's outputs). On a device other than CUDA it simply calls the function, which keeps the
+replayed again; a runner's graphs share one memory pool, but each holds its outputs, so
+replaying one never overwrites another's). On a device other than CUDA it simply calls the function, which keeps the
 bucketing below testable on CPU.
 
 `SolverGraphs` pads a window to a few shape buckets (frames to one of `FRAME_BUCKETS`, cache
@@ -48,6 +48,7 @@ from backends.models.token2wav.encoder_packing import (
     pad_encoder_inputs,
 )
 from backends.models.token2wav.hift import HiFTGenerator
+from backends.runner.cuda_graphs import capture_graph
 from backends.runner.host_staging import to_device
 
 # Mel frames: 50 for every first, growing and steady window, 6-54 for a turn's final window (3
@@ -115,17 +116,9 @@ class GraphRunner:
 
     def _capture(self, inputs: tuple[torch.Tensor, ...]) -> _Graph:
         static = tuple(t.clone() for t in inputs)
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            for _ in range(_WARMUP_RUNS):
-                self.fn(*static)
-        torch.cuda.current_stream().wait_stream(side)
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self._pool):
-            outputs = self.fn(*static)
+        graph, outputs = capture_graph(lambda: self.fn(*static), self._pool, _WARMUP_RUNS)
         return _Graph(graph, static, tuple(outputs))
 
 
