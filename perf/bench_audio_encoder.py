@@ -142,8 +142,9 @@ def _profile(model: AudioEncoderModel, args: argparse.Namespace, calls: int = 20
     with torch.profiler.profile(activities=activities) as prof:
         time_case(graphs, 1, 100, calls - 2)
     kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    device_ms = sum(e.device_time for e in kernels) / calls / 1e3
     print(f"\nprofile: {calls} calls of 1 session at 100 held frames, {len(kernels) / calls:.0f} "
-          f"kernels and {sum(e.device_time for e in kernels) / calls / 1e3:.3f} ms of device time a call")
+          f"kernels and {device_ms:.3f} ms of device time a call")
     print(prof.key_averages().table(sort_by="self_device_time_total", row_limit=25,
                                     max_name_column_width=80))
 
