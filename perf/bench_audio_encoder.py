@@ -1,5 +1,6 @@
 """The streaming audio encoder's graphed chunk pass: keys bucketed to what sessions hold vs the
-whole position table, and q, k, v as one GEMM (packed, the served default) vs three.
+whole position table, q, k, v as one GEMM (packed, the served default) vs three, and (on CUDA)
+the attention through the split-key Triton kernel (backends/models/chunk_attention_kernel.py).
 
 Whisper-medium sizes (24 layers, d_model 1024, table 1500), random weights, bf16 on CUDA. Each
 case is one `ChunkEncoderGraphs.encode` call of `rows` sessions that each hold `held` frames
@@ -34,14 +35,15 @@ from backends.audio.encoder_graphs import ChunkEncoderGraphs  # noqa: E402
 from backends.audio.encoder_model import AudioEncoderModel  # noqa: E402
 from backends.audio.streaming_encoder import StreamingAudioConfig  # noqa: E402
 from backends.checkpoint.full_random import WHISPER_MEDIUM  # noqa: E402
-from backends.models.whisper_encoder import EncoderKVCache, WhisperEncoderConfig  # noqa: E402
+from backends.models.encoder_kv import EncoderKVCache  # noqa: E402
+from backends.models.whisper_encoder import WhisperEncoderConfig  # noqa: E402
 
 LLM_HIDDEN = 4096
 TINY = {**WHISPER_MEDIUM, "d_model": 64, "encoder_layers": 2, "encoder_attention_heads": 4,
         "encoder_ffn_dim": 256}
-# name, keys bucketed, q/k/v packed
-ARMS = (("whole table", False, False), ("bucketed", True, False),
-        ("bucketed + packed qkv", True, True))
+# name, keys bucketed, q/k/v packed, attention through the split-key Triton kernel (CUDA only)
+ARMS = (("whole table", False, False, False), ("bucketed", True, False, False),
+        ("bucketed + packed qkv", True, True, False), ("+ split keys", True, True, True))
 
 
 def _model(tiny: bool, device: torch.device) -> AudioEncoderModel:
@@ -80,11 +82,12 @@ def time_case(graphs: ChunkEncoderGraphs, rows: int, held: int, repeats: int) ->
     return times[2:]
 
 
-def _arm(model: AudioEncoderModel, bucketed: bool, packed: bool, args: argparse.Namespace,
-         ) -> tuple[dict[tuple[int, int], list[float]], str]:
+def _arm(model: AudioEncoderModel, bucketed: bool, packed: bool, split: bool,
+         args: argparse.Namespace) -> tuple[dict[tuple[int, int], list[float]], str]:
     frames = StreamingAudioConfig().frames_per_unit
     model.apm.pack_projections(packed)  # before the captures: a graph keeps the path it recorded
-    graphs = ChunkEncoderGraphs(model, frames, max_rows=max(args.rows), bucket_keys=bucketed)
+    graphs = ChunkEncoderGraphs(model, frames, max_rows=max(args.rows), bucket_keys=bucketed,
+                                split_keys=split)
     started = time.perf_counter()
     count = graphs.capture_all()
     note = f"capture_all {time.perf_counter() - started:.2f} s, {count} graphs"
@@ -111,8 +114,10 @@ def main() -> None:
     print(f"device {torch.cuda.get_device_name() if device.type == 'cuda' else 'cpu'}, "
           f"{'tiny' if args.tiny else 'whisper-medium'} tower, {args.repeats} calls a case")
     results = {}
-    for name, bucketed, packed in ARMS:
-        results[name], note = _arm(model, bucketed, packed, args)
+    for name, bucketed, packed, split in ARMS:
+        if split and device.type != "cuda":
+            continue  # the kernel needs CUDA (or Triton's interpreter, far too slow to time)
+        results[name], note = _arm(model, bucketed, packed, split, args)
         print(f"{name}: {note}")
     _table(results)
     if device.type == "cuda":

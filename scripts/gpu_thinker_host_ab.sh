@@ -17,7 +17,8 @@
 # s26_<arm>: arms named base* run with $BASE_SWITCHES (default: both off, MINICPMO_IN_STEP_DRAIN=0
 # MINICPMO_COMPACT_HOST_ROWS=0), the others run the defaults.
 # "encoder" (twenty-ninth session): the graphed audio encoder's GPU tests, its pass with keys
-# bucketed vs the whole 1500-frame table, q/k/v packed vs not (perf/bench_audio_encoder.py), then the Thinker engine at
+# bucketed vs the whole 1500-frame table, q/k/v packed vs not, split-key attention kernel
+# (perf/bench_audio_encoder.py), then the Thinker engine at
 # C = 1 and 16 with (bucketed, whole, bucketed, whole) in one process, with the steps' kinds. Only each start's JSON and Markdown
 # stay in $OUT (the device tool returns 8 files).
 set -uo pipefail
@@ -39,7 +40,9 @@ if [ "$phase" = checks ]; then
 elif [ "$phase" = encoder ]; then
   nvidia-smi -L
   python3 -m pytest -q -p no:cacheprovider tests/audio/test_encoder_graphs.py \
-    tests/audio/test_batched_encoder.py tests/runner_gpu/test_gpu_thinker_in_flight.py 2>&1 | tail -4
+    tests/audio/test_batched_encoder.py tests/runner_gpu/test_gpu_thinker_in_flight.py \
+    tests/models/test_whisper_encoder.py tests/models/test_chunk_attention_kernel.py \
+    tests/models/token2wav/test_token2wav_graphs.py 2>&1 | tail -4
   python3 perf/bench_audio_encoder.py 2>&1 | tee "$out/encoder_keys.txt"
   timeout 360 python3 perf/bench_thinker_engine.py --concurrency 1,16 --seconds 6 \
     --encoder-keys bucketed,whole,bucketed,whole 2>&1 | grep -E '^(\| (1|16|C) |  C = )' \

@@ -30,7 +30,8 @@ import numpy as np
 import torch
 
 from backends.audio.streaming_encoder import StreamingAudioEncoder
-from backends.models.whisper_encoder import EncoderKVCache, WhisperEncoder, crop_redundancy
+from backends.models.encoder_kv import EncoderKVCache
+from backends.models.whisper_encoder import WhisperEncoder, crop_redundancy
 
 logger = logging.getLogger(__name__)
 

@@ -30,7 +30,7 @@ import numpy as np
 import torch
 
 from backends.audio.encoder_model import AudioEncoderModel
-from backends.models.whisper_encoder import EncoderKVCache
+from backends.models.encoder_kv import EncoderKVCache, KeyEnds
 from backends.runner.cuda_graphs import capture_graph
 from backends.runner.host_staging import copy_to_device
 
@@ -56,9 +56,15 @@ class _WorkingKV:
         self.keys, self.values = keys[:size, :, :, :key_length], values[:size, :, :, :key_length]
         self.positions = starts[:, None] + torch.arange(num_frames, device=device)  # [rows, n]
         self._rows = torch.arange(size, device=device)[:, None].expand_as(self.positions)
-        table = torch.arange(key_length, device=device)
-        # [rows, 1, 1, key_length] bool: a row attends to its frames [0, start + n)
-        self.mask = (table[None, :] < (starts + num_frames)[:, None])[:, None, None, :]
+        self.ends = starts + num_frames  # a row attends to its frames [0, end)
+
+    def attention_mask(self, split_keys: bool) -> torch.Tensor | KeyEnds:
+        """The rows' ends for the split-key kernel, or the bool mask [rows, 1, 1, key_length]
+        True below them."""
+        if split_keys:
+            return KeyEnds(self.ends.to(torch.int32))
+        table = torch.arange(self.keys.shape[3], device=self.ends.device)
+        return (table[None, :] < self.ends[:, None])[:, None, None, :]
 
     def append(self, layer: int, keys: torch.Tensor,
                values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -73,12 +79,16 @@ class ChunkEncoderGraphs:
     """Graphed chunk passes over one `AudioEncoderModel` for up to `max_rows` sessions a call."""
 
     def __init__(self, model: AudioEncoderModel, num_frames: int,
-                 max_rows: int = DEFAULT_MAX_ROWS, bucket_keys: bool = True) -> None:
+                 max_rows: int = DEFAULT_MAX_ROWS, bucket_keys: bool = True,
+                 split_keys: bool = False) -> None:
         """bucket_keys False: every pass attends over the whole position table (the
-        benchmark's baseline)."""
+        benchmark's baseline). split_keys: attention through the split-key Triton kernel
+        (backends/models/chunk_attention_kernel.py; CUDA or Triton's interpreter), an A/B
+        candidate not yet measured on a GPU."""
         if max_rows < 1:
             raise ValueError(f"max_rows must be >= 1, got {max_rows}")
         self.model, self.num_frames, self.max_rows = model, num_frames, max_rows
+        self.split_keys = split_keys
         self.sizes = tuple(sorted({min(2**i, max_rows) for i in range(max_rows.bit_length() + 1)}))
         self.key_sizes: tuple[int, ...] = ()
         self.use_key_buckets(bucket_keys)
@@ -185,7 +195,7 @@ class ChunkEncoderGraphs:
         kv = _WorkingKV(buffers["keys"], buffers["values"], buffers["starts"][:size],
                         self.num_frames, key_length)
         hidden = buffers["hidden"][:size] + apm.embed_positions.weight[kv.positions]
-        return self.model.embed(apm.transform(hidden, kv.mask, kv))
+        return self.model.embed(apm.transform(hidden, kv.attention_mask(self.split_keys), kv))
 
     def _capture(self, shape: tuple[int, int],
                  buffers: dict[str, torch.Tensor]) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:

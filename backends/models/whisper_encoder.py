@@ -21,12 +21,14 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from backends.models.encoder_kv import ChunkKV, EncoderKVCache, KeyEnds
 
 _CONV_STRIDE = 2  # conv2 halves the mel frame rate (100 Hz -> 50 Hz)
 # cuDNN attention builds an execution plan per new shape (tens of ms on the CPU), and a
@@ -66,40 +68,6 @@ class WhisperEncoderConfig:
         return cls(**{k: int(v) for k, v in audio_config.items() if k in names})
 
 
-@dataclass(slots=True)
-class EncoderKVCache:
-    """One session's self-attention keys/values, preallocated for the whole position table."""
-
-    keys: torch.Tensor  # [encoder_layers, heads, max_source_positions, head_dim] model dtype
-    values: torch.Tensor  # [encoder_layers, heads, max_source_positions, head_dim] model dtype
-    length: int = 0  # frames held; they sit at positions [0, length)
-
-    @classmethod
-    def allocate(cls, config: WhisperEncoderConfig, dtype: torch.dtype,
-                 device: torch.device) -> EncoderKVCache:
-        shape = (config.encoder_layers, config.encoder_attention_heads,
-                 config.max_source_positions, config.head_dim)
-        return cls(torch.zeros(shape, dtype=dtype, device=device),
-                   torch.zeros(shape, dtype=dtype, device=device))
-
-    def append(self, layer: int, keys: torch.Tensor,
-               values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Store a chunk's keys/values ([1, heads, n, head_dim]) after the held frames; return
-        held + chunk as [1, heads, length + n, head_dim]. `length` advances once per chunk."""
-        end = self.length + keys.shape[2]
-        self.keys[layer, :, self.length:end] = keys[0]
-        self.values[layer, :, self.length:end] = values[0]
-        return self.keys[layer, :, :end].unsqueeze(0), self.values[layer, :, :end].unsqueeze(0)
-
-
-class ChunkKV(Protocol):
-    """What a streaming chunk's attention writes its keys/values to: one session's
-    `EncoderKVCache`, or a batch of them (backends/audio/batched_encoder.py)."""
-
-    def append(self, layer: int, keys: torch.Tensor,
-               values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]: ...
-
-
 def whisper_sinusoids(length: int, channels: int) -> torch.Tensor:
     """Whisper's sinusoidal position table (sines then cosines): [length, channels] float32."""
     if channels % 2:
@@ -129,13 +97,17 @@ class WhisperAttention(nn.Module):
         self.out_proj = nn.Linear(config.d_model, config.d_model)
         self._packed: tuple[torch.Tensor, torch.Tensor, tuple[int, ...]] | None = None
 
-    def forward(self, hidden: torch.Tensor, mask: torch.Tensor | None,
+    def forward(self, hidden: torch.Tensor, mask: torch.Tensor | KeyEnds | None,
                 cache: ChunkKV | None, layer: int) -> torch.Tensor:
-        # hidden [batch, n, d_model]; mask bool, broadcast to [batch, heads, n, keys], or None;
-        # an EncoderKVCache only with batch 1
+        # hidden [batch, n, d_model]; mask bool, broadcast to [batch, heads, n, keys], or
+        # KeyEnds, or None; an EncoderKVCache only with batch 1
         q, k, v = (self._heads(x) for x in self._project(hidden))
         if cache is not None:
             k, v = cache.append(layer, k, v)
+        if isinstance(mask, KeyEnds):  # the graphed pass, keys split over programs
+            from backends.models.chunk_attention_kernel import chunk_attention  # imports Triton
+
+            return self.out_proj(chunk_attention(q, k, v, mask.ends))
         with sdpa_kernel(_ATTENTION_BACKENDS):
             attended = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
         return self.out_proj(attended.transpose(1, 2).flatten(2))
@@ -147,6 +119,8 @@ class WhisperAttention(nn.Module):
         if not packed:
             self._packed = None
             return
+        if self._packed is not None and self._packed[2] == self._view_pointers():
+            return  # packed already: captured graphs may read these tensors
         projections, size = (self.q_proj, self.k_proj, self.v_proj), self.q_proj.out_features
         with torch.inference_mode(False), torch.no_grad():  # tensors any later mode may use
             weight = torch.cat([proj.weight for proj in projections])
@@ -184,7 +158,7 @@ class WhisperEncoderLayer(nn.Module):
         self.fc2 = nn.Linear(config.encoder_ffn_dim, config.d_model)
         self.final_layer_norm = nn.LayerNorm(config.d_model)
 
-    def forward(self, hidden: torch.Tensor, mask: torch.Tensor | None,
+    def forward(self, hidden: torch.Tensor, mask: torch.Tensor | KeyEnds | None,
                 cache: ChunkKV | None, layer: int) -> torch.Tensor:
         # hidden [batch, n, d_model] -> same
         hidden = hidden + self.self_attn(self.self_attn_layer_norm(hidden), mask, cache, layer)
@@ -278,7 +252,7 @@ class WhisperEncoder(nn.Module):
         for layer in self.layers:
             layer.self_attn.pack_projections(packed)
 
-    def transform(self, hidden: torch.Tensor, mask: torch.Tensor | None,
+    def transform(self, hidden: torch.Tensor, mask: torch.Tensor | KeyEnds | None,
                   cache: ChunkKV | None) -> torch.Tensor:
         # hidden [batch, n, d_model] with positions added -> final-LN output, same shape
         for index, layer in enumerate(self.layers):

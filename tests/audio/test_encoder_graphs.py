@@ -10,6 +10,8 @@ the plain twin's.
 
 from __future__ import annotations
 
+from importlib.util import find_spec
+
 import pytest
 import torch
 
@@ -26,6 +28,7 @@ SMALL_TABLE = WhisperEncoderConfig(d_model=64, encoder_layers=2, encoder_attenti
 RTOL, ATOL = 1e-5, 1e-5  # masked full-table attention sums in another order
 FRAMES = StreamingAudioConfig().frames_per_unit
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+NEEDS_TRITON = pytest.mark.skipif(find_spec("triton") is None, reason="needs triton")
 
 
 def _model(device: str) -> AudioEncoderModel:
@@ -68,8 +71,12 @@ def test_graphed_batches_split_into_groups_and_equal_plain(device: str, monkeypa
     real = batched_encoder._forward_batch
     monkeypatch.setattr(batched_encoder, "_forward_batch",
                         lambda group: (sizes.append(len(group)), real(group))[1])
-    twins = _twins(model, graphs, [0, 1, 3, 4, 8], steps=4)
-    for step in range(4):
+    _assert_batched_equal_plain(_twins(model, graphs, [0, 1, 3, 4, 8], steps=4), steps=4)
+    assert sizes == [2, 2] * 4  # the fifth session of each step: a group of one, serial path
+
+
+def _assert_batched_equal_plain(twins, steps: int) -> None:
+    for step in range(steps):
         want = [plain.encode_unit(audio[step]) for plain, _, audio in twins]
         got = encode_units_batched([g for _, g, _ in twins], [a[step] for _, _, a in twins])
         for g, w in zip(got, want):
@@ -77,7 +84,17 @@ def test_graphed_batches_split_into_groups_and_equal_plain(device: str, monkeypa
             torch.testing.assert_close(g, w, rtol=RTOL, atol=ATOL)
         for plain, graphed, _ in twins:
             _assert_same(graphed, plain)
-    assert sizes == [2, 2] * 4  # the fifth session of each step: a group of one, serial path
+
+
+@NEEDS_TRITON
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # Triton's interpreter on numpy 1.26
+@pytest.mark.parametrize("device", DEVICES)
+def test_split_key_passes_equal_plain(device: str) -> None:
+    """The attention through the split-key kernel (interpreted on the CPU): two rows of one
+    pass ending at different frames, then the older one's restart at the table."""
+    model = _model(device)
+    graphs = ChunkEncoderGraphs(model, FRAMES, max_rows=2, split_keys=True)
+    _assert_batched_equal_plain(_twins(model, graphs, [0, 2], steps=2), steps=2)
 
 
 def test_key_buckets_are_powers_of_two_from_64_then_the_table() -> None:

@@ -199,6 +199,9 @@ def test_packed_projections_equal_transformers_and_take_weight_loads() -> None:
         torch.testing.assert_close(ours(mel), hf(mel).last_hidden_state, rtol=0,
                                    atol=PARITY_TOLERANCE)
         assert _linear_calls(ours, mel) == 4 * TINY.encoder_layers
+        where = ours.layers[0].self_attn.q_proj.weight.data_ptr()
+        ours.pack_projections()  # again: a no-op, graphs captured since may read the weights
+        assert ours.layers[0].self_attn.q_proj.weight.data_ptr() == where
         ours.pack_projections(False)
         assert _linear_calls(ours, mel) == 6 * TINY.encoder_layers
 

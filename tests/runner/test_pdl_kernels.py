@@ -55,7 +55,7 @@ def test_the_decode_kernels_take_the_flag() -> None:
     assert {"_skinny_kernel", "_split_sum_kernel", "_rms_norm_kernel", "_qk_norm_rope_kernel",
             "_silu_and_mul_kernel", "_paged_attention_kernel", "_merge_splits_kernel"} <= names
     assert {"_gemm_kernel", "_residual_norm_kernel", "_norm_mish_taps_kernel", "_attention_kernel",
-            "_merge_kernel"} <= names  # the DiT block's whole chain (dit_gemm)
+            "merge_partials_kernel"} <= names  # the DiT block's whole chain (dit_gemm)
 
 
 @pytest.mark.parametrize("kernel", [pytest.param(kernel, id=name) for name, kernel in pdl_kernels()])

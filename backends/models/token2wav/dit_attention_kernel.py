@@ -57,7 +57,7 @@ def dot_for_dtype(a, b, IEEE: tl.constexpr, DOT_F32: tl.constexpr):
 
 
 @triton.jit
-def _softmax_step(q, k, v, ok, m_i, l_i, acc, sm_scale, IEEE: tl.constexpr,
+def softmax_step(q, k, v, ok, m_i, l_i, acc, sm_scale, IEEE: tl.constexpr,
                   DOT_F32: tl.constexpr):
     """One block of keys into the running max m_i, sum l_i and output acc (float32).
     DOT_F32: dot products of float32 copies (exact for bfloat16 inputs), for Triton's
@@ -143,7 +143,7 @@ def _attention_kernel(
         k_new, v_new, in_window = _window_keys(qkv_ptr, row0, offs_n, n_frames, k_w, k_b, dims,
                                                eps, qkv_stride, head_col, INNER, HEAD_DIM)
         use = in_window & (tl.load(valid_row + offs_n, mask=in_window, other=0) != 0)
-        m_i, l_i, acc = _softmax_step(q, k_new, v_new, use, m_i, l_i, acc, sm_scale, IEEE,
+        m_i, l_i, acc = softmax_step(q, k_new, v_new, use, m_i, l_i, acc, sm_scale, IEEE,
                                       DOT_F32)
     cache_row = tl.load(rows_ptr + r).to(tl.int64) if INDEXED else r
     cache_head = cache_ptr + cache_row * s_cache_r + h * s_cache_h
@@ -152,21 +152,21 @@ def _attention_kernel(
         k_old, v_old, cached_ok = _cache_keys(cache_head, order_ptr + r * s_order_r, valid_row,
                                               offs_c, n_frames, n_cached, s_cache_l, dims, q.dtype,
                                               INDEXED, HEAD_DIM)  # fmt: skip
-        m_i, l_i, acc = _softmax_step(q, k_old, v_old, cached_ok, m_i, l_i, acc, sm_scale, IEEE,
+        m_i, l_i, acc = softmax_step(q, k_old, v_old, cached_ok, m_i, l_i, acc, sm_scale, IEEE,
                                       DOT_F32)
     if SPLITS == 1:
         out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
         tl.store(out_ptr + (row0 + offs_m)[:, None] * INNER + head_col + dims[None, :],
                  out.to(out_ptr.dtype.element_ty), mask=(offs_m < n_frames)[:, None])
     else:
-        _store_partial(out_ptr, acc, m_i, l_i, (split * total_rows + row0 + offs_m) * HEADS + h,
+        store_partial(out_ptr, acc, m_i, l_i, (split * total_rows + row0 + offs_m) * HEADS + h,
                        offs_m < n_frames, dims, HEAD_DIM)
 
 
 @triton.jit
-def _store_partial(part_ptr, acc, m_i, l_i, entry, ok, dims, HEAD_DIM: tl.constexpr):
+def store_partial(part_ptr, acc, m_i, l_i, entry, ok, dims, HEAD_DIM: tl.constexpr):
     """A split's online-softmax state at partial entries `entry` (acc | max | sum), for
-    _merge_kernel."""
+    merge_partials_kernel."""
     base = entry * (HEAD_DIM + 2)
     tl.store(part_ptr + base[:, None] + dims[None, :], acc, mask=ok[:, None])
     tl.store(part_ptr + base + HEAD_DIM, m_i, mask=ok)
@@ -174,7 +174,7 @@ def _store_partial(part_ptr, acc, m_i, l_i, entry, ok, dims, HEAD_DIM: tl.conste
 
 
 @triton.jit
-def _merge_kernel(part_ptr, out_ptr, total_rows, SPLITS: tl.constexpr, HEADS: tl.constexpr,
+def merge_partials_kernel(part_ptr, out_ptr, total_rows, SPLITS: tl.constexpr, HEADS: tl.constexpr,
                   HEAD_DIM: tl.constexpr, BLOCK_R: tl.constexpr, PDL: tl.constexpr):
     """out [R T, H D] from the splits' partials [SPLITS, R T, H, D + 2] (acc | max | sum): each
     split's sum and output rescaled to the common max. A query no split saw a key for gets 0."""
@@ -266,7 +266,7 @@ def masked_attention(
         **pdl_launch_args(qkv.device),
     )  # fmt: skip
     if splits > 1:
-        _merge_kernel[(triton.cdiv(total_rows, _MERGE_BLOCK_R), heads)](
+        merge_partials_kernel[(triton.cdiv(total_rows, _MERGE_BLOCK_R), heads)](
             target, out, total_rows, SPLITS=splits, HEADS=heads, HEAD_DIM=head_dim,
             BLOCK_R=_MERGE_BLOCK_R, num_warps=4, **pdl_launch_args(qkv.device))
     return out
