@@ -25,6 +25,7 @@ GEMV_ENV = "MINICPMO_GEMV"  # the served decoders' matmul backend on CUDA (Runne
 PREFILL_CHUNKS_ENV = "MINICPMO_PREFILL_CHUNKS"  # "0": a Thinker append is prefilled in one step
 COMPACT_ROWS_ENV = "MINICPMO_COMPACT_HOST_ROWS"  # "0": hooked rows reach the host whole
 KEY_BUCKETS_ENV = "MINICPMO_ENCODER_KEY_BUCKETS"  # "0": encoder passes attend over all 1500 keys
+SPLIT_KEYS_ENV = "MINICPMO_ENCODER_SPLIT_KEYS"  # "1": encoder attention through the split-key kernel
 # ms an announced first window holds Code2Wav's windows that can wait ("0": announcements ignored)
 FIRST_WINDOW_HOLD_ENV = "MINICPMO_CODE2WAV_FIRST_HOLD_MS"
 WARMUP_TEXT_TOKEN = 100  # a plain text id of every Thinker vocabulary, handed in Talker warm-ups
@@ -91,7 +92,8 @@ def build_thinker_engine(params: dict[str, str], device_id: str = "0"):
     max_len = min(setup.max_context_tokens, ckpt.config.llm.max_position_embeddings)
     runner_config = setup.runner_config(max_len)
     config = ThinkerEngineConfig(max_context_tokens=max_len, prefill_chunk_rows=prefill_chunk_rows(runner_config),
-                                 encoder_key_buckets=encoder_key_buckets())
+                                 encoder_key_buckets=encoder_key_buckets(),
+                                 encoder_split_keys=encoder_split_keys())
     engine = ThinkerEngine(model.llm, model.audio_encoder, ckpt.tokenizer, ckpt.special_tokens, runner_config, config)
     if setup.device.type == "cuda":  # Triton kernels compile now, not inside the first replies
         from backends.stages.warmup import thinker_request, warm_up
@@ -190,7 +192,17 @@ def first_window_hold_s() -> float:
 def encoder_key_buckets() -> bool:
     """Whether the Thinker's graphed encoder passes attend over key buckets (`KEY_BUCKETS_ENV`:
     "1", the default, or "0" for A/B runs); another value is refused at load."""
-    value = os.environ.get(KEY_BUCKETS_ENV, "1")
+    return _on_off(KEY_BUCKETS_ENV, "1")
+
+
+def encoder_split_keys() -> bool:
+    """Whether the Thinker's graphed encoder passes attend through the split-key Triton kernel
+    (`SPLIT_KEYS_ENV`: "0", the default until a GPU has timed it, or "1")."""
+    return _on_off(SPLIT_KEYS_ENV, "0")
+
+
+def _on_off(name: str, default: str) -> bool:
+    value = os.environ.get(name, default)
     if value not in ("0", "1"):
-        raise ValueError(f"{KEY_BUCKETS_ENV} must be 0 or 1, got {value!r}")
+        raise ValueError(f"{name} must be 0 or 1, got {value!r}")
     return value == "1"

@@ -13,8 +13,8 @@ import torch
 from dataclasses import replace
 
 from backends.stages.factory import (
-    COMPACT_ROWS_ENV, FIRST_WINDOW_HOLD_ENV, GEMV_ENV, KEY_BUCKETS_ENV, PREFILL_CHUNKS_ENV, StageSetup,
-    encoder_key_buckets, first_window_hold_s, prefill_chunk_rows,
+    COMPACT_ROWS_ENV, FIRST_WINDOW_HOLD_ENV, GEMV_ENV, KEY_BUCKETS_ENV, PREFILL_CHUNKS_ENV, SPLIT_KEYS_ENV,
+    StageSetup, encoder_key_buckets, encoder_split_keys, first_window_hold_s, prefill_chunk_rows,
 )
 from backends.stages.window_schedule import FIRST_WINDOW_HOLD_S
 
@@ -85,3 +85,13 @@ def test_encoder_key_buckets_stay_on_unless_switched_off(monkeypatch: pytest.Mon
     monkeypatch.setenv(KEY_BUCKETS_ENV, "off")
     with pytest.raises(ValueError, match=KEY_BUCKETS_ENV):
         encoder_key_buckets()
+
+
+def test_encoder_split_keys_stay_off_unless_switched_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(SPLIT_KEYS_ENV, raising=False)
+    assert encoder_split_keys() is False
+    monkeypatch.setenv(SPLIT_KEYS_ENV, "1")
+    assert encoder_split_keys() is True
+    monkeypatch.setenv(SPLIT_KEYS_ENV, "yes")
+    with pytest.raises(ValueError, match=SPLIT_KEYS_ENV):
+        encoder_split_keys()
