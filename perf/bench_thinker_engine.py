@@ -6,7 +6,7 @@ unit of silence every second (staggered), and the engine thread's loop (submit w
 step while there is work; with `--in-flight on`, the default, also submit what falls due while
 a step is on the GPU, as the engine thread's in-step drain does; `--in-flight on,off,on,off`
 alternates both over the levels in one process, and `--compact-rows auto,off,auto,off` the
-hooked rows' copies to the host: summaries or whole rows, and `--encoder-keys bucketed,whole` the
+hooked rows' copies to the host: summaries or whole rows, and `--encoder-keys bucketed,whole,split` the
 graphed audio encoder's key length) runs here on the main thread.
 Per level it prints the unit latency (append due -> unit result, so it includes the wait for
 the step in progress: what the duplex benchmark's server TTFT/TTFP start with),
@@ -182,9 +182,9 @@ def _arms(parser: argparse.ArgumentParser, args: argparse.Namespace) -> list[tup
     """(in flight, compact rows, encoder keys) per arm: equal-length lists pair up, a single
     entry repeats."""
     lists = [args.in_flight.split(","), args.compact_rows.split(","), args.encoder_keys.split(",")]
-    allowed = [{"on", "off"}, {"auto", "off"}, {"bucketed", "whole"}]
+    allowed = [{"on", "off"}, {"auto", "off"}, {"bucketed", "whole", "split"}]
     if any(not set(given) <= ok for given, ok in zip(lists, allowed)):
-        parser.error(f"--in-flight takes on/off, --compact-rows auto/off, --encoder-keys bucketed/whole "
+        parser.error(f"--in-flight takes on/off, --compact-rows auto/off, --encoder-keys bucketed/whole/split "
                      f"(or comma lists), got {args.in_flight!r}, {args.compact_rows!r}, {args.encoder_keys!r}")
     count = max(len(given) for given in lists)
     if {len(given) for given in lists} - {1, count}:
@@ -196,10 +196,13 @@ def _arms(parser: argparse.ArgumentParser, args: argparse.Namespace) -> list[tup
 
 def _set_encoder_keys(engine, mode: str) -> None:
     """Graphed encoder passes over key buckets or the whole table: the shared graphs (all
-    captured at load) read their buckets at every pass."""
+    captured at load) read their buckets at every pass. "split": over the buckets through the
+    split-key kernel, its graphs captured here, before the level."""
     graphs = engine.encoder_factory().graphs
     if graphs is not None:
-        graphs.use_key_buckets(mode == "bucketed")
+        graphs.use_key_buckets(mode != "whole")
+        graphs.split_keys = mode == "split"
+        graphs.capture_all()  # a no-op for graphs captured before
 
 
 def _set_compact_rows(engine, mode: str) -> None:
@@ -229,8 +232,9 @@ def main() -> None:
                              "host as summaries on CUDA, or whole); a list of as many entries as --in-flight "
                              "pairs with it, one entry goes with each")
     parser.add_argument("--encoder-keys", default="bucketed",
-                        help="bucketed | whole, or a list: the graphed audio encoder's passes attend over "
-                             "key buckets or the whole 1500-frame table; pairs with --in-flight as above")
+                        help="bucketed | whole | split, or a list: the graphed audio encoder's passes attend "
+                             "over key buckets, the whole 1500-frame table, or key buckets through the "
+                             "split-key Triton kernel; pairs with --in-flight as above")
     parser.add_argument("--profile", type=int, default=0, help="cProfile the level with this C")
     parser.add_argument("--torch-profile", type=int, default=0,
                         help="torch.profiler (host ops and CUDA kernels) over the level with this C")

@@ -19,7 +19,7 @@
 # "encoder" (twenty-ninth session): the graphed audio encoder's GPU tests, its pass with keys
 # bucketed vs the whole 1500-frame table, q/k/v packed vs not, split-key attention kernel
 # (perf/bench_audio_encoder.py), then the Thinker engine at
-# C = 1 and 16 with (bucketed, whole, bucketed, whole) in one process, with the steps' kinds. Only each start's JSON and Markdown
+# C = 1 and 16 with encoder keys (bucketed, split, bucketed, split) in one process, with the steps' kinds. Only each start's JSON and Markdown
 # stay in $OUT (the device tool returns 8 files).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -45,7 +45,7 @@ elif [ "$phase" = encoder ]; then
     tests/models/token2wav/test_token2wav_graphs.py 2>&1 | tail -4
   python3 perf/bench_audio_encoder.py 2>&1 | tee "$out/encoder_keys.txt"
   timeout 360 python3 perf/bench_thinker_engine.py --concurrency 1,16 --seconds 6 \
-    --encoder-keys bucketed,whole,bucketed,whole 2>&1 | grep -E '^(\| (1|16|C) |  C = )' \
+    --encoder-keys bucketed,split,bucketed,split 2>&1 | grep -E '^(\| (1|16|C) |  C = )' \
     | tee "$out/thinker_keys.txt"
 elif [ "$phase" != starts ]; then
   echo "usage: $0 checks|encoder|starts [arm ...]" >&2

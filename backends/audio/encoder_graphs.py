@@ -93,8 +93,9 @@ class ChunkEncoderGraphs:
         self.key_sizes: tuple[int, ...] = ()
         self.use_key_buckets(bucket_keys)
         self._buffers: dict[str, torch.Tensor] | None = None  # allocated on first use
-        # (rows, key length) -> graph and its output
-        self._graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        # (rows, key length, split keys) -> graph and its output (a benchmark may switch
+        # `split_keys` after `capture_all`, then capture the other kind too)
+        self._graphs: dict[tuple[int, int, bool], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         self._pool = None
         self._side: torch.cuda.Stream | None = None  # where captures warm up
 
@@ -139,8 +140,8 @@ class ChunkEncoderGraphs:
         return fitting
 
     def capture_all(self) -> int:
-        """Capture every (rows, key length) graph now (at load), on zero inputs; returns how
-        many there are. A no-op without CUDA."""
+        """Capture every (rows, key length) graph of the current `split_keys` now (at load), on
+        zero inputs; returns how many there are. A no-op without CUDA."""
         if not self.is_graphed:
             return 0
         buffers = self._buffers or self._allocate()
@@ -149,7 +150,7 @@ class ChunkEncoderGraphs:
             self._run(shape, buffers)
         torch.cuda.synchronize()
         torch.cuda.empty_cache()  # the warm-ups' cached blocks: the stage has a memory share
-        return len(self._graphs)
+        return sum(split == self.split_keys for _, _, split in self._graphs)
 
     def _stage(self, hidden: torch.Tensor, caches: list[EncoderKVCache],
                size: int) -> dict[str, torch.Tensor]:
@@ -181,9 +182,10 @@ class ChunkEncoderGraphs:
     def _run(self, shape: tuple[int, int], buffers: dict[str, torch.Tensor]) -> torch.Tensor:
         if not self.is_graphed:
             return self._forward(shape, buffers)
-        if shape not in self._graphs:
-            self._graphs[shape] = self._capture(shape, buffers)
-        graph, out = self._graphs[shape]
+        key = (*shape, self.split_keys)
+        if key not in self._graphs:
+            self._graphs[key] = self._capture(shape, buffers)
+        graph, out = self._graphs[key]
         graph.replay()
         return out
 
