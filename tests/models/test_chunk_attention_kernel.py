@@ -12,6 +12,11 @@ probabilities are rounded to bfloat16 before the value product, as in flash atte
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -23,6 +28,7 @@ from backends.models.chunk_attention_kernel import chunk_attention, key_splits  
 ATOL = {torch.float32: 1e-5, torch.bfloat16: 0.0625}  # bfloat16: as the DiT kernels' bound
 HEADS, HEAD_DIM, FRAMES, LAYERS = 4, 16, 50, 2
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # compiled on CUDA, else interpreted
+ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
 
@@ -86,3 +92,34 @@ def test_rejects_what_it_cannot_read() -> None:
     with pytest.raises(ValueError, match="contiguous last axis"):
         chunk_attention(q, column_major, v, torch.tensor([50, 60], dtype=torch.int32,
                                                          device=DEVICE))
+
+
+_COMPILE_FOR_HOPPER = """
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from backends.models.chunk_attention_kernel import _chunk_attention_kernel
+
+for splits in (1, 4):
+    strides = ["s_q_r", "s_q_h", "s_q_t", "s_k_r", "s_k_h", "s_k_l", "s_v_r", "s_v_h", "s_v_l"]
+    signature = {"q_ptr": "*bf16", "k_ptr": "*bf16", "v_ptr": "*bf16", "ends_ptr": "*i32",
+                 "out_ptr": "*fp32" if splits > 1 else "*bf16", "n_frames": "i32",
+                 "total_rows": "i32", "tiles_per_split": "i32", "sm_scale": "fp32",
+                 **dict.fromkeys(strides, "i32")}
+    constants = {"HEADS": 16, "HEAD_DIM": 64, "BLOCK_M": 16, "BLOCK_N": 64, "SPLITS": splits,
+                 "IEEE": False, "DOT_F32": False}
+    signature.update(dict.fromkeys(constants, "constexpr"))
+    source = ASTSource(fn=_chunk_attention_kernel, signature=signature, constexprs=constants)
+    triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
+print("compiled")
+"""
+
+
+def test_compiles_for_hopper_without_a_gpu(tmp_path) -> None:
+    """The kernel as the H100 / H200 run it (bfloat16, Whisper-medium's heads, split and not),
+    compiled to a cubin by the wheel's ptxas: a GPU-only type or layout error shows here."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["TRITON_CACHE_DIR"] = str(tmp_path)
+    done = subprocess.run([sys.executable, "-c", _COMPILE_FOR_HOPPER], env=env, cwd=ROOT,
+                          capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0 and "compiled" in done.stdout, done.stderr[-3000:]
