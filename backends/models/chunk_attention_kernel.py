@@ -7,14 +7,14 @@ program per (row, head, query block), each walking every key in turn: 16 program
 session on a GPU of 132 SMs, ~95 us a layer at 1024-1500 keys on an H100
 (perf/results/encoder_keys_h100.md). Here the key tiles of a row are split over more programs
 and a second kernel merges their softmax states (the DiT's kernels, dit_attention_kernel.py,
-do the same for the vocoder). Each row's end comes from a device tensor (`KeyEnds`), so one
-captured graph serves every end inside its bucket, and tiles past a row's end are skipped.
+do the same for the vocoder). Each row's end comes from a device tensor (`KeyEnds`,
+backends/models/encoder_kv.py), so one captured graph serves every end inside its bucket, and
+tiles past a row's end are skipped.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import torch
 import triton
@@ -30,14 +30,6 @@ _BLOCK_M = 16  # queries a program: a chunk's 50 in four blocks, more programs f
 _BLOCK_N = 64  # keys a step of the online softmax
 _TARGET_PROGRAMS = 264  # two per SM of an H100 / H200
 _MERGE_BLOCK_R = 16
-
-
-@dataclass(frozen=True, slots=True)
-class KeyEnds:
-    """Each row's attended keys end here ([rows] int32 on the keys' device): what a bool mask
-    [rows, 1, 1, keys] True below the end says, for `chunk_attention`."""
-
-    ends: torch.Tensor
 
 
 @triton.jit
@@ -76,7 +68,7 @@ def _chunk_attention_kernel(
                  out.to(out_ptr.dtype.element_ty), mask=rows_ok[:, None])
     else:
         store_partial(out_ptr, acc, m_i, l_i, (split * total_rows + row0 + offs_m) * HEADS + h,
-                       rows_ok, dims, HEAD_DIM)
+                      rows_ok, dims, HEAD_DIM)
 
 
 def key_splits(programs: int, key_tiles: int) -> int:

@@ -58,7 +58,7 @@ def dot_for_dtype(a, b, IEEE: tl.constexpr, DOT_F32: tl.constexpr):
 
 @triton.jit
 def softmax_step(q, k, v, ok, m_i, l_i, acc, sm_scale, IEEE: tl.constexpr,
-                  DOT_F32: tl.constexpr):
+                 DOT_F32: tl.constexpr):
     """One block of keys into the running max m_i, sum l_i and output acc (float32).
     DOT_F32: dot products of float32 copies (exact for bfloat16 inputs), for Triton's
     interpreter, whose bfloat16 `tl.dot` gives garbage."""
@@ -144,7 +144,7 @@ def _attention_kernel(
                                                eps, qkv_stride, head_col, INNER, HEAD_DIM)
         use = in_window & (tl.load(valid_row + offs_n, mask=in_window, other=0) != 0)
         m_i, l_i, acc = softmax_step(q, k_new, v_new, use, m_i, l_i, acc, sm_scale, IEEE,
-                                      DOT_F32)
+                                     DOT_F32)
     cache_row = tl.load(rows_ptr + r).to(tl.int64) if INDEXED else r
     cache_head = cache_ptr + cache_row * s_cache_r + h * s_cache_h
     for tile_c in range(tl.maximum(first, window_tiles), last):
@@ -153,14 +153,14 @@ def _attention_kernel(
                                               offs_c, n_frames, n_cached, s_cache_l, dims, q.dtype,
                                               INDEXED, HEAD_DIM)  # fmt: skip
         m_i, l_i, acc = softmax_step(q, k_old, v_old, cached_ok, m_i, l_i, acc, sm_scale, IEEE,
-                                      DOT_F32)
+                                     DOT_F32)
     if SPLITS == 1:
         out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
         tl.store(out_ptr + (row0 + offs_m)[:, None] * INNER + head_col + dims[None, :],
                  out.to(out_ptr.dtype.element_ty), mask=(offs_m < n_frames)[:, None])
     else:
         store_partial(out_ptr, acc, m_i, l_i, (split * total_rows + row0 + offs_m) * HEADS + h,
-                       offs_m < n_frames, dims, HEAD_DIM)
+                      offs_m < n_frames, dims, HEAD_DIM)
 
 
 @triton.jit
@@ -174,8 +174,9 @@ def store_partial(part_ptr, acc, m_i, l_i, entry, ok, dims, HEAD_DIM: tl.constex
 
 
 @triton.jit
-def merge_partials_kernel(part_ptr, out_ptr, total_rows, SPLITS: tl.constexpr, HEADS: tl.constexpr,
-                  HEAD_DIM: tl.constexpr, BLOCK_R: tl.constexpr, PDL: tl.constexpr):
+def merge_partials_kernel(part_ptr, out_ptr, total_rows, SPLITS: tl.constexpr,
+                          HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_R: tl.constexpr,
+                          PDL: tl.constexpr):
     """out [R T, H D] from the splits' partials [SPLITS, R T, H, D + 2] (acc | max | sum): each
     split's sum and output rescaled to the common max. A query no split saw a key for gets 0."""
     wait_for_inputs(PDL)
