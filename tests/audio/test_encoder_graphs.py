@@ -10,12 +10,13 @@ the plain twin's.
 
 from __future__ import annotations
 
+import os
 from importlib.util import find_spec
 
 import pytest
 import torch
 
-from backends.audio import batched_encoder
+from backends.audio import batched_encoder, encoder_graphs
 from backends.audio.batched_encoder import encode_units_batched
 from backends.audio.encoder_graphs import ChunkEncoderGraphs, key_buckets
 from backends.audio.encoder_model import AudioEncoderModel
@@ -92,6 +93,8 @@ def _assert_batched_equal_plain(twins, steps: int) -> None:
 def test_split_key_passes_equal_plain(device: str) -> None:
     """The attention through the split-key kernel (interpreted on the CPU): two rows of one
     pass ending at different frames, then the older one's restart at the table."""
+    if device == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("CPU tensors need Triton's interpreter (set on machines without CUDA)")
     model = _model(device)
     graphs = ChunkEncoderGraphs(model, FRAMES, max_rows=2, split_keys=True)
     _assert_batched_equal_plain(_twins(model, graphs, [0, 2], steps=2), steps=2)
@@ -133,19 +136,17 @@ def test_a_pass_attends_over_the_smallest_key_bucket_holding_its_rows(device: st
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_captures_warm_up_on_one_stream(monkeypatch) -> None:
     # The allocator caches blocks per stream: a warm-up stream per capture held every
-    # warm-up's memory apart (18 graphs: ~6.7 GB at the real sizes).
-    made = []
-
-    class CountedStream(torch.cuda.Stream):
-        def __new__(cls, *args, **kwargs):
-            made.append(1)
-            return super().__new__(cls, *args, **kwargs)
-
+    # warm-up's memory apart (18 graphs: ~6.7 GB at the real sizes). What torch does inside a
+    # capture is its own business (counting torch.cuda.Stream creations failed on torch 2.11):
+    # the warm-up stream our captures are handed is what must be one.
+    sides = []
+    real = encoder_graphs.capture_graph
+    monkeypatch.setattr(encoder_graphs, "capture_graph",
+                        lambda run, pool, steps, side=None: (sides.append(side),
+                                                             real(run, pool, steps, side))[1])
     graphs = ChunkEncoderGraphs(_model("cuda"), FRAMES, max_rows=2)
-    torch.cuda.graph(torch.cuda.CUDAGraph())  # torch's own capture stream: made now, uncounted
-    monkeypatch.setattr(torch.cuda, "Stream", CountedStream)
     assert graphs.capture_all() == 6
-    assert len(made) == 1
+    assert len(sides) == 6 and sides[0] is not None and all(side is sides[0] for side in sides)
 
 
 def test_capture_all_without_cuda_captures_nothing() -> None:
