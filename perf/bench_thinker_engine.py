@@ -196,8 +196,9 @@ def _arms(parser: argparse.ArgumentParser, args: argparse.Namespace) -> list[tup
 
 def _set_encoder_keys(engine, mode: str) -> None:
     """Graphed encoder passes over key buckets or the whole table: the shared graphs (all
-    captured at load) read their buckets at every pass. "split": over the buckets through the
-    split-key kernel, its graphs captured here, before the level."""
+    captured at load) read their buckets at every pass. "split" (served): over the buckets
+    through the split-key kernel; the other two use torch's fused attention, whose graphs are
+    captured here, before the level."""
     graphs = engine.encoder_factory().graphs
     if graphs is not None:
         graphs.use_key_buckets(mode != "whole")
@@ -231,10 +232,10 @@ def main() -> None:
                         help="auto | off, or a list: the runner's compact_host_rows (hooked rows reach the "
                              "host as summaries on CUDA, or whole); a list of as many entries as --in-flight "
                              "pairs with it, one entry goes with each")
-    parser.add_argument("--encoder-keys", default="bucketed",
+    parser.add_argument("--encoder-keys", default="split",
                         help="bucketed | whole | split, or a list: the graphed audio encoder's passes attend "
-                             "over key buckets, the whole 1500-frame table, or key buckets through the "
-                             "split-key Triton kernel; pairs with --in-flight as above")
+                             "over key buckets, the whole 1500-frame table (both torch's fused attention), or "
+                             "key buckets through the split-key Triton kernel (served); pairs with --in-flight as above")
     parser.add_argument("--profile", type=int, default=0, help="cProfile the level with this C")
     parser.add_argument("--torch-profile", type=int, default=0,
                         help="torch.profiler (host ops and CUDA kernels) over the level with this C")

@@ -83,8 +83,8 @@ class ChunkEncoderGraphs:
                  split_keys: bool = False) -> None:
         """bucket_keys False: every pass attends over the whole position table (the
         benchmark's baseline). split_keys: attention through the split-key Triton kernel
-        (backends/models/chunk_attention_kernel.py; CUDA or Triton's interpreter), an A/B
-        candidate not yet measured on a GPU."""
+        (backends/models/chunk_attention_kernel.py; CUDA or Triton's interpreter), what the
+        engine serves by default (`ThinkerEngineConfig.encoder_split_keys`)."""
         if max_rows < 1:
             raise ValueError(f"max_rows must be >= 1, got {max_rows}")
         self.model, self.num_frames, self.max_rows = model, num_frames, max_rows

@@ -25,7 +25,7 @@ GEMV_ENV = "MINICPMO_GEMV"  # the served decoders' matmul backend on CUDA (Runne
 PREFILL_CHUNKS_ENV = "MINICPMO_PREFILL_CHUNKS"  # "0": a Thinker append is prefilled in one step
 COMPACT_ROWS_ENV = "MINICPMO_COMPACT_HOST_ROWS"  # "0": hooked rows reach the host whole
 KEY_BUCKETS_ENV = "MINICPMO_ENCODER_KEY_BUCKETS"  # "0": encoder passes attend over all 1500 keys
-SPLIT_KEYS_ENV = "MINICPMO_ENCODER_SPLIT_KEYS"  # "1": encoder attention through the split-key kernel
+SPLIT_KEYS_ENV = "MINICPMO_ENCODER_SPLIT_KEYS"  # "0": encoder attention through torch's SDPA
 # ms an announced first window holds Code2Wav's windows that can wait ("0": announcements ignored)
 FIRST_WINDOW_HOLD_ENV = "MINICPMO_CODE2WAV_FIRST_HOLD_MS"
 WARMUP_TEXT_TOKEN = 100  # a plain text id of every Thinker vocabulary, handed in Talker warm-ups
@@ -197,8 +197,8 @@ def encoder_key_buckets() -> bool:
 
 def encoder_split_keys() -> bool:
     """Whether the Thinker's graphed encoder passes attend through the split-key Triton kernel
-    (`SPLIT_KEYS_ENV`: "0", the default until a GPU has timed it, or "1")."""
-    return _on_off(SPLIT_KEYS_ENV, "0")
+    (`SPLIT_KEYS_ENV`: "1", the default since served C = 16 starts on an H100, or "0" for A/B)."""
+    return _on_off(SPLIT_KEYS_ENV, "1")
 
 
 def _on_off(name: str, default: str) -> bool:

@@ -50,7 +50,7 @@ class ThinkerEngineConfig:
     ledger_rows: int = 64  # captured hidden rows kept per session (a unit forwards <= 19)
     prefill_chunk_rows: int = 0  # most prefill rows of a session per step (0: no limit; factory)
     encoder_key_buckets: bool = True  # False: graphed encoder passes attend over the whole table
-    encoder_split_keys: bool = False  # True: their attention through the split-key Triton kernel
+    encoder_split_keys: bool = True  # their attention through the split-key Triton kernel
 
     def __post_init__(self) -> None:
         if min(self.max_context_tokens, self.ledger_rows - 1, self.prefill_chunk_rows) < 0:

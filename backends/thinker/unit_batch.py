@@ -42,11 +42,11 @@ def encode_pending_units(sessions: Iterable[ThinkerSession]) -> dict[str, Encode
 
 def streaming_encoder_factory(
     audio_encoder_model: AudioEncoderModel | None, key_buckets: bool = True,
-    split_keys: bool = False,
+    split_keys: bool = True,
 ) -> Callable[[], UnitEncoder]:
     """A new session's encoder: its own streaming state over the shared audio tower (on CUDA
     its chunk passes replay graphs; `key_buckets` False: over the whole key table, for A/B;
-    `split_keys`: attention through the split-key Triton kernel)."""
+    `split_keys` False: torch's fused attention instead of the split-key Triton kernel, for A/B)."""
     if audio_encoder_model is None:
         raise ValueError("ThinkerEngine needs an audio_encoder_model or an encoder_factory")
     audio_encoder_model.apm.pack_projections()  # loaded and on its device by now

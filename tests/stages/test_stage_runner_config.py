@@ -87,11 +87,11 @@ def test_encoder_key_buckets_stay_on_unless_switched_off(monkeypatch: pytest.Mon
         encoder_key_buckets()
 
 
-def test_encoder_split_keys_stay_off_unless_switched_on(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_encoder_split_keys_stay_on_unless_switched_off(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(SPLIT_KEYS_ENV, raising=False)
-    assert encoder_split_keys() is False
-    monkeypatch.setenv(SPLIT_KEYS_ENV, "1")
     assert encoder_split_keys() is True
+    monkeypatch.setenv(SPLIT_KEYS_ENV, "0")
+    assert encoder_split_keys() is False
     monkeypatch.setenv(SPLIT_KEYS_ENV, "yes")
     with pytest.raises(ValueError, match=SPLIT_KEYS_ENV):
         encoder_split_keys()
