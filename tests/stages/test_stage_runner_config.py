@@ -3,7 +3,8 @@ GEMV (MINICPMO_GEMV selects cuBLAS for A/B runs, a bad value is refused at load)
 reference path; on CUDA the Thinker's long prefills go in chunks its mixed graphs hold
 (MINICPMO_PREFILL_CHUNKS=0: whole) and hooked rows reach the host as summaries
 (MINICPMO_COMPACT_HOST_ROWS=0: whole) and its graphed encoder passes attend over key buckets
-(MINICPMO_ENCODER_KEY_BUCKETS=0: the whole table); Code2Wav's first-window hold comes from
+(MINICPMO_ENCODER_KEY_BUCKETS=0: the whole table) through the split-key kernel
+(MINICPMO_ENCODER_SPLIT_KEYS=0: torch's fused attention); Code2Wav's first-window hold comes from
 MINICPMO_CODE2WAV_FIRST_HOLD_MS. Pure configuration: no device is touched."""
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import pytest
 import torch
 
 from dataclasses import replace
+from typing import Callable
 
 from backends.stages.factory import (
     COMPACT_ROWS_ENV, FIRST_WINDOW_HOLD_ENV, GEMV_ENV, KEY_BUCKETS_ENV, PREFILL_CHUNKS_ENV, SPLIT_KEYS_ENV,
@@ -77,21 +79,16 @@ def test_the_first_window_hold_is_read_in_ms_and_bad_values_are_refused(monkeypa
             first_window_hold_s()
 
 
-def test_encoder_key_buckets_stay_on_unless_switched_off(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv(KEY_BUCKETS_ENV, raising=False)
-    assert encoder_key_buckets() is True
-    monkeypatch.setenv(KEY_BUCKETS_ENV, "0")
-    assert encoder_key_buckets() is False
-    monkeypatch.setenv(KEY_BUCKETS_ENV, "off")
-    with pytest.raises(ValueError, match=KEY_BUCKETS_ENV):
-        encoder_key_buckets()
-
-
-def test_encoder_split_keys_stay_on_unless_switched_off(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv(SPLIT_KEYS_ENV, raising=False)
-    assert encoder_split_keys() is True
-    monkeypatch.setenv(SPLIT_KEYS_ENV, "0")
-    assert encoder_split_keys() is False
-    monkeypatch.setenv(SPLIT_KEYS_ENV, "yes")
-    with pytest.raises(ValueError, match=SPLIT_KEYS_ENV):
-        encoder_split_keys()
+@pytest.mark.parametrize(("name", "read"), [(KEY_BUCKETS_ENV, encoder_key_buckets),
+                                            (SPLIT_KEYS_ENV, encoder_split_keys)])
+def test_encoder_switches_stay_on_unless_switched_off(
+    monkeypatch: pytest.MonkeyPatch, name: str, read: Callable[[], bool],
+) -> None:
+    monkeypatch.delenv(name, raising=False)
+    assert read() is True
+    monkeypatch.setenv(name, "0")
+    assert read() is False
+    for bad in ("off", "yes"):
+        monkeypatch.setenv(name, bad)
+        with pytest.raises(ValueError, match=name):
+            read()
