@@ -1,13 +1,13 @@
 """The streaming audio encoder's chunk attention as a Triton kernel with the keys split over
-programs (an A/B candidate for `ChunkEncoderGraphs`, not yet on the served path).
+programs (served by `ChunkEncoderGraphs`; MINICPMO_ENCODER_SPLIT_KEYS=0 for torch's SDPA).
 
 A graphed chunk pass attends 50 queries of each of 1-4 sessions over a key bucket (64 ... 1500
 frames) of the working cache, masked past each session's end. Torch's fused kernel runs one
 program per (row, head, query block), each walking every key in turn: 16 programs for one
 session on a GPU of 132 SMs, ~95 us a layer at 1024-1500 keys on an H100
 (perf/results/encoder_keys_h100.md). Here the key tiles of a row are split over more programs
-and a second kernel merges their softmax states (the DiT's kernels, dit_attention_kernel.py,
-do the same for the vocoder). Each row's end comes from a device tensor (`KeyEnds`,
+and a second kernel merges their softmax states (split_softmax.py, shared with the vocoder's
+DiT attention). Each row's end comes from a device tensor (`KeyEnds`,
 backends/models/encoder_kv.py), so one captured graph serves every end inside its bucket, and
 tiles past a row's end are skipped.
 """
@@ -20,16 +20,16 @@ import torch
 import triton
 import triton.language as tl
 
-from backends.models.token2wav.dit_attention_kernel import (
-    merge_partials_kernel,
+from backends.models.split_softmax import (
+    key_splits,
+    merge_partials,
     softmax_step,
+    split_target,
     store_partial,
 )
 
 _BLOCK_M = 16  # queries a program: a chunk's 50 in four blocks, more programs for one session
 _BLOCK_N = 64  # keys a step of the online softmax
-_TARGET_PROGRAMS = 264  # two per SM of an H100 / H200
-_MERGE_BLOCK_R = 16
 
 
 @triton.jit
@@ -71,15 +71,6 @@ def _chunk_attention_kernel(
                       rows_ok, dims, HEAD_DIM)
 
 
-def key_splits(programs: int, key_tiles: int) -> int:
-    """How many programs share a row's key tiles: enough for ~`_TARGET_PROGRAMS` in all, none
-    left without a tile."""
-    if programs >= _TARGET_PROGRAMS or key_tiles <= 1:
-        return 1
-    per_split = triton.cdiv(key_tiles, min(key_tiles, triton.cdiv(_TARGET_PROGRAMS, programs)))
-    return triton.cdiv(key_tiles, per_split)
-
-
 def chunk_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                     ends: torch.Tensor) -> torch.Tensor:
     """q [R, H, T, D], k and v [R, H, keys, D] (any strides, last axis contiguous), ends [R]
@@ -97,16 +88,12 @@ def chunk_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     key_tiles = triton.cdiv(k.shape[2], _BLOCK_N)
     splits = key_splits(q_blocks * rows * heads, key_tiles)
     total_rows = rows * n_frames
-    target = out if splits == 1 else torch.empty(splits, total_rows, heads, head_dim + 2,
-                                                 dtype=torch.float32, device=q.device)
+    target = split_target(out, splits, total_rows, heads, head_dim)
     _chunk_attention_kernel[(q_blocks, rows * heads, splits)](
         q, k, v, ends, target, n_frames, total_rows, triton.cdiv(key_tiles, splits),
         1.0 / math.sqrt(head_dim), *q.stride()[:3], *k.stride()[:3], *v.stride()[:3],
         HEADS=heads, HEAD_DIM=head_dim, BLOCK_M=_BLOCK_M, BLOCK_N=_BLOCK_N, SPLITS=splits,
         IEEE=q.dtype == torch.float32, DOT_F32=not q.is_cuda, num_warps=4,
     )  # fmt: skip
-    if splits > 1:
-        merge_partials_kernel[(triton.cdiv(total_rows, _MERGE_BLOCK_R), heads)](
-            target, out, total_rows, SPLITS=splits, HEADS=heads, HEAD_DIM=head_dim,
-            BLOCK_R=_MERGE_BLOCK_R, PDL=False, num_warps=4)
+    merge_partials(target, out, {"PDL": False})  # the encoder's graphs launch without PDL
     return out.view(rows, n_frames, heads * head_dim)

@@ -4,7 +4,7 @@ A kernel launched with PDL may start while its predecessor in the stream still r
 program must call `wait_for_inputs(PDL)` before it reads or writes a tensor another kernel
 touches (backends/runner/pdl.py). The GPU test (tests/runner_gpu/test_gpu_pdl.py) can only
 catch a missing wait as a race it happens to hit; this test reads every `@triton.jit` kernel
-in the runner and in Code2Wav's DiT that takes a `PDL` flag and checks, in source order, that the wait comes before
+in the runner, the models' shared kernels and Code2Wav's DiT that takes a `PDL` flag and checks, in source order, that the wait comes before
 any load, store, atomic or return and is not inside a branch, and that the only call before it
 is the weight prefetch (weights are never written by another kernel).
 """
@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 BACKENDS = Path(__file__).resolve().parents[2] / "backends"
-KERNEL_DIRS = (BACKENDS / "runner", BACKENDS / "models" / "token2wav")
+KERNEL_DIRS = (BACKENDS / "runner", BACKENDS / "models", BACKENDS / "models" / "token2wav")
 MEMORY_CALLS = {"load", "store", "atomic_add", "atomic_cas", "atomic_xchg", "atomic_max", "atomic_min"}
 ALLOWED_BEFORE_WAIT = {"prefetch_l2", "program_id", "arange", "minimum", "maximum", "to", "cdiv"}
 

@@ -23,14 +23,11 @@ import torch
 import triton
 import triton.language as tl
 
+from backends.models import split_softmax
+from backends.models.split_softmax import merge_partials, softmax_step, split_target, store_partial
 from backends.runner.pdl import pdl_launch_args, wait_for_inputs
 
 _BLOCK_N = 64  # keys per step of the online softmax
-# Below this many (query block, row, head) programs the keys are split over more programs (and
-# merged by a second kernel): a window of one stream has 64 programs for the H200's 132 SMs,
-# each walking every cached key tile in turn (~16 us per call in perf/profile_code2wav.py).
-_TARGET_PROGRAMS = 264
-_MERGE_BLOCK_R = 16
 KEY_SPLITS_ENV = "MINICPMO_DIT_KEY_SPLITS"  # "0": never split the keys
 
 
@@ -43,33 +40,6 @@ def _head_norm(x, weight_ptr, bias_ptr, dims, eps, HEAD_DIM: tl.constexpr):
     weight = tl.load(weight_ptr + dims).to(tl.float32)
     bias = tl.load(bias_ptr + dims).to(tl.float32)
     return centred * rstd[:, None] * weight[None, :] + bias[None, :]
-
-
-@triton.jit
-def dot_for_dtype(a, b, IEEE: tl.constexpr, DOT_F32: tl.constexpr):
-    """The DiT kernels' matmul. IEEE: full float32 products (float32 flows; tf32 would miss
-    their parity bound); DOT_F32: float32 operands (Triton's interpreter)."""
-    if DOT_F32:
-        return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
-    if IEEE:
-        return tl.dot(a, b, input_precision="ieee")
-    return tl.dot(a, b)
-
-
-@triton.jit
-def softmax_step(q, k, v, ok, m_i, l_i, acc, sm_scale, IEEE: tl.constexpr,
-                 DOT_F32: tl.constexpr):
-    """One block of keys into the running max m_i, sum l_i and output acc (float32).
-    DOT_F32: dot products of float32 copies (exact for bfloat16 inputs), for Triton's
-    interpreter, whose bfloat16 `tl.dot` gives garbage."""
-    s = dot_for_dtype(q, tl.trans(k), IEEE, DOT_F32) * sm_scale
-    s = tl.where(ok[None, :], s, float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(s, 1))
-    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # nothing unmasked yet
-    alpha = tl.exp(m_i - m_safe)
-    p = tl.exp(s - m_safe[:, None])
-    acc = acc * alpha[:, None] + dot_for_dtype(p.to(v.dtype), v, IEEE, DOT_F32)
-    return m_new, l_i * alpha + tl.sum(p, 1), acc
 
 
 @triton.jit
@@ -163,56 +133,18 @@ def _attention_kernel(
                       offs_m < n_frames, dims, HEAD_DIM)
 
 
-@triton.jit
-def store_partial(part_ptr, acc, m_i, l_i, entry, ok, dims, HEAD_DIM: tl.constexpr):
-    """A split's online-softmax state at partial entries `entry` (acc | max | sum), for
-    merge_partials_kernel."""
-    base = entry * (HEAD_DIM + 2)
-    tl.store(part_ptr + base[:, None] + dims[None, :], acc, mask=ok[:, None])
-    tl.store(part_ptr + base + HEAD_DIM, m_i, mask=ok)
-    tl.store(part_ptr + base + HEAD_DIM + 1, l_i, mask=ok)
-
-
-@triton.jit
-def merge_partials_kernel(part_ptr, out_ptr, total_rows, SPLITS: tl.constexpr,
-                          HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_R: tl.constexpr,
-                          PDL: tl.constexpr):
-    """out [R T, H D] from the splits' partials [SPLITS, R T, H, D + 2] (acc | max | sum): each
-    split's sum and output rescaled to the common max. A query no split saw a key for gets 0."""
-    wait_for_inputs(PDL)
-    h = tl.program_id(1)
-    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
-    ok = rows < total_rows
-    dims = tl.arange(0, HEAD_DIM)
-    m = tl.full([BLOCK_R], float("-inf"), tl.float32)
-    for s in tl.static_range(SPLITS):
-        base = ((s * total_rows + rows) * HEADS + h) * (HEAD_DIM + 2)
-        m = tl.maximum(m, tl.load(part_ptr + base + HEAD_DIM, mask=ok, other=float("-inf")))
-    m_safe = tl.where(m == float("-inf"), 0.0, m)
-    l_sum = tl.zeros([BLOCK_R], tl.float32)
-    acc = tl.zeros([BLOCK_R, HEAD_DIM], tl.float32)
-    for s in tl.static_range(SPLITS):
-        base = ((s * total_rows + rows) * HEADS + h) * (HEAD_DIM + 2)
-        weight = tl.exp(tl.load(part_ptr + base + HEAD_DIM, mask=ok, other=float("-inf")) - m_safe)
-        l_sum += weight * tl.load(part_ptr + base + HEAD_DIM + 1, mask=ok, other=0.0)
-        acc += weight[:, None] * tl.load(part_ptr + base[:, None] + dims[None, :], mask=ok[:, None],
-                                         other=0.0)
-    out = acc / tl.where(l_sum == 0.0, 1.0, l_sum)[:, None]
-    tl.store(out_ptr + (rows[:, None] * HEADS + h) * HEAD_DIM + dims[None, :],
-             out.to(out_ptr.dtype.element_ty), mask=ok[:, None])
-
-
 def _block_m(programs: int, n_frames: int) -> int:
     """Small query blocks while there are few (row, head) programs: more of the GPU busy."""
     return 16 if programs < 512 or n_frames <= 16 else 32
 
 
 def key_splits(programs: int, key_tiles: int) -> int:
-    """Key splits for `programs` programs over `key_tiles` tiles: 1 once the GPU is busy."""
-    if programs >= _TARGET_PROGRAMS or key_tiles <= 1 or os.environ.get(KEY_SPLITS_ENV, "1") == "0":
+    """Key splits for `programs` programs over `key_tiles` tiles (split_softmax.key_splits: a
+    window of one stream has 64 programs for the H200's 132 SMs, each walking every cached key
+    tile in turn, ~16 us per call in perf/profile_code2wav.py); 1 where switched off."""
+    if os.environ.get(KEY_SPLITS_ENV, "1") == "0":
         return 1
-    per_split = triton.cdiv(key_tiles, min(key_tiles, triton.cdiv(_TARGET_PROGRAMS, programs)))
-    return triton.cdiv(key_tiles, per_split)  # no split left without a tile
+    return split_softmax.key_splits(programs, key_tiles)
 
 
 def _cache_index(cache: torch.Tensor, index: tuple[torch.Tensor, torch.Tensor] | None,
@@ -255,8 +187,7 @@ def masked_attention(
     key_tiles = triton.cdiv(n_frames, _BLOCK_N) + triton.cdiv(n_cached, _BLOCK_N)
     splits = key_splits(q_blocks * rows_b * heads, key_tiles) if splits is None else splits
     total_rows = rows_b * n_frames
-    target = out if splits == 1 else torch.empty(splits, total_rows, heads, head_dim + 2,
-                                                 dtype=torch.float32, device=qkv.device)
+    target = split_target(out, splits, total_rows, heads, head_dim)
     _attention_kernel[(q_blocks, rows_b * heads, splits)](
         qkv, q_norm.weight, q_norm.bias, k_norm.weight, k_norm.bias, cache, rows, order,
         key_valid.view(torch.uint8), target, new_kv, n_frames, n_cached, total_rows,
@@ -266,8 +197,5 @@ def masked_attention(
         IEEE=qkv.dtype == torch.float32, DOT_F32=not qkv.is_cuda, num_warps=4,
         **pdl_launch_args(qkv.device),
     )  # fmt: skip
-    if splits > 1:
-        merge_partials_kernel[(triton.cdiv(total_rows, _MERGE_BLOCK_R), heads)](
-            target, out, total_rows, SPLITS=splits, HEADS=heads, HEAD_DIM=head_dim,
-            BLOCK_R=_MERGE_BLOCK_R, num_warps=4, **pdl_launch_args(qkv.device))
+    merge_partials(target, out, pdl_launch_args(qkv.device))
     return out

@@ -27,7 +27,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from backends.models.token2wav.dit_attention_kernel import dot_for_dtype
+from backends.models.split_softmax import dot_for_dtype
 from backends.runner.pdl import pdl_launch_args, use_pdl, wait_for_inputs
 
 SPLIT_K_ENV = "MINICPMO_DIT_SPLIT_K"  # "0": never split
