@@ -15,16 +15,20 @@ that request open, exactly the race of facts edge case 1.
 """
 from __future__ import annotations
 
+import json
 import threading
+import time
 from collections import defaultdict
 
 import numpy as np
 
 from backends.duplex.stage_clients import StageCallError
+from backends.duplex.uplink import RawUplink
 from backends.stages.contracts import Code2WavAudio, TalkerCodes, ThinkerUnitResult
 from backends.stages.sink import StageError
 
 HIDDEN = 8
+WAIT_S = 10.0
 
 
 class ScriptedStages:
@@ -147,3 +151,20 @@ class RecordingReply:
         assert self.result is None, "answered twice"
         self.result = error
 
+
+def send(manager, sid, samples=0, start=False, end=False, downlink=None, **params):
+    """One uplink message of `samples` silent samples into a SessionManager -> (downlink, reply)."""
+    downlink = downlink or RecordingDownlink()
+    reply = RecordingReply()
+    raw = RawUplink(sid, start, end, np.zeros(samples, np.int16), None, json.dumps(params))
+    manager.handle(raw, reply, lambda: downlink)
+    return downlink, reply
+
+
+def wait_for(predicate, what):
+    deadline = time.monotonic() + WAIT_S
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.01)
+    raise AssertionError(f"timed out waiting for {what}")

@@ -8,34 +8,14 @@ leak a lost race produces in the real engines (KV blocks, codec state).
 """
 from __future__ import annotations
 
-import json
 import threading
 import time
 
 import numpy as np
-from scripted_stages import RecordingDownlink, RecordingReply, ScriptedStages
+from scripted_stages import RecordingDownlink, RecordingReply, ScriptedStages, send, wait_for
 
 from backends.duplex.session_manager import ManagerConfig, SessionManager
 from backends.duplex.uplink import RawUplink
-
-WAIT_S = 10.0
-
-
-def _send(manager, sid, samples=0, start=False, end=False, downlink=None, **params):
-    downlink = downlink or RecordingDownlink()
-    reply = RecordingReply()
-    raw = RawUplink(sid, start, end, np.zeros(samples, np.int16), None, json.dumps(params))
-    manager.handle(raw, reply, lambda: downlink)
-    return downlink, reply
-
-
-def _wait(predicate, what):
-    deadline = time.monotonic() + WAIT_S
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.01)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def _closed_reason(down: RecordingDownlink) -> str:
@@ -49,14 +29,14 @@ def test_stop_overtaking_the_first_append_leaves_no_thinker_request():
     stages = ScriptedStages(speak_from=99)
     stages.gate.clear()
     manager = SessionManager(ManagerConfig(), stages)
-    down, _ = _send(manager, "s", start=True)
-    _send(manager, "s", 16000)
-    _wait(lambda: stages.calls["thinker"] == 1, "the first append in flight")
-    _send(manager, "s", action="cancel")
+    down, _ = send(manager, "s", start=True)
+    send(manager, "s", 16000)
+    wait_for(lambda: stages.calls["thinker"] == 1, "the first append in flight")
+    send(manager, "s", action="cancel")
     assert ("thinker", "s.e0") in stages.stops  # the early stop, before the append arrived
     stages.gate.set()
-    _send(manager, "s", end=True)
-    _wait(down.closed.is_set, "session closed")
+    send(manager, "s", end=True)
+    wait_for(down.closed.is_set, "session closed")
     assert stages.open == set(), stages.open
     assert "response.audio.delta" not in down.types()
 
@@ -68,13 +48,13 @@ def test_stop_overtaking_a_talker_condition_leaves_no_talker_or_codec_state():
     stages = ScriptedStages(speak_from=0, reply_units=3)
     stages.talker_gate.clear()
     manager = SessionManager(ManagerConfig(), stages)
-    down, _ = _send(manager, "s", start=True)
-    _send(manager, "s", 16000)
-    _wait(lambda: stages.calls["talker"] == 1, "the first condition in flight")
-    _send(manager, "s", action="cancel")
+    down, _ = send(manager, "s", start=True)
+    send(manager, "s", 16000)
+    wait_for(lambda: stages.calls["talker"] == 1, "the first condition in flight")
+    send(manager, "s", action="cancel")
     stages.talker_gate.set()
-    _send(manager, "s", end=True)
-    _wait(down.closed.is_set, "session closed")
+    send(manager, "s", end=True)
+    wait_for(down.closed.is_set, "session closed")
     assert stages.open == set(), stages.open
     assert "response.audio.delta" not in down.types()
     done = [e for e in down.events if e.type == "response.done"]
@@ -84,12 +64,12 @@ def test_stop_overtaking_a_talker_condition_leaves_no_talker_or_codec_state():
 def _one_reply(stages: ScriptedStages) -> SessionManager:
     """A session that gets three units of audio, waits for its reply's end and ends."""
     manager = SessionManager(ManagerConfig(), stages)
-    down, _ = _send(manager, "s", start=True)
+    down, _ = send(manager, "s", start=True)
     for _ in range(3):
-        _send(manager, "s", 16000)
-    _wait(lambda: "response.done" in down.types(), "reply done")
-    _send(manager, "s", end=True)
-    _wait(down.closed.is_set, "session closed")
+        send(manager, "s", 16000)
+    wait_for(lambda: "response.done" in down.types(), "reply done")
+    send(manager, "s", end=True)
+    wait_for(down.closed.is_set, "session closed")
     return manager
 
 
@@ -102,11 +82,11 @@ def test_a_finished_session_leaves_no_stage_request_open():
 def test_client_gone_closes_the_session_and_frees_its_transport():
     stages = ScriptedStages(speak_from=0, reply_units=3)
     manager = SessionManager(ManagerConfig(), stages)
-    down, _ = _send(manager, "s", start=True)
-    _send(manager, "s", 16000 * 2)
-    _wait(lambda: "response.audio.delta" in down.types(), "audio")
+    down, _ = send(manager, "s", start=True)
+    send(manager, "s", 16000 * 2)
+    wait_for(lambda: "response.audio.delta" in down.types(), "audio")
     down.cancelled.set()  # the client stopped its stream: no END will come
-    _wait(down.closed.is_set, "client-gone close")
+    wait_for(down.closed.is_set, "client-gone close")
     assert _closed_reason(down) == "client_gone" and down.abandoned
     assert stages.open == set() and manager.num_sessions == 0
 
@@ -116,9 +96,9 @@ def test_an_error_close_frees_the_transport():
     stages = ScriptedStages()
     stages.fail_on["thinker"] = 1
     manager = SessionManager(ManagerConfig(), stages)
-    down, _ = _send(manager, "s", start=True)
-    _send(manager, "s", 16000)
-    _wait(down.closed.is_set, "error close")
+    down, _ = send(manager, "s", start=True)
+    send(manager, "s", 16000)
+    wait_for(down.closed.is_set, "error close")
     assert _closed_reason(down) == "error" and down.abandoned
 
 
@@ -128,9 +108,9 @@ def test_a_talker_stream_that_ends_before_its_last_frames_fails_the_session():
     stages = ScriptedStages(speak_from=0, reply_units=2)
     stages.talker_unfinished = True
     manager = SessionManager(ManagerConfig(), stages)
-    down, _ = _send(manager, "s", start=True)
-    _send(manager, "s", 16000)
-    _wait(down.closed.is_set, "error close")
+    down, _ = send(manager, "s", start=True)
+    send(manager, "s", 16000)
+    wait_for(down.closed.is_set, "error close")
     error = next(e for e in down.events if e.type == "error")
     assert error.fields["code"] == "stage_failed" and "ended before its last frames" in error.fields["message"]
     assert _closed_reason(down) == "error" and stages.open == set() and manager.num_sessions == 0
@@ -141,9 +121,9 @@ def test_a_talker_stream_that_ends_before_its_last_frames_fails_the_session():
 def test_client_end_keeps_the_transport():
     """An END releases the transport itself (Triton's sequence slot): no abandon."""
     manager = SessionManager(ManagerConfig(), ScriptedStages())
-    down, _ = _send(manager, "s", start=True)
-    _send(manager, "s", end=True)
-    _wait(down.closed.is_set, "closed")
+    down, _ = send(manager, "s", start=True)
+    send(manager, "s", end=True)
+    wait_for(down.closed.is_set, "closed")
     assert _closed_reason(down) == "client" and not down.abandoned
 
 
@@ -152,13 +132,13 @@ def test_idle_reap_abandons_but_a_flushing_session_gets_a_grace():
     (it would drop the tail of the reply), while a silent open session is reaped."""
     stages = ScriptedStages(speak_from=0, reply_units=1)
     manager = SessionManager(ManagerConfig(idle_timeout_s=0.4), stages)
-    silent, _ = _send(manager, "quiet", start=True)
-    flushing, _ = _send(manager, "busy", start=True)
+    silent, _ = send(manager, "quiet", start=True)
+    flushing, _ = send(manager, "busy", start=True)
     stages.gate.clear()
-    _send(manager, "busy", 16000, end=True)
+    send(manager, "busy", 16000, end=True)
     time.sleep(0.6)  # past the idle timeout, within the grace
     stages.gate.set()
-    _wait(lambda: silent.closed.is_set() and flushing.closed.is_set(), "both closed")
+    wait_for(lambda: silent.closed.is_set() and flushing.closed.is_set(), "both closed")
     assert _closed_reason(silent) == "idle" and silent.abandoned
     assert _closed_reason(flushing) == "client" and "response.audio.delta" in flushing.types()
 
@@ -167,10 +147,10 @@ def test_shutdown_closes_sessions_without_calling_the_stages():
     """At server shutdown the stage models finalize too: a BLS stop then can block forever."""
     stages = ScriptedStages(speak_from=99)
     manager = SessionManager(ManagerConfig(), stages)
-    downs = [_send(manager, sid, start=True)[0] for sid in ("a", "b")]
+    downs = [send(manager, sid, start=True)[0] for sid in ("a", "b")]
     manager.shutdown()
     for down in downs:
-        _wait(down.closed.is_set, "closed at shutdown")
+        wait_for(down.closed.is_set, "closed at shutdown")
         assert _closed_reason(down) == "server_shutdown" and not down.abandoned
     assert stages.stops == []
 
@@ -179,15 +159,15 @@ def test_stats_and_observer_follow_the_sessions():
     seen: list[dict[str, int]] = []
     manager = SessionManager(ManagerConfig(), ScriptedStages(), observer=seen.append)
     threads_before = threading.active_count()
-    down, _ = _send(manager, "s", start=True)
+    down, _ = send(manager, "s", start=True)
     assert manager.stats() == {"sessions": 1, "session_threads": 2, "stranded_threads": 0,
                                "threads": threads_before + 2}
-    _wait(lambda: seen and seen[-1]["sessions"] == 1, "observer saw the session")
-    _send(manager, "s", end=True)
-    _wait(down.closed.is_set, "closed")
-    _wait(lambda: manager.stats() == {"sessions": 0, "session_threads": 0, "stranded_threads": 0,
+    wait_for(lambda: seen and seen[-1]["sessions"] == 1, "observer saw the session")
+    send(manager, "s", end=True)
+    wait_for(down.closed.is_set, "closed")
+    wait_for(lambda: manager.stats() == {"sessions": 0, "session_threads": 0, "stranded_threads": 0,
                                       "threads": threads_before}, "threads gone")
-    _wait(lambda: seen[-1]["sessions"] == 0 and seen[-1]["threads"] == threads_before, "observer saw the close")
+    wait_for(lambda: seen[-1]["sessions"] == 0 and seen[-1]["threads"] == threads_before, "observer saw the close")
 
 
 def test_a_session_stuck_in_a_stage_call_is_finished_by_the_reaper(monkeypatch):
@@ -200,18 +180,18 @@ def test_a_session_stuck_in_a_stage_call_is_finished_by_the_reaper(monkeypatch):
     stages = ScriptedStages(speak_from=99)
     stages.gate.clear()  # the Thinker call never answers
     manager = SessionManager(ManagerConfig(), stages)
-    down, _ = _send(manager, "s", start=True)
-    _send(manager, "s", 16000)
-    _wait(lambda: stages.calls["thinker"] == 1, "the call in flight")
+    down, _ = send(manager, "s", start=True)
+    send(manager, "s", 16000)
+    wait_for(lambda: stages.calls["thinker"] == 1, "the call in flight")
     down.cancelled.set()
-    _wait(down.closed.is_set, "forced finish")
+    wait_for(down.closed.is_set, "forced finish")
     assert _closed_reason(down) == "client_gone" and manager.num_sessions == 0
-    _wait(lambda: manager.stats()["stranded_threads"] >= 1, "stranded thread counted")
+    wait_for(lambda: manager.stats()["stranded_threads"] >= 1, "stranded thread counted")
     stops_before = len(stages.stops)
     time.sleep(0.6)  # more reaper sweeps: the closed session is neither closed again nor re-stopped
     assert len(stages.stops) == stops_before
     stages.gate.set()
-    _wait(lambda: manager.stats()["stranded_threads"] == 0, "stranded thread returned")
+    wait_for(lambda: manager.stats()["stranded_threads"] == 0, "stranded thread returned")
     assert down.types().count("session.closed") == 1
 
 
@@ -222,13 +202,13 @@ def test_a_stage_that_never_answers_fails_the_session_with_stage_timeout(monkeyp
     stages = ScriptedStages(speak_from=0, reply_units=2)
     stages.talker_gate.clear()  # the Talker never answers: the client keeps streaming
     manager = SessionManager(ManagerConfig(stage_timeout_s=0.5), stages)
-    down, _ = _send(manager, "s", start=True)
-    _send(manager, "s", 16000)
-    _wait(lambda: stages.calls["talker"] == 1, "the call in flight")
+    down, _ = send(manager, "s", start=True)
+    send(manager, "s", 16000)
+    wait_for(lambda: stages.calls["talker"] == 1, "the call in flight")
     for _ in range(10):  # an active client: the idle reaper never fires
-        _send(manager, "s", 1600)
+        send(manager, "s", 1600)
         time.sleep(0.1)
-    _wait(down.closed.is_set, "stage timeout close")
+    wait_for(down.closed.is_set, "stage timeout close")
     error = next(e for e in down.events if e.type == "error")
     assert error.fields["code"] == "stage_timeout" and _closed_reason(down) == "error"
     assert manager.num_sessions == 0
@@ -242,10 +222,10 @@ def test_the_start_reference_voice_reaches_code2wav_on_each_streams_first_window
     down, reply = RecordingDownlink(), RecordingReply()
     manager.handle(RawUplink("s", True, False, np.zeros(0, np.int16), ref, "{}"), reply, lambda: down)
     for _ in range(3):
-        _send(manager, "s", 16000)
-    _wait(lambda: "response.done" in down.types(), "reply done")
-    _send(manager, "s", end=True)
-    _wait(down.closed.is_set, "session closed")
+        send(manager, "s", 16000)
+    wait_for(lambda: "response.done" in down.types(), "reply done")
+    send(manager, "s", end=True)
+    wait_for(down.closed.is_set, "session closed")
     windows = [r for r in stages.requests if hasattr(r, "chunk_seq") and hasattr(r, "ref_audio")]
     assert len(windows) > 1 and windows[0].chunk_seq == 0
     np.testing.assert_array_equal(windows[0].ref_audio, ref.astype(np.float32) / 32768.0)

@@ -2,17 +2,11 @@
 barge-in fencing, idle reaping, and fault containment, all without a server."""
 from __future__ import annotations
 
-import json
-import time
-
 import numpy as np
 import pytest
-from scripted_stages import RecordingDownlink, RecordingReply, ScriptedStages
+from scripted_stages import ScriptedStages, send, wait_for
 
 from backends.duplex.session_manager import ManagerConfig, SessionManager
-from backends.duplex.uplink import RawUplink
-
-WAIT_S = 10.0
 
 
 @pytest.fixture
@@ -20,31 +14,14 @@ def stages():
     return ScriptedStages()
 
 
-def _send(manager, sid, samples=0, start=False, end=False, **params):
-    downlink = RecordingDownlink()
-    reply = RecordingReply()
-    raw = RawUplink(sid, start, end, np.zeros(samples, np.int16), None, json.dumps(params))
-    manager.handle(raw, reply, lambda: downlink)
-    return downlink, reply
-
-
-def _wait(predicate, what):
-    deadline = time.monotonic() + WAIT_S
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.01)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
 def _converse(manager, sid, units=4):
-    down, _ = _send(manager, sid, start=True, initial_user_text="hi")
+    down, _ = send(manager, sid, start=True, initial_user_text="hi")
     for _ in range(units):
-        _, reply = _send(manager, sid, 16000)
+        _, reply = send(manager, sid, 16000)
         assert reply.result == "ok"
-    _wait(lambda: "response.done" in down.types(), "response.done")
-    _send(manager, sid, end=True)
-    _wait(down.closed.is_set, "downlink FINAL")
+    wait_for(lambda: "response.done" in down.types(), "response.done")
+    send(manager, sid, end=True)
+    wait_for(down.closed.is_set, "downlink FINAL")
     return down
 
 
@@ -66,60 +43,60 @@ def test_conversation_events_in_order_and_one_final(stages):
 
 def test_admission_limit_refuses_at_start_and_frees_on_close(stages):
     manager = SessionManager(ManagerConfig(max_sessions=1), stages)
-    first, _ = _send(manager, "a", start=True)
-    refused, _ = _send(manager, "b", start=True)
+    first, _ = send(manager, "a", start=True)
+    refused, _ = send(manager, "b", start=True)
     assert refused.closed.is_set() and refused.events[0].fields["code"] == "resource_exhausted"
-    _send(manager, "a", end=True)
-    _wait(first.closed.is_set, "first session closed")
-    again, _ = _send(manager, "b", start=True)
+    send(manager, "a", end=True)
+    wait_for(first.closed.is_set, "first session closed")
+    again, _ = send(manager, "b", start=True)
     assert not again.closed.is_set() and again.types() == ["session.created"]
 
 
 def test_unknown_session_and_duplicate_start(stages):
     manager = SessionManager(ManagerConfig(), stages)
-    _, reply = _send(manager, "ghost", 1600)
+    _, reply = send(manager, "ghost", 1600)
     assert reply.result.code == "session_not_found"
-    _send(manager, "s", start=True)
-    dup, _ = _send(manager, "s", start=True)
+    send(manager, "s", start=True)
+    dup, _ = send(manager, "s", start=True)
     assert dup.events[0].fields["code"] == "session_exists" and dup.closed.is_set()
 
 
 def test_bad_append_fails_the_request_and_keeps_the_session(stages):
     manager = SessionManager(ManagerConfig(), stages)
-    down, _ = _send(manager, "s", start=True)
-    _, reply = _send(manager, "s", 1600, sample_rate=8000)
+    down, _ = send(manager, "s", start=True)
+    _, reply = send(manager, "s", 1600, sample_rate=8000)
     assert reply.result.code == "invalid_argument" and "sample_rate" in reply.result.message
     assert down.events[-1].type == "error" and not down.closed.is_set()
     for _ in range(3):
-        _send(manager, "s", 16000)
-    _wait(lambda: "response.done" in down.types(), "response after a bad request")
+        send(manager, "s", 16000)
+    wait_for(lambda: "response.done" in down.types(), "response after a bad request")
 
 
 def test_two_sessions_never_see_each_others_events():
     stages = ScriptedStages()
     manager = SessionManager(ManagerConfig(), stages)
-    downs = {sid: _send(manager, sid, start=True)[0] for sid in ("x", "y")}
+    downs = {sid: send(manager, sid, start=True)[0] for sid in ("x", "y")}
     for _ in range(3):
         for sid in downs:
-            _send(manager, sid, 16000)
+            send(manager, sid, 16000)
     for sid, down in downs.items():
-        _wait(lambda d=down: "response.done" in d.types(), f"{sid} done")
+        wait_for(lambda d=down: "response.done" in d.types(), f"{sid} done")
         assert {e.session_id for e in down.events} == {sid}
 
 
 def test_cancel_ends_the_response_and_fences_old_audio():
     stages = ScriptedStages(speak_from=0, reply_units=3)
     manager = SessionManager(ManagerConfig(), stages)
-    down, _ = _send(manager, "s", start=True)
-    _send(manager, "s", 16000)
-    _wait(lambda: "response.audio.delta" in down.types(), "first audio")
-    _send(manager, "s", action="cancel")
-    _wait(lambda: "response.done" in down.types(), "cancel done")
+    down, _ = send(manager, "s", start=True)
+    send(manager, "s", 16000)
+    wait_for(lambda: "response.audio.delta" in down.types(), "first audio")
+    send(manager, "s", action="cancel")
+    wait_for(lambda: "response.done" in down.types(), "cancel done")
     done_at = down.types().index("response.done")
     assert down.events[done_at].fields["status"] == "cancelled"
     assert ("talker", "s.e0") in stages.stops and ("thinker", "s.e0") in stages.stops
-    _send(manager, "s", 16000)  # the new epoch restarts the Thinker request from seq 0
-    _wait(lambda: any(getattr(r, "request_id", "") == "s.e1" for r in stages.requests), "new epoch")
+    send(manager, "s", 16000)  # the new epoch restarts the Thinker request from seq 0
+    wait_for(lambda: any(getattr(r, "request_id", "") == "s.e1" for r in stages.requests), "new epoch")
     old_audio_after = [e for e in down.events[done_at:] if e.type == "response.audio.delta"
                        and e.fields["response_id"] == down.events[done_at].fields["response_id"]]
     assert old_audio_after == []
@@ -127,8 +104,8 @@ def test_cancel_ends_the_response_and_fences_old_audio():
 
 def test_idle_session_is_reaped_with_reason_idle(stages):
     manager = SessionManager(ManagerConfig(idle_timeout_s=0.3), stages)
-    down, _ = _send(manager, "s", start=True)
-    _wait(down.closed.is_set, "idle reap")
+    down, _ = send(manager, "s", start=True)
+    wait_for(down.closed.is_set, "idle reap")
     assert down.events[-1].type == "session.closed" and down.events[-1].fields["reason"] == "idle"
     assert manager.num_sessions == 0 and ("thinker", "s.e0") in stages.stops
 
@@ -138,9 +115,9 @@ def test_stage_fault_ends_only_that_session(stage):
     stages = ScriptedStages()
     manager = SessionManager(ManagerConfig(), stages)
     stages.fail_on[stage] = 1 if stage == "thinker" else 1
-    bad, _ = _send(manager, "bad", start=True)
-    _send(manager, "bad", 16000 * 3)
-    _wait(bad.closed.is_set, "failed session closed")
+    bad, _ = send(manager, "bad", start=True)
+    send(manager, "bad", 16000 * 3)
+    wait_for(bad.closed.is_set, "failed session closed")
     assert "error" in bad.types() and bad.types()[-1] == "session.closed"
     good = _converse(manager, "good")
     assert "error" not in good.types()
@@ -152,11 +129,11 @@ def test_multi_unit_appends_when_allowed_and_force_listen_never_mixes():
     stages = ScriptedStages(speak_from=99)
     stages.gate.clear()  # hold the Thinker so that units queue up
     manager = SessionManager(ManagerConfig(session=SessionConfig(max_units_per_append=4)), stages)
-    down, _ = _send(manager, "s", start=True, force_listen_count=2)
+    down, _ = send(manager, "s", start=True, force_listen_count=2)
     for _ in range(6):
-        _send(manager, "s", 16000)
+        send(manager, "s", 16000)
     stages.gate.set()
-    _wait(lambda: sum(stages.units_seen.values()) == 6, "all six units decided")
+    wait_for(lambda: sum(stages.units_seen.values()) == 6, "all six units decided")
     appends = [r for r in stages.requests if hasattr(r, "force_listen") and r.audio.size]  # not the setup
     sizes = [r.audio.size // 16000 for r in appends]
     flags = [r.force_listen for r in appends]
@@ -170,19 +147,19 @@ def test_each_epoch_sends_its_setup_before_its_first_unit():
     is still being spoken), and again right after a barge-in for the new epoch."""
     stages = ScriptedStages(speak_from=99)
     manager = SessionManager(ManagerConfig(), stages)
-    down, _ = _send(manager, "s", start=True, instructions="be brief", initial_user_text="hi")
-    _wait(lambda: len(stages.requests) == 1, "the setup append")
+    down, _ = send(manager, "s", start=True, instructions="be brief", initial_user_text="hi")
+    wait_for(lambda: len(stages.requests) == 1, "the setup append")
     setup = stages.requests[0]
     assert (setup.seq, setup.audio.size, setup.instructions, setup.initial_user_text) == (0, 0, "be brief", "hi")
-    _send(manager, "s", 16000)
-    _wait(lambda: stages.units_seen["s.e0"] == 1, "the first unit")
+    send(manager, "s", 16000)
+    wait_for(lambda: stages.units_seen["s.e0"] == 1, "the first unit")
     unit = stages.requests[1]
     assert (unit.seq, unit.audio.size, unit.instructions, unit.initial_user_text) == (1, 16000, "", "")
-    _send(manager, "s", action="cancel")
-    _send(manager, "s", 16000)
-    _wait(lambda: stages.units_seen["s.e1"] == 1, "the first unit of epoch 1")
+    send(manager, "s", action="cancel")
+    send(manager, "s", 16000)
+    wait_for(lambda: stages.units_seen["s.e1"] == 1, "the first unit of epoch 1")
     epoch1 = [r for r in stages.requests if getattr(r, "request_id", "") == "s.e1"]
     assert [(r.seq, r.audio.size) for r in epoch1] == [(0, 0), (1, 16000)]
     assert epoch1[0].instructions == "be brief" and epoch1[0].initial_user_text == ""
-    _send(manager, "s", end=True)
-    _wait(down.closed.is_set, "downlink FINAL")
+    send(manager, "s", end=True)
+    wait_for(down.closed.is_set, "downlink FINAL")
