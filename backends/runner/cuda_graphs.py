@@ -241,21 +241,23 @@ class DecodeGraphs:
         Stages padding rows only, so warm-up and capture write K/V into the pad block alone
         and sample the scratch slot."""
         pool = torch.cuda.graph_pool_handle() if pool is None else pool
+        side = torch.cuda.Stream()  # every warm-up on one stream: its cached blocks are reused
         empty_rows = np.zeros((0, self.max_blocks_per_req), dtype=np.int32)
         for size in reversed(self.sizes):
             self.stage([], np.zeros(0, dtype=np.int64), empty_rows)
             self._graphs[size], self._outputs[size] = capture_graph(
-                lambda: self.forward_eager(size), pool, warmup_steps
+                lambda: self.forward_eager(size), pool, warmup_steps, side
             )
             if self.sampler is not None:
-                self._capture_sampling(size, pool, warmup_steps)
+                self._capture_sampling(size, pool, warmup_steps, side)
         torch.cuda.synchronize()
 
-    def _capture_sampling(self, size: int, pool: tuple[int, int], warmup_steps: int) -> None:
+    def _capture_sampling(self, size: int, pool: tuple[int, int], warmup_steps: int,
+                          side: torch.cuda.Stream) -> None:
         logits = self._outputs[size][1]
         try:
             self._sample_graphs[size] = capture_graph(
-                lambda: self.sample_eager(size, logits), pool, warmup_steps
+                lambda: self.sample_eager(size, logits), pool, warmup_steps, side
             )
         except RuntimeError:  # a kernel that cannot be captured: sample eagerly, still no sync
             _LOG.warning("sampling graph capture failed for bucket %d", size, exc_info=True)

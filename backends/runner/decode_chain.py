@@ -111,12 +111,13 @@ class DecodeChains:
         """One graph per (bucket, length), largest bucket first, on padding rows only (pad
         block, scratch slot). A chain that fails to capture runs eagerly (still no sync)."""
         empty_rows = np.zeros((0, self.graphs.max_blocks_per_req), dtype=np.int32)
+        side = torch.cuda.Stream()  # every warm-up on one stream: its cached blocks are reused
         for size in reversed(self.graphs.sizes):
             for length in self.lengths:
                 self.graphs.stage([], np.zeros(0, dtype=np.int64), empty_rows)
                 try:
                     self._graphs[(size, length)] = capture_graph(
-                        lambda: self.run_eager(size, length), pool, warmup_steps
+                        lambda: self.run_eager(size, length), pool, warmup_steps, side
                     )
                 except RuntimeError:
                     _LOG.warning("chain capture failed: bucket %d, length %d", size, length,

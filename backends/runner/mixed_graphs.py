@@ -160,11 +160,12 @@ class MixedGraphs:
         pool = torch.cuda.graph_pool_handle() if pool is None else pool
         empty = np.zeros(0, dtype=np.int64)
         blocks = np.zeros((0, self.layout.max_blocks), dtype=np.int32)
+        side = torch.cuda.Stream()  # every warm-up on one stream: its cached blocks are reused
         for bucket in sorted(self.buckets, key=lambda b: (b[1], b[0]), reverse=True):
             self.stage(bucket, [], empty, blocks, [])
             try:
                 self._graphs[bucket], _ = capture_graph(
-                    lambda: self.forward_eager(bucket), pool, warmup_steps
+                    lambda: self.forward_eager(bucket), pool, warmup_steps, side
                 )
             except RuntimeError:
                 self._note_failure(bucket)

@@ -188,11 +188,11 @@ def test_failed_capture_leaves_the_bucket_eager(make_gpu_model, monkeypatch, cap
     real = mixed_graphs.capture_graph
     calls = []
 
-    def flaky(run, pool, warmup_steps):
+    def flaky(run, pool, warmup_steps, side=None):
         calls.append(1)
         if len(calls) in (1, 2, 4):  # largest first: (8, 256), (8, 128) and (8, 64)
             raise RuntimeError("injected capture failure")
-        return real(run, pool, warmup_steps)
+        return real(run, pool, warmup_steps, side)
 
     monkeypatch.setattr(mixed_graphs, "capture_graph", flaky)
     graphed = runner_for(model, **SETTINGS)

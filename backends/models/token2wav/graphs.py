@@ -83,6 +83,7 @@ class GraphRunner:
         # A pool per graph held every batch x length bucket's activations at once, and under
         # the stage's memory cap cuDNN then found no workspace in a later capture.
         self._pool: Any = None
+        self._side: Any = None  # the warm-up stream of every capture, made with the pool
 
     def num_graphs(self) -> int:
         return len(self._graphs)
@@ -118,7 +119,9 @@ class GraphRunner:
         static = tuple(t.clone() for t in inputs)
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()
-        graph, outputs = capture_graph(lambda: self.fn(*static), self._pool, _WARMUP_RUNS)
+            self._side = torch.cuda.Stream()  # every warm-up on one stream: blocks reused
+        graph, outputs = capture_graph(lambda: self.fn(*static), self._pool, _WARMUP_RUNS,
+                                       self._side)
         return _Graph(graph, static, tuple(outputs))
 
 
