@@ -28,7 +28,8 @@ check() {
 nvidia-smi --query-gpu=name,memory.used,clocks.sm,clocks.mem --format=csv || true
 check gpu_tests "$python" -m pytest -q -p no:cacheprovider tests/runner_gpu \
     tests/talker/test_fused_draw_gpu.py tests/talker/test_device_policy_gpu.py \
-    tests/talker/test_decode_chains_gpu.py tests/audio/test_encoder_graphs.py
+    tests/talker/test_decode_chains_gpu.py tests/audio/test_encoder_graphs.py \
+    tests/audio/test_batched_encoder.py tests/models/test_chunk_attention_kernel.py
 check gpu_tests_token2wav "$python" -m pytest -q -p no:cacheprovider -m gpu tests/models/token2wav
 check bench_runner "$python" perf/bench_runner.py --out "$out" --commit "${COMMIT:-unknown}"
 check bench_talker_chains "$python" perf/bench_runner.py --quick --talker-only --chain-lengths 4,8,16 \
@@ -59,6 +60,8 @@ check bench_code2wav "$python" perf/bench_audio_tail.py --stages code2wav --repe
 check bench_code2wav_no_pdl env MINICPMO_PDL=0 "$python" perf/bench_audio_tail.py --stages code2wav --repeats 3 \
     --batches 1,2,4 --code2wav-modes on+bf16+pool --out "$out/audio_tail_code2wav_no_pdl.md" --commit "${COMMIT:-unknown}"
 check profile_talker_engine "$python" perf/profile_talker_engine.py --batch 1,16 --no-cprofile
+# The Thinker's graphed audio-encoder pass: whole key table, buckets, packed q/k/v, split-key kernel.
+check bench_audio_encoder "$python" perf/bench_audio_encoder.py
 # Served Thinker in-process: unit latency with C paced sessions, host profile at C=8.
 check bench_thinker_engine "$python" perf/bench_thinker_engine.py --concurrency 1,8,32 --seconds 8 \
     --profile 8

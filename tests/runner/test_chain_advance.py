@@ -50,6 +50,7 @@ def staged(seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
 
 @pytest.mark.parametrize("rows", [1, 3, CAP])
 @pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.interpreter
 def test_advance_kernel_equals_the_torch_ops(rows: int, seed: int) -> None:
     i64, i32, tokens = staged(seed)
     want64, want32 = i64.clone(), i32.clone()

@@ -9,6 +9,7 @@ covered in tests/runner_gpu.
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
 
 from backends.runner.cuda_graphs import DecodeGraphs, bucket_sizes
@@ -59,6 +60,7 @@ def test_restaging_fewer_rows_pads_the_rest(qwen3) -> None:
     assert graphs.sample_slots.tolist() == [3, 6, 6, 6]
 
 
+@pytest.mark.interpreter
 def test_sampler_reads_staged_slots_and_next_positions(qwen3) -> None:
     """With a sampler, `run` draws every bucket row from its staged sampling slot (scratch for
     padding and unsampled rows) at the position after its row, over the forward's logits."""

@@ -86,6 +86,7 @@ def assert_same_next_step(got: ModelRunner, want: ModelRunner, exact: bool = Tru
 
 
 @pytest.mark.parametrize("length", [1, 2, 5])
+@pytest.mark.interpreter
 def test_chain_equals_single_steps(pair, length: int) -> None:
     stepped, chained = pair
     expected = single_steps(stepped, next_ids(stepped), length)
@@ -99,6 +100,7 @@ def test_chain_equals_single_steps(pair, length: int) -> None:
     assert_same_next_step(chained, stepped)
 
 
+@pytest.mark.interpreter
 def test_truncation_after_a_stop_equals_stepping_to_it(pair) -> None:
     """Rows "stop" after 2, 5 and 3 draws of a 6-step chain; the rest is discarded. The
     single steps run one request at a time (bucket 1, not the chain's 4): KV within rounding."""
@@ -116,6 +118,7 @@ def test_truncation_after_a_stop_equals_stepping_to_it(pair) -> None:
         chained.discard_tail("a", 1)  # a step came after the chain
 
 
+@pytest.mark.interpreter
 def test_padding_rows_write_only_the_pad_block_and_requests_their_own(pair) -> None:
     _, chained = pair
     before = chained.kv.data.clone()
@@ -129,6 +132,7 @@ def test_padding_rows_write_only_the_pad_block_and_requests_their_own(pair) -> N
     assert rows[pad_block, 0], "the padding row wrote nothing: is it really padded?"
 
 
+@pytest.mark.interpreter
 def test_chains_past_the_reservation_or_of_other_rows_are_refused(pair, qwen3) -> None:
     _, chained = pair
     feed = next_ids(chained)

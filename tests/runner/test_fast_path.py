@@ -52,6 +52,7 @@ def add_both(runners: tuple[ModelRunner, ...], request_id: str, params: Sampling
         runner.add_request(request_id, params)
 
 
+@pytest.mark.interpreter
 def test_mixed_batches_then_padded_decodes(pair, qwen3) -> None:
     ref, fast = pair()
     for i in range(5):
@@ -71,6 +72,7 @@ def test_mixed_batches_then_padded_decodes(pair, qwen3) -> None:
         tokens.update(zip(batch, step_both(ref, fast, inputs)))
 
 
+@pytest.mark.interpreter
 def test_seeded_filtered_sampling_and_slot_reuse(pair) -> None:
     ref, fast = pair()
     params = SamplingParams(temperature=0.9, top_k=30, top_p=0.9, seed=21)
@@ -105,6 +107,7 @@ class BanHook:
         return token
 
 
+@pytest.mark.interpreter
 def test_hooked_and_penalised_rows_sample_on_host(pair) -> None:
     ref, fast = pair()
     hooks = []
@@ -125,6 +128,7 @@ def test_hooked_and_penalised_rows_sample_on_host(pair) -> None:
     assert hooks[1].banned not in fast.states.generated[fast.states.slot_of("h")]
 
 
+@pytest.mark.interpreter
 def test_launch_step_is_settled_by_the_next_call(pair) -> None:
     _, fast = pair()
     fast.add_request("a", SamplingParams())
@@ -136,6 +140,7 @@ def test_launch_step_is_settled_by_the_next_call(pair) -> None:
     assert fast.states.generated[fast.states.slot_of("a")] == [token]
 
 
+@pytest.mark.interpreter
 def test_padding_rows_write_only_the_pad_block(pair) -> None:
     _, fast = pair()
     for rid in ("a", "b", "c"):
@@ -153,6 +158,7 @@ def test_padding_rows_write_only_the_pad_block(pair) -> None:
     assert rows[pad_block, 0], "the padding row wrote nothing: is it really padded?"
 
 
+@pytest.mark.interpreter
 def test_a_step_where_no_input_samples(pair, qwen3) -> None:
     """The Thinker's setup append: a prefill alone (injected rows, longer than a mixed-graph
     query) that samples nothing; the next append continues from its KV on both paths."""
@@ -168,6 +174,7 @@ def test_a_step_where_no_input_samples(pair, qwen3) -> None:
     torch.testing.assert_close(got.hidden, want.hidden, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.interpreter
 def test_admissions_reach_the_sampling_table_in_two_copies_at_the_next_forward(
     pair, monkeypatch
 ) -> None:

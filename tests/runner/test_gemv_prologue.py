@@ -57,6 +57,7 @@ def rms_normed(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
 @pytest.mark.parametrize("cfg", CONFIGS, ids=IDS)
 @pytest.mark.parametrize("rows", [1, 3, 16])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.interpreter
 def test_add_norm_prologue(cfg: GemvConfig, rows: int, dtype: torch.dtype) -> None:
     t = tensors(rows, 200, 300, dtype, seed=rows)
     stream = torch.full_like(t["residual"], float("nan"))
@@ -71,6 +72,7 @@ def test_add_norm_prologue(cfg: GemvConfig, rows: int, dtype: torch.dtype) -> No
 
 @pytest.mark.parametrize("cfg", CONFIGS, ids=IDS)
 @pytest.mark.parametrize("rows", [1, 16])
+@pytest.mark.interpreter
 def test_norm_prologue_without_residual(cfg: GemvConfig, rows: int) -> None:
     t = tensors(rows, 136, 264, torch.float32)
     prologue = Prologue(NORM, t["norm_weight"], EPS)
@@ -82,6 +84,7 @@ def test_norm_prologue_without_residual(cfg: GemvConfig, rows: int) -> None:
 @pytest.mark.parametrize("cfg", CONFIGS, ids=IDS)
 @pytest.mark.parametrize("rows", [1, 3, 16])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.interpreter
 def test_silu_mul_prologue(cfg: GemvConfig, rows: int, dtype: torch.dtype) -> None:
     t = tensors(rows, 200, 300, dtype, seed=7 + rows)
     got = triton_linear(t["gate_up"], t["weight"], t["bias"], config=cfg, prologue=Prologue(SILU_MUL))
@@ -106,6 +109,7 @@ def kernel_calls(monkeypatch: pytest.MonkeyPatch) -> list[Prologue]:
 
 
 @pytest.mark.parametrize("with_branch", [True, False])
+@pytest.mark.interpreter
 def test_norm_linear_kernel_equals_its_fallback(kernel_calls: list, with_branch: bool) -> None:
     t = tensors(2, 96, 160, torch.float32, seed=3)
     branch = t["branch"] if with_branch else None
@@ -119,6 +123,7 @@ def test_norm_linear_kernel_equals_its_fallback(kernel_calls: list, with_branch:
     assert_close_rel(got, want.double(), TOL[torch.float32])
 
 
+@pytest.mark.interpreter
 def test_silu_linear_kernel_equals_its_fallback(kernel_calls: list) -> None:
     t = tensors(2, 96, 160, torch.float32, seed=4)
     got = fused_linears.silu_linear(t["gate_up"], t["weight"], t["bias"], "triton")
@@ -127,6 +132,7 @@ def test_silu_linear_kernel_equals_its_fallback(kernel_calls: list) -> None:
     assert_close_rel(got, want.double(), TOL[torch.float32])
 
 
+@pytest.mark.interpreter
 def test_prologue_table_and_switch_decide(kernel_calls: list, monkeypatch: pytest.MonkeyPatch) -> None:
     """A None entry (unfused measured faster), shapes the plain table leaves to cuBLAS (here:
     an untuned shape at 3 rows) and MINICPMO_GEMV_PROLOGUES=0 all take the unfused path; an
@@ -153,6 +159,7 @@ def test_prologue_table_and_switch_decide(kernel_calls: list, monkeypatch: pytes
     assert len(kernel_calls) == 1
 
 
+@pytest.mark.interpreter
 def test_strided_inputs_take_the_fallback(monkeypatch: pytest.MonkeyPatch) -> None:
     """The kernel reads x and the residual at the same offsets: a strided branch (or a
     non-contiguous gate|up) must go the unfused way even where the kernel would run."""
@@ -172,6 +179,7 @@ def test_strided_inputs_take_the_fallback(monkeypatch: pytest.MonkeyPatch) -> No
     assert fused_linears.silu_linear(gate_up, t["weight"], None, "triton").shape == (2, 64)
 
 
+@pytest.mark.interpreter
 def test_cpu_tensors_never_reach_the_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(fused_linears, "triton_linear", lambda *a, **k: pytest.fail("kernel ran"))
     t = tensors(2, 64, 96, torch.float32)
@@ -180,6 +188,7 @@ def test_cpu_tensors_never_reach_the_kernel(monkeypatch: pytest.MonkeyPatch) -> 
     fused_linears.silu_linear(t["gate_up"], t["weight"], t["bias"], "triton")
 
 
+@pytest.mark.interpreter
 def test_decoder_fast_path_with_folded_prologues_keeps_hidden_states(
     kernel_calls: list, make_runner, qwen3
 ) -> None:

@@ -78,6 +78,7 @@ def check_caches(rope: RopeEpilogue, k: torch.Tensor, v: torch.Tensor, tol: floa
 @pytest.mark.parametrize(("heads", "kv_heads"), [(2, 2), (4, 2)], ids=["mha", "gqa"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 @pytest.mark.parametrize("kind", [ADD_NORM, NORM], ids=["add_norm", "norm"])
+@pytest.mark.interpreter
 def test_rope_epilogue(rows: int, heads: int, kv_heads: int, dtype: torch.dtype, kind: int) -> None:
     t = case(rows, heads, kv_heads, dtype, seed=rows + heads)
     rope = t["rope"]
@@ -126,6 +127,7 @@ def rope_calls(monkeypatch: pytest.MonkeyPatch) -> list:
     return calls
 
 
+@pytest.mark.interpreter
 def test_norm_qkv_rope_folds_where_it_fits(rope_calls: list, monkeypatch: pytest.MonkeyPatch) -> None:
     """Folded: the query view and the caches equal the two-kernel fallback's; with a q/k norm
     or the switch off it never folds."""
@@ -151,6 +153,7 @@ def test_norm_qkv_rope_folds_where_it_fits(rope_calls: list, monkeypatch: pytest
     assert [c is not None for c in rope_calls] == [True, False, False]
 
 
+@pytest.mark.interpreter
 def test_decoder_fast_path_with_the_rope_epilogue_keeps_hidden_states(
     make_runner, qwen3, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -134,6 +134,7 @@ class _ArgmaxHook(_Hook):
         return row.argmax()
 
 
+@pytest.mark.interpreter
 def test_fast_path_compact_rows_draw_as_whole_rows(make_runner) -> None:
     pytest.importorskip("triton")
     settings = dict(num_blocks=64, max_num_reqs=4, max_model_len=48, attention_backend="triton")

@@ -130,6 +130,7 @@ class Trio:
             runner.free_request(request_id)
 
 
+@pytest.mark.interpreter
 def test_processor_matches_the_host_hook_on_both_paths(qwen3) -> None:
     trio = Trio(qwen3)
     for request_id, (params, policy, host_only) in REQUESTS.items():
@@ -146,6 +147,7 @@ def test_processor_matches_the_host_hook_on_both_paths(qwen3) -> None:
         assert processor.state[MAX_REQS].tolist() == [0, 0, 0]  # the scratch slot
 
 
+@pytest.mark.interpreter
 def test_reused_slot_starts_with_the_processor_off(qwen3) -> None:
     trio = Trio(qwen3)
     trio.add("p1", SEEDED, (4, 1), False)

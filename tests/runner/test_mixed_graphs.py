@@ -134,6 +134,7 @@ def padded_case(seed: int, splits: int | None):
 
 
 @pytest.mark.parametrize("seed", range(6))
+@pytest.mark.interpreter
 def test_padded_launch_equals_unpadded_launch(seed: int) -> None:
     expected, out, num_real = padded_case(seed, splits=3)
     assert torch.equal(out[:num_real], expected), "same splits must give the same bits"
@@ -188,6 +189,7 @@ def random_input(rnd: random.Random, rid: str, token: int | None, qwen3) -> Step
                      sample=rnd.random() < 0.8, capture_hidden=rnd.random() < 0.5)  # fmt: skip
 
 
+@pytest.mark.interpreter
 def test_runner_serves_the_same_tokens_with_and_without_mixed_graphs(
     make_runner, qwen3, monkeypatch
 ) -> None:

@@ -60,6 +60,7 @@ def assert_close_rel(got: torch.Tensor, ref: torch.Tensor, tol: float) -> None:
 @pytest.mark.parametrize("cfg", CONFIGS, ids=lambda c: f"{'dot' if c.use_dot else 'fma'}"
                          f"-n{c.block_n}-k{c.block_k}-s{c.split_k}")  # fmt: skip
 @pytest.mark.parametrize("rows", [1, 3, 16])
+@pytest.mark.interpreter
 def test_kernel_matches_linear_float32(cfg: GemvConfig, rows: int) -> None:
     x, weight, bias = inputs(rows, 200, 300, torch.float32)
     got = triton_linear(x, weight, bias, config=cfg)
@@ -69,6 +70,7 @@ def test_kernel_matches_linear_float32(cfg: GemvConfig, rows: int) -> None:
 
 @pytest.mark.parametrize("cfg", CONFIGS[::3], ids=["fma", "dot-split"])
 @pytest.mark.parametrize("rows", [1, 3, 16])
+@pytest.mark.interpreter
 def test_kernel_half_inputs_without_bias(cfg: GemvConfig, rows: int) -> None:
     x, weight, _ = inputs(rows, 328, 264, torch.float16, seed=rows)
     got = triton_linear(x, weight, config=cfg)
@@ -79,6 +81,7 @@ def test_kernel_half_inputs_without_bias(cfg: GemvConfig, rows: int) -> None:
     assert_close_rel(wide, reference(x, weight), TOL[torch.float32])
 
 
+@pytest.mark.interpreter
 def test_kernel_strided_rows_and_weight_view() -> None:
     """x rows with a stride (a slice) and a weight that is a row slice of a fused weight."""
     x, fused, _ = inputs(4, 400, 136, torch.float32)
@@ -88,6 +91,7 @@ def test_kernel_strided_rows_and_weight_view() -> None:
     assert_close_rel(got, reference(x, weight), TOL[torch.float32])
 
 
+@pytest.mark.interpreter
 def test_heuristic_config_is_used_without_a_table_entry() -> None:
     x, weight, bias = inputs(2, 96, 1088, torch.float32)
     cfg = heuristic_config(2, 96, 1088)
@@ -131,6 +135,7 @@ def test_linear_for_and_switch_validation() -> None:
     assert RunnerConfig(num_blocks=4, max_num_reqs=1, max_model_len=8).gemv_backend == "cublas"
 
 
+@pytest.mark.interpreter
 def test_runner_switch_reaches_the_model_and_keeps_tokens(make_runner, qwen3) -> None:
     """On CPU skinny_linear falls back, so a "triton" runner must decode the same tokens; the
     switch is set on the backbone by the runner and reset by the next default runner."""

@@ -33,6 +33,7 @@ def reference_norm(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     return norm(x)
 
 
+@pytest.mark.interpreter
 def test_rms_norm_without_and_with_residual() -> None:
     gen = torch.Generator().manual_seed(0)
     x, residual = torch.randn(5, 48, generator=gen), torch.randn(5, 48, generator=gen)
@@ -46,6 +47,7 @@ def test_rms_norm_without_and_with_residual() -> None:
 
 
 @pytest.mark.parametrize("has_qk_norm", [True, False])
+@pytest.mark.interpreter
 def test_qk_norm_rope_store_kv(has_qk_norm: bool) -> None:
     gen = torch.Generator().manual_seed(1)
     heads, kv_heads, dim, tokens, blocks, page = 4, 2, 16, 3, 5, 4
@@ -77,6 +79,7 @@ def test_qk_norm_rope_store_kv(has_qk_norm: bool) -> None:
     assert torch.equal(flat_v[untouched], before_v.view(-1, kv_heads, dim)[untouched])
 
 
+@pytest.mark.interpreter
 def test_silu_and_mul() -> None:
     gate_up = torch.randn(3, 2 * 1500, generator=torch.Generator().manual_seed(2))
     gate, up = gate_up.chunk(2, dim=1)  # 1500 columns: two column blocks, the last partial

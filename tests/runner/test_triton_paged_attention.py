@@ -48,6 +48,7 @@ def heads(request, monkeypatch) -> None:
 @pytest.mark.parametrize("tile", [TILE_N, WIDE_TILE_N])
 @pytest.mark.parametrize("splits", [None, 3])
 @pytest.mark.parametrize("context_lens,query_lens", SHAPES)
+@pytest.mark.interpreter
 def test_matches_reference(heads, context_lens, query_lens, splits, tile) -> None:
     query, k_cache, v_cache, meta, _ = cases.build_case(context_lens, query_lens, seed=3)
     scale = cases.HEAD_DIM**-0.5
@@ -107,6 +108,7 @@ class _Recorder:
         return lambda *args, **kwargs: self.seen.add(tuple(kwargs[k] for k in self.keys))
 
 
+@pytest.mark.interpreter
 def test_warm_variants_compile_every_variant_a_batch_can_launch(monkeypatch) -> None:
     """The warm-up launches each (row tile, split, key tile) attention variant and each (merge
     width, padded tail) merge variant that any batch of up to 64 requests, 600 query rows and 8192

@@ -83,6 +83,7 @@ def test_sixteen_requests_admitted_together_cost_one_prefill(
     assert calls == {"launch_step": FRAMES + 1}  # 1 prefill + 25 decode steps (EOS forced)
 
 
+@pytest.mark.interpreter
 def test_chained_requests_admitted_together_cost_one_prefill_and_the_chains(
     eos_unwanted_model: TalkerModel,
 ) -> None:

@@ -35,6 +35,7 @@ def _requests() -> list[ThinkerRequest]:
     return requests
 
 
+@pytest.mark.interpreter
 def test_summaries_and_whole_rows_draw_the_same_units(parts, monkeypatch) -> None:
     forms: list[str] = []
     for method in ("before_sample", "decide_compact"):

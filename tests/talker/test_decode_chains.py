@@ -114,6 +114,7 @@ def assert_no_leak(engine: TalkerEngine) -> None:
 @pytest.mark.parametrize(
     "eos_bias,plan_of", [(-9.0, turn_end_plan), (2.5, plan)], ids=["budgets", "early-eos"]
 )
+@pytest.mark.interpreter
 def test_chains_stream_the_single_step_groups(eos_bias: float, plan_of) -> None:
     num_sessions = 1 if eos_bias < 0 else 2  # one 103-frame turn is slow enough interpreted
     model = build_model(eos_bias)
@@ -154,6 +155,7 @@ def other_alone() -> list:
     return [codes_of(sink).tolist() for sink in sinks]
 
 
+@pytest.mark.interpreter
 def test_stop_between_chains_ends_only_that_request(other_alone: list) -> None:
     model = build_model(-9.0)
     engine = make_engine(model, CHAINS)
@@ -182,6 +184,7 @@ class StoppingSink(ListSink):
 
 
 @pytest.mark.parametrize("how", ["sink-stop", "fault"])
+@pytest.mark.interpreter
 def test_a_request_ending_mid_chain_ends_alone(how: str, other_alone: list) -> None:
     model = build_model(-9.0)
     engine = make_engine(model, CHAINS)

@@ -169,6 +169,7 @@ def test_budgets_are_exact_on_the_device(eos_bias: float, expected: list[int]) -
     assert [len(codes_of(sink)) for sink in sinks] == expected
 
 
+@pytest.mark.interpreter
 def test_fast_path_device_policy_matches_its_host_hook() -> None:
     """Same fast-path forward on both sides (bitwise the same logits); only the policy and
     sampler differ: host hook + host draw against device table + device draw."""

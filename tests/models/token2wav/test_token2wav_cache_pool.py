@@ -186,6 +186,7 @@ def test_padded_pooled_solve_equals_unpadded() -> None:
 
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.interpreter
 def test_fused_attention_reads_pooled_rows_like_dense_ones(dtype: torch.dtype) -> None:
     pytest.importorskip("triton")
     from backends.models.token2wav.dit_attention_kernel import masked_attention
@@ -231,6 +232,7 @@ def test_pooled_graphed_fused_decoding_equals_dense_on_cuda(dtype: torch.dtype) 
 
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")
 @pytest.mark.parametrize("fused", [False, True])
+@pytest.mark.interpreter
 def test_dit_over_a_pool_equals_dit_over_the_gathered_caches(fused: bool) -> None:
     """Whole tiny DiT (torch path, and fused kernels in Triton's interpreter): reading the
     caches through (rows, order) gives exactly what the dense caches give."""
@@ -261,6 +263,7 @@ def test_dit_over_a_pool_equals_dit_over_the_gathered_caches(fused: bool) -> Non
 
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.interpreter
 def test_scatter_kernel_writes_what_indexing_writes(dtype: torch.dtype) -> None:
     """`scatter_frames` (Triton's interpreter) against the torch indexing it replaces, on odd
     head counts and widths (masked lanes) and a strided new_kv; nothing else is touched."""
@@ -289,6 +292,7 @@ def test_scatter_kernel_writes_what_indexing_writes(dtype: torch.dtype) -> None:
 
 
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")
+@pytest.mark.interpreter
 def test_commit_through_the_kernel_equals_commit_through_indexing() -> None:
     """A pool whose estimator runs fused kernels commits with `scatter_frames`: pools and
     slot orders come out equal to the torch commit's over windows whose cuts fire."""

@@ -40,6 +40,7 @@ def _operands(rows: int, k: int, n: int, dtype: torch.dtype, device: str = "cpu"
 
 @pytest.mark.parametrize("shape", [(7, 96, 40), (70, 100, 32), (130, 64, 24)])
 @pytest.mark.parametrize("parts", [2, 3, 4])
+@pytest.mark.interpreter
 def test_parts_sum_to_the_linear(shape: tuple[int, int, int], parts: int) -> None:
     x, weight, bias = _operands(*shape, torch.float32)
     product = linear_split(x, weight, bias, parts)
@@ -51,6 +52,7 @@ def test_parts_sum_to_the_linear(shape: tuple[int, int, int], parts: int) -> Non
 
 @pytest.mark.parametrize("shape", [(7, 96, 40), (70, 256, 32), (130, 64, 24)])
 @pytest.mark.parametrize("gelu", [False, True])
+@pytest.mark.interpreter
 def test_triton_product_is_the_linear(shape: tuple[int, int, int], gelu: bool) -> None:
     x, weight, bias = _operands(*shape, torch.float32)
     expected = F.linear(x, weight, bias)
@@ -63,6 +65,7 @@ def test_triton_product_is_the_linear(shape: tuple[int, int, int], gelu: bool) -
                                atol=1e-6, rtol=1e-6)  # the cuBLAS / torch side of the switch
 
 
+@pytest.mark.interpreter
 def test_triton_product_rounds_once_to_bfloat16() -> None:
     x, weight, bias = _operands(40, 128, 48, torch.bfloat16)
     got = linear(x, weight, bias, gelu=True, triton_kernel=True)
@@ -98,6 +101,7 @@ def test_split_count_follows_rows_and_switch(monkeypatch) -> None:
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.interpreter
 def test_readers_sum_the_parts(dtype: torch.dtype) -> None:
     frames, width = 6, 32
     x, weight, bias = _operands(2 * frames, 3 * width, width, dtype)

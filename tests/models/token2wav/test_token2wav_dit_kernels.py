@@ -45,6 +45,7 @@ def _close(got: torch.Tensor, expected: torch.Tensor, dtype: torch.dtype) -> Non
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("per_row", [False, True])
+@pytest.mark.interpreter
 def test_residual_norm(dtype: torch.dtype, per_row: bool) -> None:
     gen = torch.Generator().manual_seed(0)
     rows, frames, width = 3, 5, 48
@@ -71,6 +72,7 @@ def _reference_taps(cache: torch.Tensor, h: torch.Tensor) -> tuple[torch.Tensor,
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.interpreter
 def test_conv_taps_and_next_caches(dtype: torch.dtype) -> None:
     gen = torch.Generator().manual_seed(1)
     rows, frames, width = 3, 6, 32
@@ -98,6 +100,7 @@ def test_conv_taps_and_next_caches(dtype: torch.dtype) -> None:
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize(("cached", "splits"), [(0, None), (70, None), (70, 1), (70, 2), (70, 3), (70, 5)])
+@pytest.mark.interpreter
 def test_masked_attention(dtype: torch.dtype, cached: int, splits: int | None) -> None:
     """Window tile + 2 cache tiles: split 1 (one pass), 2 (window + a cache tile | the other), 3
     (a tile each), 5 (two splits without keys)."""
@@ -175,6 +178,7 @@ def _dit_inputs(dit, gen: torch.Generator, dtype: torch.dtype) -> tuple[torch.Te
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("split_k", ["1", "0"])
+@pytest.mark.interpreter
 def test_fused_dit_equals_torch_dit(dtype: torch.dtype, split_k: str, monkeypatch) -> None:
     """Also with the convs' and fc2's K unsplit (these 3 x 21 rows split it by default)."""
     monkeypatch.setenv(SPLIT_K_ENV, split_k)

@@ -43,6 +43,7 @@ def _check(device: str, dtype: torch.dtype, rows: int = 3, channels: int = 80,
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.interpreter
 def test_euler_step_equals_torch_ops(dtype: torch.dtype) -> None:
     _check("cpu", dtype)
     _check("cpu", dtype, rows=1, frames=7, transposed=False)  # one block, contiguous velocity
@@ -69,6 +70,7 @@ def test_euler_step_equals_torch_ops_on_cuda(dtype: torch.dtype) -> None:
     _check("cuda", dtype, rows=2, frames=56, transposed=False)
 
 
+@pytest.mark.interpreter
 def test_fused_solve_takes_the_kernel_with_the_same_mel(monkeypatch: pytest.MonkeyPatch) -> None:
     """The tiny CFM's solve through its fused estimator (interpreted here) runs one kernel
     step per Euler step, and its mel and caches equal the same solve with the torch step, bit

@@ -76,6 +76,7 @@ def _check_epilogue(device: str, snake_atol: float) -> None:
     torch.testing.assert_close(mean, F.leaky_relu(third / 3, 0.1), atol=1e-6, rtol=1e-6)
 
 
+@pytest.mark.interpreter
 def test_epilogue_matches_torch_expressions() -> None:
     _check_epilogue("cpu", SNAKE_ATOL)
 
@@ -113,6 +114,7 @@ def _both_paths(hift: HiFTGenerator, batch: int, device: str = "cpu") -> tuple:
 
 
 @pytest.mark.parametrize("kernels", [(3,), (3, 7, 11)])
+@pytest.mark.interpreter
 def test_fused_hift_equals_torch_hift(kernels: tuple[int, ...]) -> None:
     """One resblock per stage (tiny) and three (the mean of three, as served)."""
     config = HiFTConfig(base_channels=16, f0_cond_channels=16, resblock_kernel_sizes=kernels,
@@ -122,6 +124,7 @@ def test_fused_hift_equals_torch_hift(kernels: tuple[int, ...]) -> None:
     torch.testing.assert_close(fused_speech, speech, atol=HIFT_ATOL, rtol=0)
 
 
+@pytest.mark.interpreter
 def test_cudnn_benchmark_is_scoped_to_the_hift() -> None:
     hift = _hift(Token2WavConfig.tiny().hift)
     seen = []
