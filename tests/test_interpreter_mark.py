@@ -18,7 +18,9 @@ class FakeItem:
 
 
 @pytest.mark.parametrize(("interpret", "skipped"), [("1", []), ("0", ["cpu"]), (None, ["cpu"])])
-def test_only_interpreter_tests_without_gpu_skip_where_it_is_off(monkeypatch, interpret, skipped) -> None:
+def test_only_interpreter_tests_without_gpu_skip_where_it_is_off(
+    monkeypatch, interpret, skipped,
+) -> None:
     if interpret is None:
         monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     else:

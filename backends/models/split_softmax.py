@@ -25,8 +25,9 @@ _MERGE_BLOCK_R = 16
 
 @triton.jit
 def dot_for_dtype(a, b, IEEE: tl.constexpr, DOT_F32: tl.constexpr):
-    """The DiT and attention kernels' matmul. IEEE: full float32 products (float32 flows; tf32 would miss
-    their parity bound); DOT_F32: float32 operands (Triton's interpreter)."""
+    """The DiT's and the attention kernels' matmul. IEEE: full float32 products (float32
+    flows; tf32 would miss their parity bound); DOT_F32: float32 operands (Triton's
+    interpreter)."""
     if DOT_F32:
         return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
     if IEEE:

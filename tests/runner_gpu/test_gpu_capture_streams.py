@@ -33,7 +33,8 @@ def test_each_capture_loop_hands_one_warm_up_stream(make_gpu_model, monkeypatch)
         monkeypatch.setattr(module, "capture_graph", spy)
     runner_for(make_gpu_model(torch.bfloat16), max_model_len=512, num_blocks=8 * 32,
                decode_chain_lengths=(4,))
-    assert set(sides) == {m.__name__ for m in (cuda_graphs, decode_chain, mixed_graphs)}, sides.keys()
+    names = {m.__name__ for m in (cuda_graphs, decode_chain, mixed_graphs)}
+    assert set(sides) == names, sides.keys()
     for name, handed in sides.items():
         assert len(handed) > 1 and handed[0] is not None, (name, handed)
         assert all(side is handed[0] for side in handed), name
