@@ -4,14 +4,14 @@ The CI machine has two cores shared with tritonserver and its stage processes; t
 models' matmuls lose far more to thread hand-off than they gain (10-20x slower steps were
 measured with the default pool under load).
 
-Tests that put CPU tensors through Triton kernels carry the `interpreter` mark (a module's
-`pytestmark` may carry it for all its tests): where the interpreter is off, on a machine with
-CUDA, they skip, except those also marked `gpu`, which run the compiled kernels there.
+Tests that put CPU tensors through Triton kernels carry the `interpreter` mark: where the
+interpreter is off, on a machine with CUDA, they skip (tests/interpreter_mark.py).
 """
 import os
 
 import pytest
 import torch
+from interpreter_mark import skip_where_the_interpreter_is_off
 
 torch.set_num_threads(1)
 
@@ -22,10 +22,4 @@ if not torch.cuda.is_available():
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if os.environ.get("TRITON_INTERPRET") == "1":
-        return
-    skip = pytest.mark.skip(reason="CPU tensors through Triton kernels: needs Triton's interpreter "
-                                   "(TRITON_INTERPRET=1, the default where there is no CUDA)")
-    for item in items:
-        if item.get_closest_marker("interpreter") and not item.get_closest_marker("gpu"):
-            item.add_marker(skip)
+    skip_where_the_interpreter_is_off(items)

@@ -1,9 +1,9 @@
-"""The suite's `interpreter` mark (tests/conftest.py): such tests skip where Triton's
+"""The suite's `interpreter` mark (tests/interpreter_mark.py): such tests skip where Triton's
 interpreter is off, unless they are also marked `gpu`."""
 from __future__ import annotations
 
 import pytest
-from conftest import pytest_collection_modifyitems
+from interpreter_mark import skip_where_the_interpreter_is_off
 
 
 class FakeItem:
@@ -27,7 +27,7 @@ def test_only_interpreter_tests_without_gpu_skip_where_it_is_off(
         monkeypatch.setenv("TRITON_INTERPRET", interpret)
     items = {"cpu": FakeItem("interpreter"), "both": FakeItem("interpreter", "gpu"),
              "plain": FakeItem(), "gpu": FakeItem("gpu")}
-    pytest_collection_modifyitems(None, list(items.values()))  # type: ignore[arg-type]
+    skip_where_the_interpreter_is_off(items.values())  # type: ignore[arg-type]
     assert [name for name, item in items.items() if item.added] == skipped
     for name in skipped:
         assert items[name].added[0].kwargs["reason"].startswith("CPU tensors through Triton")
