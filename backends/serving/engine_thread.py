@@ -16,7 +16,6 @@ announced first window): the thread then sleeps on the queue for that long inste
 from __future__ import annotations
 
 import logging
-import os
 import queue
 import threading
 import time
@@ -24,6 +23,7 @@ from typing import Any, Callable, Protocol
 
 import torch
 
+from backends.serving.switches import on_off
 from backends.stages.sink import ResponseSink, StageError, StageFailure
 
 log = logging.getLogger(__name__)
@@ -46,10 +46,7 @@ IN_STEP_DRAIN_ENV = "MINICPMO_IN_STEP_DRAIN"
 
 def in_step_drain_enabled() -> bool:
     """MINICPMO_IN_STEP_DRAIN: "1" (default) or "0"; anything else is refused at load."""
-    value = os.environ.get(IN_STEP_DRAIN_ENV, "1")
-    if value not in ("0", "1"):
-        raise ValueError(f"{IN_STEP_DRAIN_ENV} must be 0 or 1, got {value!r}")
-    return value == "1"
+    return on_off(IN_STEP_DRAIN_ENV)
 
 
 def _no_hold() -> float:

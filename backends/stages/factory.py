@@ -16,6 +16,7 @@ from backends.checkpoint.full_random import FullRandomCheckpoint, full_random_ch
 from backends.checkpoint.loader import Checkpoint, load_checkpoint
 from backends.runner.types import RunnerConfig
 from backends.serving.checkpoints import FULL_RANDOM, prepare_checkpoint
+from backends.serving.switches import on_off
 from backends.stages.code2wav_service import Code2WavService
 from backends.stages.window_schedule import FIRST_WINDOW_HOLD_S
 
@@ -192,17 +193,10 @@ def first_window_hold_s() -> float:
 def encoder_key_buckets() -> bool:
     """Whether the Thinker's graphed encoder passes attend over key buckets (`KEY_BUCKETS_ENV`:
     "1", the default, or "0" for A/B runs); another value is refused at load."""
-    return _on_off(KEY_BUCKETS_ENV, "1")
+    return on_off(KEY_BUCKETS_ENV)
 
 
 def encoder_split_keys() -> bool:
     """Whether the Thinker's graphed encoder passes attend through the split-key Triton kernel
     (`SPLIT_KEYS_ENV`: "1", the default since served C = 16 starts on an H100, or "0" for A/B)."""
-    return _on_off(SPLIT_KEYS_ENV, "1")
-
-
-def _on_off(name: str, default: str) -> bool:
-    value = os.environ.get(name, default)
-    if value not in ("0", "1"):
-        raise ValueError(f"{name} must be 0 or 1, got {value!r}")
-    return value == "1"
+    return on_off(SPLIT_KEYS_ENV)
