@@ -10,7 +10,6 @@ the plain twin's.
 
 from __future__ import annotations
 
-import os
 from importlib.util import find_spec
 
 import pytest
@@ -89,12 +88,10 @@ def _assert_batched_equal_plain(twins, steps: int) -> None:
 
 @NEEDS_TRITON
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")  # Triton's interpreter on numpy 1.26
-@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("device", [pytest.param("cpu", marks=pytest.mark.interpreter), *DEVICES[1:]])
 def test_split_key_passes_equal_plain(device: str) -> None:
     """The attention through the split-key kernel (interpreted on the CPU): two rows of one
     pass ending at different frames, then the older one's restart at the table."""
-    if device == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
-        pytest.skip("CPU tensors need Triton's interpreter (set on machines without CUDA)")
     model = _model(device)
     graphs = ChunkEncoderGraphs(model, FRAMES, max_rows=2, split_keys=True)
     _assert_batched_equal_plain(_twins(model, graphs, [0, 2], steps=2), steps=2)

@@ -51,7 +51,6 @@ def _reference(q, k, v, ends: torch.Tensor) -> torch.Tensor:
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("keys,ends", [(64, [50, 64]), (200, [50, 117, 200]), (200, [60])])
-@pytest.mark.interpreter
 def test_equals_masked_sdpa(keys: int, ends: list[int], dtype: torch.dtype) -> None:
     q, k, v = _inputs(len(ends), keys, dtype, seed=keys + len(ends))
     ends_t = torch.tensor(ends, dtype=torch.int32, device=DEVICE)

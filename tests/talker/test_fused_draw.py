@@ -15,7 +15,6 @@ such rows are counted and must stay rare. Adversarial ties at the k-th value mus
 from __future__ import annotations
 
 import dataclasses
-import os
 
 import pytest
 import torch
@@ -27,10 +26,7 @@ from backends.runner.sampling_states import SamplingStates
 from backends.runner.types import SamplingParams
 from backends.talker.policy_table import TalkerPolicyTable
 
-# CPU tensors through the kernel: Triton's interpreter (conftest sets it where there is no GPU)
-pytestmark = pytest.mark.skipif(
-    os.environ.get("TRITON_INTERPRET") != "1", reason="needs Triton's interpreter"
-)
+pytestmark = pytest.mark.interpreter  # CPU tensors through the kernel (tests/interpreter_mark.py)
 VOCAB = 1500  # padded to 2048 in the kernel; small keeps the interpreter quick
 EOS = VOCAB - 1
 FAVOURITES = 30
