@@ -12,12 +12,11 @@ path (the interpreter would run the kernel, slowly). MINICPMO_FUSED_DRAW=0 turns
 
 from __future__ import annotations
 
-import os
-
 import torch
 
 from backends.runner.sampling_states import SamplingStates
 from backends.runner.types import DeviceLogitsProcessor, FusedDraw
+from backends.serving.switches import on_off
 
 FUSED_DRAW_ENV = "MINICPMO_FUSED_DRAW"
 
@@ -53,7 +52,7 @@ def sampling_states_for(
 ) -> SamplingStates:
     """The fused states where the processor has a fused draw, on CUDA, unless switched off."""
     draw: FusedDraw | None = getattr(processor, "fused_draw", None)
-    is_on = os.environ.get(FUSED_DRAW_ENV, "1") != "0"
+    is_on = on_off(FUSED_DRAW_ENV)
     if processor is None or draw is None or torch.device(device).type != "cuda" or not is_on:
         return SamplingStates(max_num_reqs, device, processor)
     return FusedSamplingStates(max_num_reqs, device, processor, draw)

@@ -11,8 +11,6 @@ followed by the backend's linear, as before.
 
 from __future__ import annotations
 
-import os
-
 import torch
 
 from backends.runner.gemv_configs import GemvConfig, kernel_takes, prologue_config
@@ -26,6 +24,7 @@ from backends.runner.triton_gemv import (
     triton_linear,
 )
 from backends.runner.triton_layer_ops import qk_norm_rope_store_kv, rms_norm, silu_and_mul
+from backends.serving.switches import on_off
 
 PROLOGUES_ENV = "MINICPMO_GEMV_PROLOGUES"  # "0": never fold (A/B runs against the unfused path)
 ROPE_ENV = "MINICPMO_GEMV_ROPE"  # "0": never fold RoPE + the KV write into the q|k|v GEMV
@@ -62,7 +61,7 @@ def norm_qkv_rope(
     written into `rope`'s caches -> (query [rows, heads, head_dim], possibly a strided view;
     the residual stream). One kernel where the GEMV's epilogue fits, else two."""
     weight, bias = qkv_weight
-    fold_rope = qk_norm is None and os.environ.get(ROPE_ENV, "1") != "0"
+    fold_rope = qk_norm is None and on_off(ROPE_ENV)
     qkv, stream, roped = _norm_linear(branch, residual, norm_weight, eps, weight, bias, backend,
                                       rope if fold_rope else None)  # fmt: skip
     if roped:
@@ -119,7 +118,7 @@ def _fused_config(
 ) -> GemvConfig | None:
     """The kernel config for this fused call, or None where it stays unfused: the kernel does
     not take x, the prologue table says unfused is faster, or PROLOGUES_ENV is "0"."""
-    if os.environ.get(PROLOGUES_ENV, "1") == "0":
+    if not on_off(PROLOGUES_ENV):
         return None
     n, k = weight.shape
     width = 2 * k if kind == SILU_MUL else k

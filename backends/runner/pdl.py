@@ -21,7 +21,6 @@ interpreter, older GPUs, `PDL_ENV=0`) compile the wait away.
 from __future__ import annotations
 
 import functools
-import os
 from typing import Any
 
 import torch
@@ -29,13 +28,15 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
+from backends.serving.switches import on_off
+
 PDL_ENV = "MINICPMO_PDL"  # "0": launch every kernel in stream order (the A/B switch)
 LINE_ELEMENTS: tl.constexpr = tl.constexpr(64)  # 16-bit elements per 128-byte L2 line
 
 
 def use_pdl(device: torch.device) -> bool:
     """PDL on this device: CUDA on compute capability 9.0 or newer, unless PDL_ENV is "0"."""
-    if device.type != "cuda" or os.environ.get(PDL_ENV, "1") == "0":
+    if device.type != "cuda" or not on_off(PDL_ENV):
         return False
     return capability_major(device.index or 0) >= 9
 

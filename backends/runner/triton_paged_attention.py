@@ -16,7 +16,6 @@ captured graph the mirrors hold upper bounds (see `cuda_graphs` and `mixed_layou
 from __future__ import annotations
 
 import math
-import os
 
 import numpy as np
 import torch
@@ -26,6 +25,7 @@ import triton.language as tl
 from backends.runner.attention import AttentionMetadata
 from backends.runner.pdl import pdl_launch_args, wait_for_inputs
 from backends.runner.split_merge import merge_splits
+from backends.serving.switches import on_off
 
 DECODE_ROWS = 16  # BLOCK_Q * GROUP_PAD for single-token queries (tl.dot needs >= 16 rows)
 APPEND_ROWS = 64  # rows per tile when some request has several query tokens
@@ -235,7 +235,7 @@ def _launch_shape(
     num_programs = meta.num_reqs * num_q_tiles * num_kv_heads
     max_seq_len, num_sms = int(meta.seq_lens_np.max()), _num_sms(device)
     splits = num_kv_splits(num_programs, max_seq_len, num_sms)
-    wide = (rows == DECODE_ROWS and os.environ.get(WIDE_TILES_ENV, "1") != "0"
+    wide = (rows == DECODE_ROWS and on_off(WIDE_TILES_ENV)
             and 5 * num_programs >= num_sms
             and num_programs * splits <= WIDE_MAX_WAVES * num_sms)  # fmt: skip
     if wide:

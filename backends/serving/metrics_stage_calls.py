@@ -25,6 +25,7 @@ from typing import TypeVar
 from backends.duplex.stage_clients import CODE2WAV, TALKER, THINKER, StageClients
 from backends.serving.metrics_catalog import STAGE_CALL
 from backends.serving.metrics_thread import MetricsThread
+from backends.serving.switches import on_off
 from backends.stages.contracts import (
     Code2WavAudio, Code2WavRequest, TalkerCodes, TalkerRequest, ThinkerRequest, ThinkerUnitResult,
 )
@@ -35,7 +36,7 @@ T = TypeVar("T")
 
 
 def call_metrics_enabled(environ: Mapping[str, str] = os.environ) -> bool:
-    return environ.get(CALL_METRICS_ENV, "0") == "1"
+    return on_off(CALL_METRICS_ENV, default=False, environ=environ)
 
 
 def with_call_metrics(clients: StageClients, metrics: MetricsThread,

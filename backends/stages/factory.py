@@ -77,7 +77,7 @@ class StageSetup:
                             block_size=BLOCK_SIZE, device=str(self.device), dtype=self.dtype,
                             attention_backend="triton" if cuda else "reference",
                             gemv_backend=os.environ.get(GEMV_ENV, "triton") if cuda else "cublas",
-                            compact_host_rows="off" if os.environ.get(COMPACT_ROWS_ENV) == "0" else "auto")
+                            compact_host_rows="auto" if on_off(COMPACT_ROWS_ENV) else "off")
 
 
 def build_thinker_engine(params: dict[str, str], device_id: str = "0"):
@@ -108,7 +108,7 @@ def prefill_chunk_rows(config: RunnerConfig) -> int:
     """Where steps replay graphs, a longer prefill goes in chunks the mixed graphs hold
     (backends/thinker/prefill_chunks.py); elsewhere (CPU: every step is eager) in one step."""
     graphed = config.is_fast_path and config.use_cuda_graphs and config.mixed_cuda_graphs
-    if not graphed or not config.device.startswith("cuda") or os.environ.get(PREFILL_CHUNKS_ENV) == "0":
+    if not graphed or not config.device.startswith("cuda") or not on_off(PREFILL_CHUNKS_ENV):
         return 0
     return config.mixed_graph_max_query_len
 

@@ -17,3 +17,14 @@ def test_every_switch_the_package_reads_is_documented() -> None:
     assert read, "no switch found: the pattern or the layout changed"
     assert read - documented == set(), "read but not documented in deploy/README.md"
     assert documented - read == set(), "documented in deploy/README.md but never read"
+
+
+# An on/off switch compared with "0" or "1" by hand: a typo ("off", "false") would then serve one
+# arm silently. The switches go through backends/serving/switches.py's on_off, which refuses it.
+LOOSE_READ = re.compile(r'environ\.get\(\s*(?:[A-Z0-9_]+_ENV|"MINICPMO_[A-Z0-9_]+")[^)]*\)\s*[!=]=\s*"[01]"')
+
+
+def test_on_off_switches_are_read_through_the_validating_reader() -> None:
+    loose = [f"{path.relative_to(ROOT)}: {m.group(0)}" for path in sorted((ROOT / "backends").rglob("*.py"))
+             for m in LOOSE_READ.finditer(path.read_text())]
+    assert loose == []

@@ -115,6 +115,8 @@ def test_the_switch_decides_whether_calls_are_metered():
     assert with_call_metrics(stages, metrics, {}) is stages
     assert with_call_metrics(stages, metrics, {CALL_METRICS_ENV: "0"}) is stages
     assert isinstance(with_call_metrics(stages, metrics, {CALL_METRICS_ENV: "1"}), MeteredStageClients)
+    with pytest.raises(ValueError, match=CALL_METRICS_ENV):  # a typo is refused, not read as off
+        with_call_metrics(stages, metrics, {CALL_METRICS_ENV: "true"})
 
 
 def test_a_request_s_send_time_is_read_from_its_parameters():

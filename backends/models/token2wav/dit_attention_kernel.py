@@ -17,7 +17,6 @@ a window's attention is latency-bound, one program walking every cached tile in 
 from __future__ import annotations
 
 import math
-import os
 
 import torch
 import triton
@@ -26,6 +25,7 @@ import triton.language as tl
 from backends.models import split_softmax
 from backends.models.split_softmax import merge_partials, softmax_step, split_target, store_partial
 from backends.runner.pdl import pdl_launch_args, wait_for_inputs
+from backends.serving.switches import on_off
 
 _BLOCK_N = 64  # keys per step of the online softmax
 KEY_SPLITS_ENV = "MINICPMO_DIT_KEY_SPLITS"  # "0": never split the keys
@@ -142,7 +142,7 @@ def key_splits(programs: int, key_tiles: int) -> int:
     """Key splits for `programs` programs over `key_tiles` tiles (split_softmax.key_splits: a
     window of one stream has 64 programs for the H200's 132 SMs, each walking every cached key
     tile in turn, ~16 us per call in perf/profile_code2wav.py); 1 where switched off."""
-    if os.environ.get(KEY_SPLITS_ENV, "1") == "0":
+    if not on_off(KEY_SPLITS_ENV):
         return 1
     return split_softmax.key_splits(programs, key_tiles)
 

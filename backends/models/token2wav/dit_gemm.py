@@ -19,7 +19,6 @@ bandwidth or FLOPs (perf/results/audio_tail_h200.md). Two things shorten it here
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import torch
@@ -29,6 +28,7 @@ import triton.language as tl
 
 from backends.models.split_softmax import dot_for_dtype
 from backends.runner.pdl import pdl_launch_args, use_pdl, wait_for_inputs
+from backends.serving.switches import on_off
 
 SPLIT_K_ENV = "MINICPMO_DIT_SPLIT_K"  # "0": never split
 _SPLIT_ROWS = ((128, 4),)  # (up to rows, K parts): one stream's window (H200, see doc)
@@ -97,7 +97,7 @@ def _gemm_kernel(
 
 def split_count(rows: int, k_total: int) -> int:
     """K parts for a product of `rows` rows: 1 (no split) once enough tiles fill the GPU."""
-    if os.environ.get(SPLIT_K_ENV, "1") == "0":
+    if not on_off(SPLIT_K_ENV):
         return 1
     for max_rows, parts in _SPLIT_ROWS:
         if rows <= max_rows:
