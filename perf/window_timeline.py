@@ -1,7 +1,7 @@
 """Where a steady Code2Wav window's time goes, without the profiler: host clocks and CUDA events
 around each graphed part of `Token2Wav.decode` (encoder, CFM solve, HiFT).
 
-    PYTHONPATH=$PWD python3 perf/window_timeline.py --batches 1,16 [--windows 8] [--out t.md]
+    PYTHONPATH=$PWD python3 perf/window_timeline.py --batches 1,16 [--windows 8] [--idle-s 1] [--out t.md]
 
 Per batch size, the median over the timed windows of: when the host entered and left each
 part, when the device began and ended that part's work (CUDA events recorded as the part is
@@ -11,7 +11,10 @@ whose device start comes well after the previous part's device end waited for th
 time before the encoder's device start is host work with nothing queued. The torch profiler
 stretches host time 2-3x (cudaGraphLaunch most), which hides exactly this; CUDA events and
 host clocks do not. Full dimensions with random weights, bf16 flow, pooled caches and CUDA
-graphs, as served; `--tiny` on CPU shows the host columns only (tests).
+graphs, as served; `--tiny` on CPU shows the host columns only (tests). `--idle-s S`: each timed
+window starts after the device and this thread idled S seconds, as one served stream's windows
+(~1 s apart) do; a window costs ~0.4 ms more then (audio_tail_h200.md), and the columns say
+whether the host is late to launch or the device is slower once launched.
 """
 
 from __future__ import annotations
@@ -90,8 +93,9 @@ def build(tiny: bool, device: torch.device, batch: int) -> tuple[Token2Wav, list
     return model, [model.new_stream(voice) for _ in range(batch)]
 
 
-def time_windows(model: Token2Wav, streams: list, windows: int, seed: int = 0) -> list[dict[str, float]]:
-    """Per timed window: {column: ms from decode's start}."""
+def time_windows(model: Token2Wav, streams: list, windows: int, seed: int = 0,
+                 idle_s: float = 0.0) -> list[dict[str, float]]:
+    """Per timed window (each after `idle_s` seconds of idling): {column: ms from decode's start}."""
     cuda = model.device.type == "cuda"
     rng = np.random.default_rng(seed)
 
@@ -107,6 +111,7 @@ def time_windows(model: Token2Wav, streams: list, windows: int, seed: int = 0) -
         for _ in range(windows):
             if cuda:
                 torch.cuda.synchronize()
+            time.sleep(idle_s)
             marks.append(Marks(time.perf_counter(), _event(cuda)))
             window()
             wall = time.perf_counter()
@@ -133,9 +138,10 @@ def _columns(marks: Marks, wall: float, end: torch.cuda.Event | None) -> dict[st
     return row
 
 
-def report(batch: int, rows: list[dict[str, float]]) -> list[str]:
+def report(batch: int, rows: list[dict[str, float]], idle_s: float = 0.0) -> list[str]:
     """Markdown: one line per column, the median and range over the windows."""
-    lines = [f"### batch {batch} ({len(rows)} windows, ms from the window's start)", "",
+    idle = f", each after {idle_s:g} s idle" if idle_s else ""
+    lines = [f"### batch {batch} ({len(rows)} windows{idle}, ms from the window's start)", "",
              "| column | median | min | max |", "|---|---:|---:|---:|"]
     for column in rows[0]:
         values = [row[column] for row in rows]
@@ -148,6 +154,7 @@ def main() -> None:
     parser.add_argument("--batches", default="1,16")
     parser.add_argument("--windows", type=int, default=8, help="timed windows per batch size")
     parser.add_argument("--tiny", action="store_true", help="the tiny model (CPU without CUDA)")
+    parser.add_argument("--idle-s", default="0", help="comma list: idle seconds before each timed window")
     parser.add_argument("--out", default="", help="also write the tables to this markdown file")
     args = parser.parse_args()
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -155,7 +162,8 @@ def main() -> None:
     with torch.inference_mode():
         for batch in (int(b) for b in args.batches.split(",")):
             model, streams = build(args.tiny, device, batch)
-            lines += report(batch, time_windows(model, streams, args.windows))
+            for idle_s in (float(s) for s in args.idle_s.split(",")):
+                lines += report(batch, time_windows(model, streams, args.windows, idle_s=idle_s), idle_s)
     print("\n".join(lines))
     if args.out:
         with open(args.out, "w") as handle:

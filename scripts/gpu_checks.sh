@@ -53,7 +53,7 @@ check bench_talker_draw "$python" perf/bench_talker_draw.py --batches 1,16 --num
 check bench_policy_draw "$python" perf/bench_policy_draw.py
 check profile_hift "$python" perf/profile_code2wav.py --hift-batches 1,16 --repeats 20
 # Where a window's time goes without the profiler: host entry / exit and device span per graphed part.
-check window_timeline "$python" perf/window_timeline.py --batches 1,16 --out "$out/window_timeline.md"
+check window_timeline "$python" perf/window_timeline.py --batches 1,16 --idle-s 0,1 --out "$out/window_timeline.md"
 check bench_code2wav "$python" perf/bench_audio_tail.py --stages code2wav --repeats 3 --batches 1,4,8,16 \
     --code2wav-modes on+bf16+pool --out "$out/audio_tail_code2wav.md" --commit "${COMMIT:-unknown}"
 # Code2Wav with its DiT kernels in plain stream order and q|k|v / fc1 on cuBLAS (A/B).

@@ -4,6 +4,8 @@ has a line per column (device columns need CUDA)."""
 
 from __future__ import annotations
 
+import time
+
 import torch
 
 from perf.window_timeline import PARTS, build, report, time_windows
@@ -22,3 +24,15 @@ def test_a_window_is_timed_part_by_part_in_order() -> None:
         assert not any("device" in column for column in row)  # CPU: host columns only
     lines = report(2, rows)
     assert lines[0].startswith("### batch 2 (2 windows") and len(lines) == 4 + len(rows[0]) + 1
+
+
+def test_idle_windows_start_after_the_pause_and_say_so() -> None:
+    with torch.inference_mode():
+        model, streams = build(tiny=True, device=torch.device("cpu"), batch=1)
+        time_windows(model, streams, windows=1)  # warm: the timed call below is one pause + windows
+        start = time.perf_counter()
+        rows = time_windows(model, streams, windows=2, idle_s=0.3)
+        elapsed = time.perf_counter() - start
+    assert elapsed >= 0.6  # each timed window paused first
+    assert all(row["encoder host in"] < 300.0 for row in rows)  # the pause is not in a window's time
+    assert report(1, rows, idle_s=0.3)[0] == "### batch 1 (2 windows, each after 0.3 s idle, ms from the window's start)"
