@@ -27,6 +27,7 @@ from backends.serving.stub_priority import (
     DEFAULT_LOW_PRIORITY, SM_PERCENT_ENV, STUB_NAME, install_wrappers, low_priority_stages, sm_percents,
     stage_environments, stages_from_environment,
 )
+from backends.serving.switches import check_switches
 from backends.serving.triton_install import find_triton
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
@@ -226,7 +227,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def server_options(args: argparse.Namespace) -> ServerOptions:
     """The options the command line and the environment ask for; ValueError names what is wrong
-    (a profile, a `--set` variable, a MINICPMO_MPS_* setting)."""
+    (a profile, a `--set` variable, a MINICPMO_MPS_* setting, an on/off switch the stages read)."""
+    check_switches()
     malformed = [item for item in args.set if "=" not in item]
     if malformed:
         raise ValueError(f"--set takes NAME=VALUE, got {malformed}")

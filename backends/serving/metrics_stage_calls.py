@@ -36,7 +36,7 @@ T = TypeVar("T")
 
 
 def call_metrics_enabled(environ: Mapping[str, str] = os.environ) -> bool:
-    return on_off(CALL_METRICS_ENV, default=False, environ=environ)
+    return on_off(CALL_METRICS_ENV, environ)
 
 
 def with_call_metrics(clients: StageClients, metrics: MetricsThread,

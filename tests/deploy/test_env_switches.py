@@ -28,3 +28,23 @@ def test_on_off_switches_are_read_through_the_validating_reader() -> None:
     loose = [f"{path.relative_to(ROOT)}: {m.group(0)}" for path in sorted((ROOT / "backends").rglob("*.py"))
              for m in LOOSE_READ.finditer(path.read_text())]
     assert loose == []
+
+
+ON_OFF_CALL = re.compile(r"\bon_off\(\s*([A-Z0-9_]+)\b")
+
+
+def test_every_on_off_switch_is_registered_with_its_default() -> None:
+    """The launcher checks the registered switches before it starts anything: a switch read
+    through on_off but missing from ON_OFF_DEFAULTS would escape that check (and fail its
+    reader with a KeyError); a registered one no module reads is stale."""
+    from backends.serving.switches import ON_OFF_DEFAULTS
+
+    read = set()
+    for path in (ROOT / "backends").rglob("*.py"):
+        text = path.read_text()
+        for constant in ON_OFF_CALL.findall(text):
+            value = re.search(rf'^{constant} = "(MINICPMO_[A-Z0-9_]+)"', text, re.MULTILINE)
+            assert value, f"{path.relative_to(ROOT)}: on_off({constant}) is not a module constant"
+            read.add(value.group(1))
+    assert read, "no on_off call found: the pattern or the layout changed"
+    assert read == set(ON_OFF_DEFAULTS)
