@@ -13,8 +13,9 @@ stretches host time 2-3x (cudaGraphLaunch most), which hides exactly this; CUDA 
 host clocks do not. Full dimensions with random weights, bf16 flow, pooled caches and CUDA
 graphs, as served; `--tiny` on CPU shows the host columns only (tests). `--idle-s S`: each timed
 window starts after the device and this thread idled S seconds, as one served stream's windows
-(~1 s apart) do; a window costs ~0.4 ms more then (audio_tail_h200.md), and the columns say
-whether the host is late to launch or the device is slower once launched.
+(~1 s apart) do. A window costs ~0.3-0.4 ms more then, and the columns say where: on an H100
+every part took the same time on the GPU and the host reached the encoder's graph ~0.3 ms later
+(audio_tail_h200.md, thirty-second session).
 """
 
 from __future__ import annotations
