@@ -16,7 +16,7 @@ import torch
 
 from backends.runner.sampling_states import SamplingStates
 from backends.runner.types import DeviceLogitsProcessor, FusedDraw
-from backends.serving.switches import on_off
+from backends.switches import on_off
 
 FUSED_DRAW_ENV = "MINICPMO_FUSED_DRAW"
 

@@ -24,7 +24,7 @@ from backends.runner.triton_gemv import (
     triton_linear,
 )
 from backends.runner.triton_layer_ops import qk_norm_rope_store_kv, rms_norm, silu_and_mul
-from backends.serving.switches import on_off
+from backends.switches import on_off
 
 PROLOGUES_ENV = "MINICPMO_GEMV_PROLOGUES"  # "0": never fold (A/B runs against the unfused path)
 ROPE_ENV = "MINICPMO_GEMV_ROPE"  # "0": never fold RoPE + the KV write into the q|k|v GEMV

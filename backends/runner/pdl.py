@@ -28,7 +28,7 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from backends.serving.switches import on_off
+from backends.switches import on_off
 
 PDL_ENV = "MINICPMO_PDL"  # "0": launch every kernel in stream order (the A/B switch)
 LINE_ELEMENTS: tl.constexpr = tl.constexpr(64)  # 16-bit elements per 128-byte L2 line

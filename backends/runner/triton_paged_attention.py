@@ -25,7 +25,7 @@ import triton.language as tl
 from backends.runner.attention import AttentionMetadata
 from backends.runner.pdl import pdl_launch_args, wait_for_inputs
 from backends.runner.split_merge import merge_splits
-from backends.serving.switches import on_off
+from backends.switches import on_off
 
 DECODE_ROWS = 16  # BLOCK_Q * GROUP_PAD for single-token queries (tl.dot needs >= 16 rows)
 APPEND_ROWS = 64  # rows per tile when some request has several query tokens

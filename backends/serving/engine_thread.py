@@ -23,8 +23,8 @@ from typing import Any, Callable, Protocol
 
 import torch
 
-from backends.serving.switches import on_off
 from backends.stages.sink import ResponseSink, StageError, StageFailure
+from backends.switches import on_off
 
 log = logging.getLogger(__name__)
 

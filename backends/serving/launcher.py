@@ -27,8 +27,8 @@ from backends.serving.stub_priority import (
     DEFAULT_LOW_PRIORITY, SM_PERCENT_ENV, STUB_NAME, install_wrappers, low_priority_stages, sm_percents,
     stage_environments, stages_from_environment,
 )
-from backends.serving.switches import check_switches
 from backends.serving.triton_install import find_triton
+from backends.switches import check_switches
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_REPOSITORY = PROJECT_ROOT / "model_repository"

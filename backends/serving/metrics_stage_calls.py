@@ -25,10 +25,10 @@ from typing import TypeVar
 from backends.duplex.stage_clients import CODE2WAV, TALKER, THINKER, StageClients
 from backends.serving.metrics_catalog import STAGE_CALL
 from backends.serving.metrics_thread import MetricsThread
-from backends.serving.switches import on_off
 from backends.stages.contracts import (
     Code2WavAudio, Code2WavRequest, TalkerCodes, TalkerRequest, ThinkerRequest, ThinkerUnitResult,
 )
+from backends.switches import on_off
 
 CALL_METRICS_ENV = "MINICPMO_STAGE_CALL_METRICS"  # "1": observe every stage call
 SENT_NS_PARAMETER = "sent_ns"  # request parameter: time.monotonic_ns() when the orchestrator sent it

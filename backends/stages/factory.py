@@ -16,9 +16,9 @@ from backends.checkpoint.full_random import FullRandomCheckpoint, full_random_ch
 from backends.checkpoint.loader import Checkpoint, load_checkpoint
 from backends.runner.types import RunnerConfig
 from backends.serving.checkpoints import FULL_RANDOM, prepare_checkpoint
-from backends.serving.switches import on_off
 from backends.stages.code2wav_service import Code2WavService
 from backends.stages.window_schedule import FIRST_WINDOW_HOLD_S
+from backends.switches import on_off
 
 BLOCK_SIZE = 16
 SLOT_MARGIN = 2  # requests of an epoch being stopped while the next one starts

@@ -20,7 +20,7 @@ def test_every_switch_the_package_reads_is_documented() -> None:
 
 
 # An on/off switch compared with "0" or "1" by hand: a typo ("off", "false") would then serve one
-# arm silently. The switches go through backends/serving/switches.py's on_off, which refuses it.
+# arm silently. The switches go through backends/switches.py's on_off, which refuses it.
 LOOSE_READ = re.compile(r'environ\.get\(\s*(?:[A-Z0-9_]+_ENV|"MINICPMO_[A-Z0-9_]+")[^)]*\)\s*[!=]=\s*"[01]"')
 
 
@@ -37,7 +37,7 @@ def test_every_on_off_switch_is_registered_with_its_default() -> None:
     """The launcher checks the registered switches before it starts anything: a switch read
     through on_off but missing from ON_OFF_DEFAULTS would escape that check (and fail its
     reader with a KeyError); a registered one no module reads is stale."""
-    from backends.serving.switches import ON_OFF_DEFAULTS
+    from backends.switches import ON_OFF_DEFAULTS
 
     read = set()
     for path in (ROOT / "backends").rglob("*.py"):

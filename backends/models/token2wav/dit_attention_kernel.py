@@ -25,7 +25,7 @@ import triton.language as tl
 from backends.models import split_softmax
 from backends.models.split_softmax import merge_partials, softmax_step, split_target, store_partial
 from backends.runner.pdl import pdl_launch_args, wait_for_inputs
-from backends.serving.switches import on_off
+from backends.switches import on_off
 
 _BLOCK_N = 64  # keys per step of the online softmax
 KEY_SPLITS_ENV = "MINICPMO_DIT_KEY_SPLITS"  # "0": never split the keys

@@ -28,7 +28,7 @@ import triton.language as tl
 
 from backends.models.split_softmax import dot_for_dtype
 from backends.runner.pdl import pdl_launch_args, use_pdl, wait_for_inputs
-from backends.serving.switches import on_off
+from backends.switches import on_off
 
 SPLIT_K_ENV = "MINICPMO_DIT_SPLIT_K"  # "0": never split
 _SPLIT_ROWS = ((128, 4),)  # (up to rows, K parts): one stream's window (H200, see doc)
