@@ -39,8 +39,8 @@ BASE=${PORT_BASE:-8000}
 PROFILE=${PROFILE:-gpu}
 CHECKPOINT=${CHECKPOINT:-full-random}
 PYTHON=${PYTHON:-python3}
-# The `gpu` profile sized for an 80 GB card (24 sessions of 4096 Thinker tokens; estimated from the
-# H200's shares, not yet started on an H100): SERVER_SETS=h100.
+# The `gpu` profile sized for an 80 GB card (24 sessions of 4096 Thinker tokens; served C <= 16 on
+# an H100 in sessions 30-32): SERVER_SETS=h100.
 H100_SETS="max_sessions=24 max_context_tokens=4096 thinker_memory_fraction=0.52 talker_memory_fraction=0.12 code2wav_memory_fraction=0.28"
 
 prepare() {
@@ -128,11 +128,18 @@ stop_servers() {
 SERVER_PIDS=()
 trap stop_servers EXIT
 
+gpu_name() {  # the card the run got (an nvidia-h200 call may land on an H100): "H200", "H100 80GB HBM3"
+  local name
+  name=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n 1) || true
+  name=${name#NVIDIA }
+  echo "${name:-unknown GPU}"
+}
+
 bench() {  # bench LEVELS PART URLS METRICS_URLS
   local levels=${1:?levels, e.g. 1,2,4,8} part=${2:?part name, e.g. a}
   "$PYTHON" -m perf.duplex_bench --url "$3" --metrics-url "$4" \
     --profile "$PROFILE" --concurrency "$levels" --level-budget-s "${LEVEL_BUDGET_S:-0}" --name "duplex_h200_$part" \
-    --title "Duplex realtime benchmark, ${TITLE:-1x H200, full-random ($PROFILE profile)}" --commit "${COMMIT:-unknown}" \
+    --title "Duplex realtime benchmark, ${TITLE:-1x $(gpu_name), full-random ($PROFILE profile)}" --commit "${COMMIT:-unknown}" \
     --out "$OUT" || echo "benchmark exit status $? (failed turns are in the report)"
 }
 
