@@ -128,18 +128,13 @@ stop_servers() {
 SERVER_PIDS=()
 trap stop_servers EXIT
 
-gpu_name() {  # the card the run got (an nvidia-h200 call may land on an H100): "H200", "H100 80GB HBM3"
-  local name
-  name=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n 1) || true
-  name=${name#NVIDIA }
-  echo "${name:-unknown GPU}"
-}
-
+# The default title names no card: an nvidia-h200 call may land on an H100, and the report's
+# device line (perf.duplex_bench's describe_device) names the one the run got.
 bench() {  # bench LEVELS PART URLS METRICS_URLS
   local levels=${1:?levels, e.g. 1,2,4,8} part=${2:?part name, e.g. a}
   "$PYTHON" -m perf.duplex_bench --url "$3" --metrics-url "$4" \
     --profile "$PROFILE" --concurrency "$levels" --level-budget-s "${LEVEL_BUDGET_S:-0}" --name "duplex_h200_$part" \
-    --title "Duplex realtime benchmark, ${TITLE:-1x $(gpu_name), full-random ($PROFILE profile)}" --commit "${COMMIT:-unknown}" \
+    --title "Duplex realtime benchmark, ${TITLE:-full-random ($PROFILE profile)}" --commit "${COMMIT:-unknown}" \
     --out "$OUT" || echo "benchmark exit status $? (failed turns are in the report)"
 }
 
