@@ -23,6 +23,7 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+import torch
 
 from backends.audio.codec_windows import CodecWindowBridge, CodecWindowConfig
 from backends.models.token2wav.batch_buckets import BATCH_BUCKETS, batch_bucket
@@ -79,8 +80,21 @@ def warm_up(engine: Any, name: str, make_request: RequestMaker, max_sessions: in
     if held or counts.get("kv_free_blocks") != counts.get("kv_blocks"):
         raise RuntimeError(f"{name} warm-up left state behind: {counts}")
     elapsed = time.perf_counter() - started
-    logger.info("%s warm-up (groups %s) took %.1f s", name, sizes, elapsed)
+    logger.info("%s warm-up (groups %s) took %.1f s%s", name, sizes, elapsed, cuda_memory_note())
     return elapsed
+
+
+def cuda_memory_note() -> str:
+    """The allocator's peak and current use on this process's GPU, for the load log: how close
+    a stage came to its memory share (`<stage>_memory_fraction`); empty without CUDA."""
+    import torch
+
+    if not torch.cuda.is_initialized():
+        return ""
+    gib = 1 << 30
+    return (f"; CUDA memory peak {torch.cuda.max_memory_reserved() / gib:.2f} GiB reserved "
+            f"({torch.cuda.max_memory_allocated() / gib:.2f} GiB allocated), now "
+            f"{torch.cuda.memory_reserved() / gib:.2f} GiB reserved")
 
 
 def thinker_request(request_id: str, index: int) -> ThinkerRequest:

@@ -70,7 +70,7 @@ def test_overrides_move_a_stage(tmp_path):
     ("gpu", {"talker_gpus": ""}, "one GPU id"),
     ("cpu", {"thinker_gpus": "0"}, "must be empty with KIND_CPU"),
     ("cpu", {"talker_memory_fraction": "0.3"}, "GPU stages only"),
-    ("gpu", {"thinker_memory_fraction": "0.9"}, "add up to 1.38"),
+    ("gpu", {"thinker_memory_fraction": "0.9"}, "add up to 1.35"),
     ("gpu-split", {"talker_memory_fraction": "1.5"}, r"must be in \[0, 1\]"),
     ("gpu", {"device": "cpu"}, "does not match instance_kind"),
     ("gpu", {"max_sessions": "31"}, "multiple of duplex_instances"),

@@ -6,7 +6,10 @@ part a final window cannot pad into a captured graph)."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
+import torch
 
 from backends.models.token2wav import graphs
 from backends.models.token2wav.graphs import frame_bucket
@@ -15,6 +18,7 @@ from backends.stages.factory import (
 )
 from backends.stages.warmup import (
     CODE2WAV_FINAL_FRAMES, CODE2WAV_LONE_FINAL_FRAMES, CODE2WAV_WINDOWS, code2wav_request_maker, code2wav_warmup_sizes,
+    cuda_memory_note,
     talker_request_maker, thinker_request, warm_up, warm_up_code2wav, warmup_group_sizes,
 )
 
@@ -45,6 +49,18 @@ def test_talker_warm_up_streams_frames_and_frees_everything() -> None:
     maker = talker_request_maker(engine._model.config.llm_dim, WARMUP_TEXT_TOKEN)
     warm_up(engine, "talker", maker, max_sessions=3)
     _assert_released(engine)
+
+
+def test_the_warm_up_log_states_cuda_memory_only_where_cuda_runs() -> None:
+    # how close a stage's load came to its memory share is read from this line
+    if not torch.cuda.is_available():
+        assert cuda_memory_note() == ""
+        return
+    held = torch.zeros(1 << 20, device="cuda")
+    note = cuda_memory_note()
+    assert re.fullmatch(r"; CUDA memory peak [0-9.]+ GiB reserved \([0-9.]+ GiB allocated\), now [0-9.]+ GiB "
+                        r"reserved", note), note
+    del held
 
 
 def test_a_failing_warm_up_request_fails_the_load() -> None:
