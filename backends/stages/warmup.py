@@ -87,8 +87,6 @@ def warm_up(engine: Any, name: str, make_request: RequestMaker, max_sessions: in
 def cuda_memory_note() -> str:
     """The allocator's peak and current use on this process's GPU, for the load log: how close
     a stage came to its memory share (`<stage>_memory_fraction`); empty without CUDA."""
-    import torch
-
     if not torch.cuda.is_initialized():
         return ""
     gib = 1 << 30
