@@ -50,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     write_json(args.out / f"{args.name}.json", meta, levels)
     (args.out / f"{args.name}.md").write_text(render_markdown(args.title, meta, levels), encoding="utf-8")
-    plot_levels(args.out / f"{args.name}.png", args.title, levels)
+    plot_levels(args.out / f"{args.name}.png", args.title, levels, meta)
     print(f"wrote {args.out / args.name}.json, .md, .png ({len(levels)} levels)")
     return 0
 

@@ -25,7 +25,7 @@ REFERENCE = {
     4: ((643, 606), (816, 722), (1.20, 1.15), (1.30, 1.24)),
     8: ((572, 493), (823, 687), (1.50, 1.31), (1.76, 1.69)),
 }
-GOAL = ("Goal (issue 6): at every C <= 16, TTFP mean at most half of the best reference "
+GOAL = ("Goal: at every C <= 16, TTFP mean at most half of the best reference "
         "(best rerun: 213 ms at C=1, 540 ms at C=8) and RTF median <= 1.05; at C=32 TTFP P99 < 1 s "
         "with no failed session.")
 STAGES = ("thinker", "talker", "code2wav")

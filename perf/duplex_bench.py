@@ -9,7 +9,7 @@ model: each turn is its own session opened with a bundled English sentence as
 real time in 200 ms appends until `response.done`; 4 turns per group; at concurrency C,
 2 x C groups with C in flight. Reply shape (random weights): 4-6 speaking units of 4 text
 tokens by default. Writes <out>/<name>.json (raw, every turn), .md (tables) and .png (TTFP and
-RTF against C, next to vLLM-Omni's published numbers).
+RTF against C; next to vLLM-Omni's published numbers for the full-model GPU profiles).
 """
 from __future__ import annotations
 
@@ -121,7 +121,7 @@ def write_outputs(out: Path, name: str, title: str, meta: dict[str, Any], result
     levels = [result.to_json() for result in results]
     write_json(out / f"{name}.json", meta, levels)
     (out / f"{name}.md").write_text(render_markdown(title, meta, levels), encoding="utf-8")
-    if not plot_levels(out / f"{name}.png", title, levels):
+    if not plot_levels(out / f"{name}.png", title, levels, meta):
         print("note: matplotlib is not installed (pip install -e .[plot]); no plot written", file=sys.stderr)
     print(f"wrote {out / name}.json, .md, .png")
 

@@ -25,10 +25,11 @@
 # On two H200s (kind nvidia-h200-x2), issue 9's placements: (a) `bench` as above (one GPU),
 #   (b) COMMIT=<sha> bash scripts/gpu_duplex_bench.sh bench-split 4,8,16,32 split
 #   (c) COMMIT=<sha> bash scripts/gpu_duplex_bench.sh bench-replicas 4,8,16,32 replicas
-# Each part writes $OUT/duplex_h200_<part>.{json,md,png} (after every level, so a part cut
-# short keeps what it measured) and the server log. Then, here:
-#   .venv/bin/python -m perf.bench_merge A/duplex_h200_a.json B/duplex_h200_b.json \
-#       --name duplex_h200 --out perf/results --title "Duplex realtime benchmark, 1x H200, full-random"
+# Each part writes $OUT/duplex_<part>.{json,md,png} (after every level, so a part cut
+# short keeps what it measured) and the server log. Then, here, the current page (one part or
+# several; on an H100 with SERVER_SETS=h100: --name duplex_h100, "1x H100 80 GB, ..."):
+#   .venv/bin/python -m perf.bench_merge A/duplex_a.json B/duplex_b.json --name duplex_h200 \
+#       --out perf/results --title "Duplex realtime benchmark, 1x H200, full-random (gpu profile)"
 set -euo pipefail
 cd "$(dirname "$0")/.."
 CARRY=.devcarry
@@ -133,7 +134,7 @@ trap stop_servers EXIT
 bench() {  # bench LEVELS PART URLS METRICS_URLS
   local levels=${1:?levels, e.g. 1,2,4,8} part=${2:?part name, e.g. a}
   "$PYTHON" -m perf.duplex_bench --url "$3" --metrics-url "$4" \
-    --profile "$PROFILE" --concurrency "$levels" --level-budget-s "${LEVEL_BUDGET_S:-0}" --name "duplex_h200_$part" \
+    --profile "$PROFILE" --concurrency "$levels" --level-budget-s "${LEVEL_BUDGET_S:-0}" --name "duplex_$part" \
     --title "Duplex realtime benchmark, ${TITLE:-full-random ($PROFILE profile)}" --commit "${COMMIT:-unknown}" \
     --out "$OUT" || echo "benchmark exit status $? (failed turns are in the report)"
 }
