@@ -3,7 +3,8 @@ the placement rules the variables enforce, and the one documented variables tabl
 
 Strategy: render each GPU profile into a temporary repository and read back instance groups
 and parameters per model; feed every placement rule a violating value; parse the table in
-deploy/README.md and compare it cell by cell with the Profile fields and profile values.
+deploy/README.md and compare it cell by cell with the Profile fields and profile values, and the
+metrics table of docs/metrics.md with the metrics catalog.
 """
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from backends.serving.repository import render_repository
 ROOT = Path(__file__).resolve().parents[2]
 REPO = ROOT / "model_repository"
 README = ROOT / "deploy" / "README.md"
+METRICS_DOC = ROOT / "docs" / "metrics.md"
 TABLE_PROFILES = ("cpu", "gpu", "gpu-split")
 
 
@@ -83,8 +85,8 @@ def test_placement_rules_refuse_what_cannot_work(profile, overrides, message):
         get_profile(profile).with_overrides(overrides)
 
 
-def _table(heading: str) -> list[list[str]]:
-    section = README.read_text().split(f"## {heading}\n", 1)[1].split("\n## ", 1)[0]
+def _table(heading: str, page: Path = README) -> list[list[str]]:
+    section = page.read_text().split(f"## {heading}\n", 1)[1].split("\n#", 1)[0]
     rows = [line for line in section.splitlines() if line.startswith("| ")]
     return [[cell.strip() for cell in row.strip("|").split("|")] for row in rows[1:]]  # skip the header
 
@@ -103,5 +105,5 @@ def test_the_variables_table_documents_every_variable_with_its_values():
 
 
 def test_the_metrics_table_lists_every_metric():
-    rows = _table("Metrics")
+    rows = _table("Server metrics (Prometheus)", METRICS_DOC)
     assert [(row[0].strip("`"), row[1]) for row in rows] == [(m.name, m.kind) for m in ALL_METRICS]
