@@ -160,7 +160,7 @@ def test_the_report_names_what_cannot_serve(fake_triton, monkeypatch, capsys):
                              "thinker": "[internal] Stub process 'thinker_0_0' is not healthy."}
     assert "code2wav" not in [m for c in FakeChannel.made for m, _ in c.calls], "an unloaded stage is not asked"
     assert not server_ready(fake_triton, "stages:1")
-    assert not server_ready(fake_triton, "stages:1", check_stages=False), "Triton's own fails too: a model is not loaded"
+    assert not server_ready(fake_triton, "stages:1", check_stages=False), "a model is not loaded: Triton's own fails"
     assert main(["--url", fake_triton, "--grpc-url", "stages:1"]) == 1
     assert json.loads(capsys.readouterr().out.splitlines()[-1])["models"]["talker"].startswith("[unavailable]")
 

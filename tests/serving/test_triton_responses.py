@@ -3,7 +3,8 @@ can receive.
 
 A sink that already sent data ends an error close with a flags-only FINAL (2.51's BLS drops an
 error response that is not the request's first, and the FINAL on it; the stages keep the rule
-for every caller); a FINAL whose send fails is retried without its response. A fake sender records what would reach the server.
+for every caller); a FINAL whose send fails is retried without its response. A fake sender
+records what would reach the server.
 """
 from __future__ import annotations
 
