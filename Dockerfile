@@ -49,7 +49,8 @@ VOLUME ["/var/lib/minicpmo"]
 # HTTP, gRPC (clients; the duplex stream), metrics (Prometheus: /metrics).
 EXPOSE 8000 8001 8002
 
-# Ready only while every stage can serve (the `health` model), not just while loaded.
+# Ready only while every stage can serve (its `health` action, asked over gRPC port 8001),
+# not just while loaded.
 HEALTHCHECK --interval=30s --timeout=20s --start-period=600s --retries=3 \
     CMD ["python3", "-m", "backends.serving.health", "--url", "http://127.0.0.1:8000"]
 

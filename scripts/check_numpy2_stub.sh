@@ -3,7 +3,7 @@
 # CI's .venv pins numpy 1.26). backends/serving/triton_tensors.py says what numpy 2 breaks in
 # the 2.51 stub and how we avoid it; scripts/numpy2_stub_probe.py says what is checked.
 #
-#   bash scripts/check_numpy2_stub.sh            # probe: BLS text fields + EVENT JSON (~1 min)
+#   bash scripts/check_numpy2_stub.sh            # probe: stage text fields + EVENT JSON (~1 min)
 #   bash scripts/check_numpy2_stub.sh --e2e      # and a duplex conversation on the cpu profile
 #   CHECK_PYTHON=/path/venv/bin/python bash scripts/check_numpy2_stub.sh
 #       # check an existing environment as it is (e.g. the GPU machine's numpy-2 venv)

@@ -9,9 +9,9 @@ gets), three models built from our real tensor code:
 
   thinker  a stand-in stage with the real ThinkerRequest -> ThinkerUnitResult contract: it
            decodes with `decode_request` and echoes the text fields with `encode_response`.
-  front    calls `thinker` over BLS through the real `BlsStageClients` and answers an EVENT
-           JSON (TYPE_STRING) through `output_tensors`, as `duplex` does, with the numpy
-           version its stub imported.
+  front    calls `thinker` over a gRPC stream to the server through the real
+           `GrpcStageClients` and answers an EVENT JSON (TYPE_STRING) through `output_tensors`,
+           as `duplex` does, with the numpy version its stub imported.
   plain    the stub's own string path (pb_utils.Tensor from an object array): the bug. Its
            EVENT arrives empty under numpy 2 and whole under numpy 1.
 
@@ -60,19 +60,25 @@ FRONT_PY = '''
 import json, sys
 import numpy as np
 import triton_python_backend_utils as pb_utils
-from backends.serving.triton_duplex import BlsStageClients
+from backends.serving.grpc_stages import GrpcStageClients, stage_url
 from backends.serving.triton_tensors import output_tensors
 from backends.stages.contracts import ThinkerRequest
 
 class TritonPythonModel:
+    def initialize(self, args):
+        self._stages = GrpcStageClients(stage_url({}))
+
     def execute(self, requests):
         text = json.loads(json.loads(requests[0].parameters())["text"])
         request = ThinkerRequest(request_id="probe-ü", audio=np.zeros(160, np.float32), seq=3, **text)
-        (result,) = list(BlsStageClients(pb_utils).thinker(request))
+        (result,) = list(self._stages.thinker(request))
         event = {"numpy": np.__version__, "python": sys.version.split()[0], "request_id": result.request_id,
                  "seq": result.seq, "decision": result.decision, "text": result.text}
         arrays = {"EVENT": np.array([json.dumps(event, ensure_ascii=False).encode("utf-8")], dtype=np.object_)}
         return [pb_utils.InferenceResponse(output_tensors=output_tensors(pb_utils, arrays)) for _ in requests]
+
+    def finalize(self):
+        self._stages.close()
 '''
 PLAIN_PY = '''
 import numpy as np
@@ -119,7 +125,9 @@ def probe(workdir: Path, expect_numpy: str | None) -> list[str]:
     """Serve the probe repository; the list of failed checks (empty = all passed)."""
     repo = workdir / "probe_repository"
     write_repository(repo)
-    options = ServerOptions(profile=get_profile("cpu"), repository=repo, workdir=workdir, ready_timeout_s=120)
+    # No `health` action here: the stand-in thinker is the only stage.
+    options = ServerOptions(profile=get_profile("cpu"), repository=repo, workdir=workdir, ready_timeout_s=120,
+                            stage_health=False)
     with ServerProcess(options) as server:
         client = httpclient.InferenceServerClient(f"127.0.0.1:{server.http_port}")
         front, plain = _event(client, "front", text=json.dumps(TEXT)), _event(client, "plain")
@@ -129,7 +137,7 @@ def probe(workdir: Path, expect_numpy: str | None) -> list[str]:
     print(f"stub's own string path (plain): {plain!r}")
     want = {"request_id": "probe-ü", "seq": 3, "decision": "speak", "text": "|".join(["run", *TEXT.values()])}
     if {k: event.get(k) for k in want} != want:
-        failed.append(f"front: BLS strings or EVENT did not survive: {front!r}, wanted {want}")
+        failed.append(f"front: stage strings or EVENT did not survive: {front!r}, wanted {want}")
     if expect_numpy and not str(event.get("numpy", "")).startswith(f"{expect_numpy}."):
         failed.append(f"the stub imported numpy {event.get('numpy')}, not {expect_numpy}.x")
     if event.get("numpy", "").startswith("1.") and plain is None:

@@ -1,5 +1,5 @@
 """The duplex protocol: uplink parsing, 1-second units, sessions, events, the stage pipeline.
 
 Triton-free: the `duplex` model.py hands requests to `SessionManager` together with a
-`StageClients` (BLS calls in the server, in-process engines in tests).
+`StageClients` (gRPC streams to the server itself in production, in-process engines in tests).
 """

@@ -277,7 +277,7 @@ class Session:
         self._stops.stop(ids.request_id)
 
     def _finish(self) -> None:
-        # Drain the Thinker loop first: it may still hold a BLS stream of this session.
+        # Drain the Thinker loop first: it may still be inside a stage call of this session.
         if threading.current_thread() is not self._threads[0]:
             self._threads[0].join()
         self.force_finish()

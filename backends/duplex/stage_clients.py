@@ -1,4 +1,5 @@
-"""How the orchestrator calls the three stages: BLS in the server, engines in tests."""
+"""How the orchestrator calls the three stages: in the server over gRPC streams to the server
+itself (backends/serving/grpc_stages.py), in tests on engines in the same process."""
 from __future__ import annotations
 
 from typing import Iterator, Protocol
@@ -36,5 +37,6 @@ class StageClients(Protocol):
         ...
 
     def stop(self, stage: str, request_id: str) -> None:
-        """Explicit stop of a stage request (cancellation does not cross BLS in 2.51)."""
+        """Explicit stop of a stage request: the orchestrator never cancels one (a cancellation
+        racing the request's end can crash Triton 2.51's gRPC frontend)."""
         ...

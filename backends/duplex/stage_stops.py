@@ -1,10 +1,12 @@
 """Explicit stops of a session's stage requests.
 
-Cancellation does not cross BLS in Triton 2.51 (triton_notes.md 0.6), so a barge-in or a close
+The orchestrator never cancels a stage request (in Triton 2.51 a cancellation that races the
+request's end can crash the gRPC frontend the stage calls go through), so a barge-in or a close
 frees the stage state of the old epoch by sending each stage a `stop` for its request id.
 A stop is idempotent and cheap; a stage that is down must not block a close. During server
-shutdown the stage models are finalizing too, and a BLS call then can block for good, so the
-stops are switched off (the stages free everything on their own when they finalize).
+shutdown the stage models are finalizing too, and a stage call then may wait out the whole
+stage timeout, so the stops are switched off (the stages free everything on their own when
+they finalize).
 """
 from __future__ import annotations
 

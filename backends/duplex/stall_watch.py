@@ -1,8 +1,8 @@
 """How long a session's worker loops have waited on a stage without an answer.
 
-A decoupled BLS stream of Triton 2.51 can lose its FINAL (seen under barge-in/disconnect
-churn: the stage closed its request, the orchestrator's iterator never ends), and the
-calling thread cannot be interrupted. `WatchedStages` wraps a session's StageClients and
+A stage call can go quiet: a stage whose engine is stuck, or a request whose FINAL never
+arrives, leaves the calling thread waiting on its answers, which cannot be interrupted, and the
+stage transport's own timeout may be longer than the session's. `WatchedStages` wraps a session's StageClients and
 records, per calling thread, when it last got anything from a stage while inside a call; the
 reaper closes a session stalled longer than its stage timeout with an `error`, so the client
 hears about it and the session's slot and stage state are freed (backends/duplex/session.py).
@@ -84,5 +84,6 @@ class WatchedStages:
 
 
 def _deferred(call: Callable[[Any], Iterable[T]], request: Any) -> Iterator[T]:
-    """Make the call on the first `next()`, inside the watch (a BLS call blocks right away)."""
+    """Make the call on the first `next()`, inside the watch (a call such as `code2wav` blocks
+    before it returns)."""
     yield from call(request)

@@ -1,92 +1,135 @@
-"""Readiness of the stages: a `health` action, the `health` model, and the probe.
+"""Readiness of the server: every model loaded, and every stage able to serve.
 
 Triton 2.51 reports a model READY as long as it is loaded: a stage whose engine thread died,
-or whose stub process was killed, still shows READY on /v2/health/ready while every request
-to it fails (verified: a killed stub answers "Stub process ... is not healthy" forever, and
-2.51 has no model `is_ready` hook). So readiness is checked end to end:
+or whose stub process was killed, still shows READY on /v2/health/ready and
+/v2/models/<model>/ready while every request to it fails (verified: a killed stub answers
+"Stub process ... is not healthy" forever, and 2.51 has no model `is_ready` hook). So the
+probe asks the stages themselves, over the path `duplex` calls them by (a gRPC stream to the
+server, backends/serving/stage_channel.py):
 
-- each stage answers a request with ACTION `health` at once: an empty FINAL while its engine
-  thread runs, UNAVAILABLE when it does not (backends/serving/triton_stage.py);
-- the `health` model (model_repository/health, body in health_model.py) sends that action to every stage over BLS and
-  answers with a JSON report, or with UNAVAILABLE (HTTP 503-style failure) naming the stages
-  that cannot serve:
-      curl -sf -X POST http://HOST:8000/v2/models/health/infer -d '{"inputs": []}'
-- `python -m backends.serving.health --url http://HOST:8000` does the same and exits 0 (ready)
-  or 1 (not ready); the launcher's readiness (`ServerProcess.is_ready`) uses it too.
+- `duplex` and the three stages must be loaded (Triton's `v2/models/<model>/ready`, HTTP);
+- each loaded stage gets a request with ACTION `health` (backends/serving/stage_health.py) and
+  must answer it with an empty FINAL; a stage whose engine thread is gone answers UNAVAILABLE,
+  and one whose stub process is gone fails the request itself.
+
+    python -m backends.serving.health --url http://HOST:8000 [--grpc-url HOST:8001]
+
+prints the report and exits 0 (ready) or 1 (not ready); the gRPC address defaults to port
+8001 of the `--url` host. The launcher's readiness (`ServerProcess.is_ready`) is the same probe.
 """
 from __future__ import annotations
 
 import argparse
+import http.client
 import json
 import sys
 import urllib.error
+import urllib.parse
 import urllib.request
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-ACTION_HEALTH = "health"
-HEALTH_MODEL = "health"
-STAGE_NAMES = ("thinker", "talker", "code2wav")
+from backends.duplex.stage_clients import STAGES, StageCallError
+from backends.serving.stage_channel import StageChannel
+from backends.serving.stage_health import health_request
+from backends.stages.tensor_codec import to_arrays
+
+DUPLEX_MODEL = "duplex"
+MODELS = (DUPLEX_MODEL, *STAGES)
 OK = "ok"
-NOT_READY_PREFIX = "not ready: "
+DEFAULT_GRPC_PORT = 8001  # Triton's and the launcher's
+# A health answer comes at once; a stream still open this long after it is cancelled.
+STAGE_CLOSE_WAIT_S = 1.0
+# What asking an HTTP endpoint that is not (or not yet) a Triton server raises.
+UNREACHABLE = (OSError, ValueError, http.client.HTTPException)
 
 
 @dataclass(frozen=True, slots=True)
 class HealthReport:
-    stages: dict[str, str]  # stage -> "ok" or why it cannot serve
+    models: dict[str, str]  # model -> "ok" or why it cannot serve
 
     @property
     def ready(self) -> bool:
-        return bool(self.stages) and all(state == OK for state in self.stages.values())
+        return bool(self.models) and all(state == OK for state in self.models.values())
 
     @property
     def down(self) -> list[str]:
-        return sorted(stage for stage, state in self.stages.items() if state != OK)
+        return sorted(model for model, state in self.models.items() if state != OK)
 
     def to_json(self) -> str:
-        return json.dumps({"ready": self.ready, "stages": self.stages}, sort_keys=True)
-
-    @staticmethod
-    def from_json(text: str) -> "HealthReport":
-        payload = json.loads(text)
-        if not isinstance(payload, dict) or not isinstance(payload.get("stages"), dict):
-            raise ValueError(f"not a health report: {text[:200]!r}")
-        return HealthReport({str(k): str(v) for k, v in payload["stages"].items()})
+        return json.dumps({"ready": self.ready, "models": self.models}, sort_keys=True)
 
 
-def probe(http_url: str, timeout_s: float = 10.0) -> HealthReport:
-    """Ask the `health` model over HTTP; raises OSError when the server cannot be reached."""
-    request = urllib.request.Request(f"{http_url}/v2/models/{HEALTH_MODEL}/infer", data=b'{"inputs": []}',
-                                     headers={"Content-Type": "application/json"}, method="POST")
+def default_grpc_url(http_url: str) -> str:
+    """The gRPC address of the server at `http_url`: its host, Triton's default gRPC port."""
+    host = urllib.parse.urlsplit(http_url).hostname or "127.0.0.1"
+    return f"[{host}]:{DEFAULT_GRPC_PORT}" if ":" in host else f"{host}:{DEFAULT_GRPC_PORT}"
+
+
+def model_loaded(http_url: str, model: str, timeout_s: float) -> str:
+    """OK when Triton reports `model` ready (loaded); raises one of UNREACHABLE when nothing answers."""
     try:
-        with urllib.request.urlopen(request, timeout=timeout_s) as resp:
-            body = json.loads(resp.read())
-        return HealthReport.from_json(body["outputs"][0]["data"][0])
+        with urllib.request.urlopen(f"{http_url}/v2/models/{model}/ready", timeout=timeout_s) as resp:
+            return OK if resp.status == 200 else f"not loaded (HTTP {resp.status})"
     except urllib.error.HTTPError as exc:
-        message = json.loads(exc.read() or b"{}").get("error", "")
-        if NOT_READY_PREFIX in message:
-            return HealthReport.from_json(message.split(NOT_READY_PREFIX, 1)[1])
-        return HealthReport({HEALTH_MODEL: f"HTTP {exc.code}: {message}"})
+        return f"not loaded (HTTP {exc.code})"
 
 
-def server_ready(http_url: str, check_stages: bool = True, timeout_s: float = 10.0) -> bool:
-    """Triton's own readiness (every model loaded) and, with `check_stages`, every stage serving."""
+def stage_serves(grpc_url: str, stage: str, timeout_s: float,
+                 channel_factory: Callable[[str, float], StageChannel] = StageChannel) -> str:
+    """OK when `stage` answers its health request; else its error (or the channel's)."""
+    channel = None
+    try:
+        channel = channel_factory(grpc_url, timeout_s)
+        for _ in channel.call(stage, to_arrays(health_request(stage))):
+            pass
+        return OK
+    except StageCallError as exc:
+        return f"[{exc.error.code}] {exc.error.message}"
+    except Exception as exc:  # the client refused the address or the request
+        return f"{type(exc).__name__}: {exc}"
+    finally:
+        if channel is not None:
+            channel.close(STAGE_CLOSE_WAIT_S)
+
+
+def probe(http_url: str, grpc_url: str | None = None, timeout_s: float = 10.0,
+          channel_factory: Callable[[str, float], StageChannel] | None = None) -> HealthReport:
+    """Every model's state; raises one of UNREACHABLE when the server's HTTP endpoint does not
+    answer. `channel_factory` (tests) defaults to StageChannel."""
+    stage_url, factory = grpc_url or default_grpc_url(http_url), channel_factory or StageChannel
+    states = {model: model_loaded(http_url, model, timeout_s) for model in MODELS}
+    loaded = [stage for stage in STAGES if states[stage] == OK]
+    with ThreadPoolExecutor(max(1, len(loaded)), thread_name_prefix="stage-health") as pool:
+        # Asked together: a stage that does not answer costs the probe one timeout, not one each.
+        answers = pool.map(lambda stage: stage_serves(stage_url, stage, timeout_s, factory), loaded)
+        states.update(zip(loaded, answers))
+    return HealthReport(states)
+
+
+def server_ready(http_url: str, grpc_url: str | None = None, check_stages: bool = True,
+                 timeout_s: float = 10.0) -> bool:
+    """Triton's own readiness (every model loaded) and, with `check_stages`, the probe's."""
     try:
         with urllib.request.urlopen(f"{http_url}/v2/health/ready", timeout=timeout_s) as resp:
             if resp.status != 200:
                 return False
-        return probe(http_url, timeout_s).ready if check_stages else True
-    except (OSError, ValueError, KeyError, IndexError):
+        return probe(http_url, grpc_url, timeout_s).ready if check_stages else True
+    except UNREACHABLE:
         return False
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="Exit 0 when every stage of the server can serve, else 1.")
+    parser = argparse.ArgumentParser(description="Exit 0 when every model of the server can serve, else 1.")
     parser.add_argument("--url", default="http://127.0.0.1:8000", help="Triton HTTP address")
+    parser.add_argument("--grpc-url", default=None,
+                        help=f"Triton gRPC address, host:port (default: the --url host, port {DEFAULT_GRPC_PORT})")
     parser.add_argument("--timeout", type=float, default=10.0)
     args = parser.parse_args(argv)
     try:
-        report = probe(args.url.rstrip("/"), args.timeout)
-    except (OSError, ValueError, KeyError, IndexError) as exc:
+        report = probe(args.url.rstrip("/"), args.grpc_url, args.timeout)
+    except UNREACHABLE as exc:
         print(json.dumps({"ready": False, "error": f"{type(exc).__name__}: {exc}"}))
         return 1
     print(report.to_json())

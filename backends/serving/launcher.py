@@ -19,7 +19,7 @@ from pathlib import Path
 
 from backends.serving.checkpoints import prepare_checkpoint
 from backends.serving.grpc_stages import STAGE_URL_ENV
-from backends.serving.health import HEALTH_MODEL, server_ready
+from backends.serving.health import server_ready
 from backends.serving.mps import MODES as MPS_MODES, MpsDaemon, mps_daemon
 from backends.serving.profiles import Profile, get_profile
 from backends.serving.repository import render_repository
@@ -57,6 +57,9 @@ class ServerOptions:
     mps_low_priority: tuple[str, ...] | None = None
     mps_sm_percent: dict[str, int] = field(default_factory=dict)  # stage -> % of SMs under MPS
     extra_args: list[str] = field(default_factory=list)
+    # Ready only once every stage answers its `health` action (backends/serving/health.py);
+    # off for a repository without our stage models.
+    stage_health: bool = True
 
 
 class ServerProcess:
@@ -146,7 +149,7 @@ class ServerProcess:
             f"--metrics-address={opts.address}", f"--http-port={self.http_port}",
             f"--grpc-port={self.grpc_port}", f"--metrics-port={self.metrics_port}",
             "--exit-timeout-secs=20", "--log-verbose=0",
-            # Audio chunks and hidden states cross the shm region on every BLS hop.
+            # Audio chunks and hidden states cross the shm region between each stub and the server.
             "--backend-config=python,shm-default-byte-size=16777216",
             "--backend-config=python,shm-growth-byte-size=16777216",
             *opts.extra_args,
@@ -166,10 +169,9 @@ class ServerProcess:
                            + self.log_tail())
 
     def is_ready(self) -> bool:
-        """Every model loaded (Triton's strict readiness) and every stage able to serve (the
-        `health` model, when the repository has it: backends/serving/health.py)."""
-        has_health = (self.options.repository / HEALTH_MODEL).is_dir()
-        return server_ready(self.http_url, check_stages=has_health, timeout_s=5)
+        """Every model loaded (Triton's strict readiness) and, unless the options turn it off,
+        every stage able to serve, asked over the path `duplex` uses (backends/serving/health.py)."""
+        return server_ready(self.http_url, self.stage_url, check_stages=self.options.stage_health, timeout_s=5)
 
     def log_tail(self, num_bytes: int = 4000) -> str:
         try:

@@ -1,4 +1,7 @@
-"""Triton side of the `duplex` orchestrator: downlink, uplink replies, BLS stage clients.
+"""Triton side of the `duplex` orchestrator: uplink requests, the downlink, uplink replies.
+
+The stages are not called from here: `duplex` calls them over gRPC streams to its own server
+(backends/serving/grpc_stages.py), its only stage transport.
 
 Sequence slots: Triton frees a session's slot only when an END request is released or its
 own idle timer fires, and until then counts the sequence in flight (a server stop waits
@@ -8,27 +11,27 @@ idle, error), the downlink therefore sends the orchestrator itself an END for th
 session. A later request of that client meets Triton's "must specify the START flag" error.
 A refused START is left to the client's END (our client always sends one): releasing it here
 could end a retried START with the same id.
+
+That END is a BLS request, the one BLS call left, and it is not a stage call: it carries no
+tensor either way (its answer is one empty FINAL), so neither 2.51 BLS defect that moved the
+stage calls to gRPC can touch it (output tensors unpacked without the GIL; a non-first error
+response dropped). BLS hands the correlation id straight to this model's sequence batcher,
+in process: no stream to open, drain and close for a request that only frees a slot.
 """
 from __future__ import annotations
 
 import json
 import threading
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import numpy as np
 
 from backends.duplex.errors import DuplexError
 from backends.duplex.events import ServerEvent
 from backends.duplex.session_manager import ManagerConfig
-from backends.duplex.stage_clients import CODE2WAV, TALKER, THINKER, StageCallError
 from backends.duplex.uplink import RawUplink
-from backends.serving.triton_responses import ResponseThread, parse_error_message
-from backends.serving.triton_tensors import tensor_to_numpy, output_tensors
-from backends.stages.contracts import (
-    Code2WavAudio, Code2WavRequest, TalkerCodes, TalkerRequest, ThinkerRequest, ThinkerUnitResult, expect_request,
-    stop_request,
-)
-from backends.stages.tensor_codec import from_arrays, tensor_specs, to_arrays
+from backends.serving.triton_responses import ResponseThread
+from backends.serving.triton_tensors import output_tensors, tensor_to_numpy
 
 # DuplexError.code -> TritonError code attribute name
 _UPLINK_ERROR_CODES = {"invalid_argument": "INVALID_ARG", "session_not_found": "NOT_FOUND",
@@ -99,7 +102,8 @@ class TritonDownlink:
             return self._sender is not None and bool(self._sender.is_cancelled())
 
     def abandon(self) -> None:
-        """Free the session's sequence slot (its client is gone): an END to ourselves."""
+        """Free the session's sequence slot (its client is gone): an END to ourselves, over
+        BLS (the module docstring says why that is safe here)."""
         if self._sequence is None:
             return
         model, correlation_id = self._sequence
@@ -128,51 +132,6 @@ class TritonUplinkReply:
         if sender is None:
             raise RuntimeError("uplink request answered twice")
         return sender
-
-
-class BlsStageClients:
-    """StageClients over BLS: decoupled child requests, iterated on the calling thread."""
-
-    def __init__(self, pb_utils: Any, timeout_us: int = 0) -> None:
-        self._pb = pb_utils
-        self._timeout_us = timeout_us
-
-    def thinker(self, request: ThinkerRequest) -> Iterator[ThinkerUnitResult]:
-        return self._stream(THINKER, request, ThinkerUnitResult)
-
-    def talker(self, request: TalkerRequest) -> Iterator[TalkerCodes]:
-        return self._stream(TALKER, request, TalkerCodes)
-
-    def code2wav(self, request: Code2WavRequest) -> list[Code2WavAudio]:
-        return list(self._stream(CODE2WAV, request, Code2WavAudio))
-
-    def stop(self, stage: str, request_id: str) -> None:
-        for _ in self._stream(stage, stop_request(stage, request_id), None):
-            pass
-
-    def expect_window(self, request_id: str) -> None:
-        """Over BLS the announcement waits for its answer (given at once: ~1 ms)."""
-        for _ in self._stream(CODE2WAV, expect_request(request_id), None):
-            pass
-
-    def _stream(self, model: str, request: Any, result_cls: type | None) -> Iterator[Any]:
-        names = [spec.name for spec in tensor_specs(result_cls)] if result_cls else []
-        bls = self._pb.InferenceRequest(model_name=model, inputs=output_tensors(self._pb, to_arrays(request)),
-                                        requested_output_names=names, timeout=self._timeout_us)
-        for response in bls.exec(decoupled=True):
-            if response.has_error():
-                raise StageCallError(model, parse_error_message(response.error().message()))
-            if result_cls is None or not response.output_tensors():
-                continue
-            yield from_arrays(result_cls, _output_getter(self._pb, response))
-
-
-def _output_getter(pb_utils: Any, response: Any) -> Callable[[str], np.ndarray | None]:
-    def get(name: str) -> np.ndarray | None:
-        tensor = pb_utils.get_output_tensor_by_name(response, name)
-        return None if tensor is None else tensor_to_numpy(tensor)
-
-    return get
 
 
 def manager_config(params: dict[str, str]) -> ManagerConfig:

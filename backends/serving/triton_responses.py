@@ -5,12 +5,13 @@ never block on IPC to the server. `TritonSink` is the ResponseSink the engines w
 its `close()` is idempotent and always ends the request with FINAL (with an error or not);
 `finish(result)` puts the FINAL flag on the last result's own response.
 
-Triton 2.51 BLS: a decoupled child's error response reaches the caller's ResponseIterator only
-when it is the request's first response (later ones carry no iterator id and are dropped, the
-FINAL on them too, so the caller blocks forever: verified on our binaries, one data response
-then error + FINAL hangs every time). So an error after data ends the request with a
-flags-only FINAL; the caller sees a stream that stopped before its terminal result (the
-talker's `finished` group), and the error itself goes to the log.
+An error after data ends the request with a flags-only FINAL: the caller sees a stream that
+stopped before its terminal result (the talker's `finished` group), and the error itself goes
+to the log. The rule dates from BLS callers: in Triton 2.51 a decoupled child's error response
+reaches a BLS caller only when it is the request's first response (later ones are dropped, the
+FINAL on them too, so the caller blocks forever: verified on our binaries). It stays the
+stages' contract for every caller, the orchestrator's gRPC streams included, which treat a
+stream that ends short as a failed call (backends/duplex/audio_tail.py).
 """
 from __future__ import annotations
 
@@ -36,13 +37,13 @@ ERROR_CODES = {
 
 
 def triton_error(pb_utils: Any, error: StageError) -> Any:
-    """A TritonError whose message starts with `[code]` so BLS callers recover the code."""
+    """A TritonError whose message starts with `[code]` so callers recover the code."""
     code = getattr(pb_utils.TritonError, ERROR_CODES.get(error.code, "INTERNAL"))
     return pb_utils.TritonError(f"[{error.code}] {error.message}", code)
 
 
 def parse_error_message(message: str) -> StageError:
-    """Inverse of `triton_error` for a BLS caller; unknown formats become `internal`."""
+    """Inverse of `triton_error` for a stage's caller; unknown formats become `internal`."""
     if message.startswith("[") and "] " in message:
         code, text = message[1:].split("] ", 1)
         return StageError(code, text)
@@ -79,7 +80,7 @@ class ResponseThread:
             sender.send(response, flags=flags) if response is not None else sender.send(flags=flags)
         except Exception as exc:  # a client that went away must not stop the others
             log.warning("response send failed: %r", exc)
-            if flags and response is not None:  # the FINAL must still go: a BLS caller waits for it
+            if flags and response is not None:  # the FINAL must still go: the caller waits for it
                 try:
                     sender.send(flags=flags)
                 except Exception as final_exc:
@@ -93,7 +94,7 @@ class TritonSink:
                  encode: Callable[[Any], Any]) -> None:
         self._pb, self._sender, self._responses, self._encode = pb_utils, sender, responses, encode
         self._closed = False
-        self._sent = False  # a data response went out: an error can no longer reach a BLS caller
+        self._sent = False  # a data response went out: an error now ends as a plain FINAL
         self._lock = threading.Lock()  # send/close may come from the engine and a stop path
 
     @property

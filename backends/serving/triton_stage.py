@@ -2,7 +2,7 @@
 
 `execute` decodes each request into the stage contract and posts it to the engine thread;
 a `stop` action is answered at once, and so are a `health` action (UNAVAILABLE once the
-engine thread is gone: backends/serving/health.py) and, for an engine that takes it (Code2Wav),
+engine thread is gone: backends/serving/stage_health.py) and, for an engine that takes it (Code2Wav),
 an `expect` action: the announcement goes to the engine thread, nobody waits for its effect.
 Bad input is answered with INVALID_ARG + FINAL and never reaches the engine. Metrics go through the instance's one MetricsThread.
 """
@@ -18,11 +18,11 @@ from backends.serving.stack_dump import enable_stack_dump
 from backends.serving.stack_sampler import start_stack_sampler
 from backends.serving.engine_thread import EngineThread, SteppedEngine, in_step_drain_enabled
 from backends.serving.fault_injection import install_fault_hook
-from backends.serving.health import ACTION_HEALTH
 from backends.serving.metrics_stage import StageMetrics
 from backends.serving.metrics_stage_calls import call_metrics_enabled, sent_ns_of
 from backends.serving.metrics_thread import MetricsThread
 from backends.serving.resource_gauges import ResourceGauges
+from backends.serving.stage_health import ACTION_HEALTH
 from backends.serving.triton_responses import ResponseThread, TritonSink, triton_error
 from backends.serving.triton_tensors import ContractError, decode_request, encode_response
 from backends.stages.contracts import ACTION_EXPECT, ACTION_RUN, ACTION_STOP

@@ -15,8 +15,9 @@ import numpy as np
 
 from backends.stages.tensor_codec import array_field
 
-# Actions understood by every stage. `stop` ends a request explicitly: cancellation does
-# not propagate through BLS in Triton 2.51 (triton_notes.md section 0.6).
+# Actions understood by every stage. `stop` ends a request explicitly: the orchestrator never
+# cancels a stage request (Triton 2.51's gRPC frontend can crash when a cancellation races the
+# request's end).
 ACTION_RUN = "run"
 ACTION_STOP = "stop"
 # Code2Wav only: the first window of a reply for this request id is on its way (sent as the

@@ -14,11 +14,14 @@ import subprocess
 import sys
 import tomllib
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import pytest
 from packaging.requirements import Requirement
 from packaging.specifiers import SpecifierSet
 from packaging.utils import canonicalize_name
+
+from backends.serving.health import default_grpc_url
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCKERFILE = ROOT / "Dockerfile"
@@ -111,7 +114,9 @@ def test_entrypoint_and_healthcheck_name_real_code():
     health = [a for k, a in _instructions() if k == "HEALTHCHECK"][0]
     module = re.search(r'"-m", "([\w.]+)"', health).group(1)
     assert (ROOT / (module.replace(".", "/") + ".py")).exists()
-    assert (ROOT / "model_repository" / "health" / "config.pbtxt").exists()
+    # The probe asks the stages over gRPC, at the --url host's default gRPC port: both exposed.
+    url = re.search(r'"--url", "([^"]+)"', health).group(1)
+    assert {str(urlsplit(url).port), default_grpc_url(url).rsplit(":", 1)[1]} <= set(_args("EXPOSE"))
 
 
 def test_shipped_code_runs_on_the_image_python():

@@ -298,12 +298,12 @@ def _stub_pid(server: ServerProcess, model: str) -> int:
 
 def test_a_replica_that_lost_a_stage_is_not_ready(replicas):
     healthy, broken = (replicas[name] for name in REPLICAS)
-    assert broken.is_ready() and probe(broken.http_url).ready
+    assert broken.is_ready() and probe(broken.http_url, broken.stage_url).ready
     os.kill(_stub_pid(broken, "thinker"), signal.SIGKILL)
-    report = probe(broken.http_url)
+    report = probe(broken.http_url, broken.stage_url)
     assert not report.ready and report.down == ["thinker"], report
-    assert "not healthy" in report.stages["thinker"]
+    assert "not healthy" in report.models["thinker"]
     assert not broken.is_ready()
     with urllib.request.urlopen(f"{broken.http_url}/v2/health/ready", timeout=10) as resp:
-        assert resp.status == 200, "Triton alone still calls it ready: the gap the health model closes"
-    assert healthy.is_ready() and probe(healthy.http_url).ready
+        assert resp.status == 200, "Triton alone still calls it ready: the gap the stage health check closes"
+    assert healthy.is_ready() and probe(healthy.http_url, healthy.stage_url).ready

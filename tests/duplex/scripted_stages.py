@@ -3,7 +3,7 @@
 The Thinker speaks units `speak_from .. speak_from + reply_units - 1` of each epoch (the last
 one ends the turn) and listens otherwise; the Talker returns 25 frames per condition (with
 `talker_unfinished`, a first group whose stream then ends without its `finished` group, as a
-stage that failed after its first frames answers a BLS caller); Code2Wav returns 960 samples
+stage that failed after its first frames answers its caller); Code2Wav returns 960 samples
 per new frame. Stops are recorded; a request of a stopped id fails like
 a real stage would. Fault injection: `fail_on[stage] = n` raises on that stage's n-th call.
 

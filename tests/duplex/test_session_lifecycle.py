@@ -103,8 +103,9 @@ def test_an_error_close_frees_the_transport():
 
 
 def test_a_talker_stream_that_ends_before_its_last_frames_fails_the_session():
-    """A stage that fails after its first results can only end the BLS stream (Triton 2.51
-    drops a later error response): the session must report it, not wait or go on silently."""
+    """A stage that fails after its first results ends its stream with a plain FINAL (the
+    stages' contract: backends/serving/triton_responses.py): the session must report it, not
+    wait or go on silently."""
     stages = ScriptedStages(speak_from=0, reply_units=2)
     stages.talker_unfinished = True
     manager = SessionManager(ManagerConfig(), stages)
@@ -144,7 +145,8 @@ def test_idle_reap_abandons_but_a_flushing_session_gets_a_grace():
 
 
 def test_shutdown_closes_sessions_without_calling_the_stages():
-    """At server shutdown the stage models finalize too: a BLS stop then can block forever."""
+    """At server shutdown the stage models finalize too: a stop then may wait out the stage
+    timeout."""
     stages = ScriptedStages(speak_from=99)
     manager = SessionManager(ManagerConfig(), stages)
     downs = [send(manager, sid, start=True)[0] for sid in ("a", "b")]
@@ -171,9 +173,9 @@ def test_stats_and_observer_follow_the_sessions():
 
 
 def test_a_session_stuck_in_a_stage_call_is_finished_by_the_reaper(monkeypatch):
-    """A BLS stream that never delivers its FINAL (seen with Triton 2.51) must not keep the
-    session, its admission slot or its client waiting: the reaper finishes it; the stuck thread
-    is counted until it returns, and its return changes nothing."""
+    """A stage call that never delivers its FINAL must not keep the session, its admission slot
+    or its client waiting: the reaper finishes it; the stuck thread is counted until it
+    returns, and its return changes nothing."""
     import backends.duplex.session_manager as session_manager
 
     monkeypatch.setattr(session_manager, "STUCK_CLOSE_S", 0.3)

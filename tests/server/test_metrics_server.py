@@ -6,7 +6,7 @@ difference between two scrapes (sessions opened, TTFP observations and their sum
 gaps, responses by status, errors by code and channel); KV blocks in use are exact while the
 session is the only one open (one session's reservation) and zero after it; step times only
 have lower bounds (batching decides how many steps run), and so do the orchestrator's stage-call
-latencies (switched on for this server). The health model must report every stage ready.
+latencies (switched on for this server). The readiness probe must find every model ready.
 """
 from __future__ import annotations
 
@@ -192,7 +192,8 @@ def _bad_stage_request(url: str) -> None:
     assert results and results[0] is not None and "ACTION must be" in str(results[0])
 
 
-def test_health_model_reports_every_stage_ready(server):
-    report = probe(server.http_url)
-    assert report.ready and report.stages == {"thinker": "ok", "talker": "ok", "code2wav": "ok"}
+def test_readiness_probe_finds_every_model_ready(server):
+    """Each stage answers its `health` request over a gRPC stream, as `duplex` calls it."""
+    report = probe(server.http_url, server.stage_url)
+    assert report.ready and report.models == {"duplex": "ok", "thinker": "ok", "talker": "ok", "code2wav": "ok"}
     assert server.is_ready()

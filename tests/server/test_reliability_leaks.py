@@ -153,7 +153,7 @@ def test_edge_case_8_200_sessions_of_every_fate_leave_nothing_behind(reliability
     played = sum(n for fate, n in outcomes.items() if fate != "refused")
     assert played == NUM_SESSIONS and outcomes.get("drop", 0) > 32, outcomes
     after = settled(reliability_server, baseline)
-    # A session thread blocked in a stage call that never ends (a lost BLS FINAL) is a leak.
+    # A session thread blocked in a stage call that never ends (a lost FINAL) is a leak.
     assert after.stranded == 0, f"{after.stranded} session threads stuck in a stage call"
     assert after.tracked() == baseline.tracked(), outcomes
     # Pooled stage channels stay (reused by later sessions), bounded by the pool's idle cap.

@@ -2,20 +2,22 @@
 
 Custom metrics record every call with the calling thread and keep their values; families and
 metrics log their deletion (a metric deleted after its family is what the real stub refuses).
-Requests, tensors, responses and BLS are plain objects; `bls_answers` scripts what a BLS call
-to each model returns.
+Requests, tensors and responses are plain objects; a BLS request (only the orchestrator's own
+sequence END uses one) is recorded in `bls_requests` and answered with one empty response.
 """
 from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import torch
 from torch.utils import dlpack as torch_dlpack
 
 TRITONSERVER_RESPONSE_COMPLETE_FINAL = 1
+TRITONSERVER_REQUEST_FLAG_SEQUENCE_START = 1
+TRITONSERVER_REQUEST_FLAG_SEQUENCE_END = 2
 
 
 class TritonError:
@@ -118,18 +120,19 @@ def get_input_tensor_by_name(request: Request, name: str) -> Tensor | None:
 
 # ---- BLS ----------------------------------------------------------------------------------
 
-bls_answers: dict[str, Callable[[], list[InferenceResponse]]] = {}
-bls_calls: list[str] = []
+bls_requests: list["InferenceRequest"] = []  # executed, in order
 
 
 class InferenceRequest:
     def __init__(self, model_name: str, inputs: list[Tensor], requested_output_names: list[str],
-                 timeout: int = 0, **kwargs: Any) -> None:
+                 correlation_id: int | str = 0, flags: int = 0, parameters: dict[str, Any] | None = None,
+                 timeout: int = 0) -> None:
         self.model_name, self.inputs = model_name, {t.name(): t for t in inputs}
+        self.correlation_id, self.flags, self.parameters = correlation_id, flags, parameters or {}
 
     def exec(self, decoupled: bool = False) -> list[InferenceResponse]:
-        bls_calls.append(self.model_name)
-        return bls_answers[self.model_name]()
+        bls_requests.append(self)
+        return [InferenceResponse()]
 
 
 # ---- custom metrics -------------------------------------------------------------------------
@@ -192,12 +195,11 @@ class MetricFamily:
 
 
 def reset() -> None:
-    """Forget every recorded call, value and BLS script (call between tests)."""
-    for registry in (metric_calls, deletions):
+    """Forget every recorded call, value and BLS request (call between tests)."""
+    for registry in (metric_calls, deletions, bls_requests):
         registry.clear()
-    for table in (family_kinds, totals, observations, buckets, bls_answers):
+    for table in (family_kinds, totals, observations, buckets):
         table.clear()
-    bls_calls.clear()
     fail_families.clear()
     Logger.lines.clear()
 

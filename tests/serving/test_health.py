@@ -1,11 +1,12 @@
-"""Readiness: a stage answers `health` from its engine thread's liveness, the health model
-turns stage answers into one report, and the probe reads that report over HTTP.
+"""Readiness: a stage answers `health` from its engine thread's liveness, and the probe turns
+Triton's model readiness and the stages' answers into one report.
 
 Strategy: a real StageAdapter over a fake pb_utils, whose engine thread is killed by a
 BaseException escaping a step (what no containment catches) -> the health action flips from
-an empty FINAL to UNAVAILABLE. The health model runs on scripted BLS answers; the probe talks
-to a loopback HTTP server that plays Triton's two answers (200 with the report, 503 with the
-error).
+an empty FINAL to UNAVAILABLE. The probe talks to a loopback HTTP server that plays Triton's
+readiness endpoints (200 for a loaded model, 400 otherwise) and sends its health requests on
+fake stage channels that answer as scripted (nothing: an empty FINAL; or a StageCallError).
+The real channel asks real stages in tests/server/test_metrics_server.py.
 """
 from __future__ import annotations
 
@@ -14,15 +15,22 @@ import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-import fake_pb_utils
+from pathlib import Path
+
 import pytest
 
-from backends.serving.health import NOT_READY_PREFIX, OK, HealthReport, main, probe, server_ready
-from backends.serving.health_model import HealthModel, health_request
+from backends.duplex.stage_clients import STAGES, StageCallError
+from backends.serving import health
+from backends.serving.health import MODELS, OK, default_grpc_url, main, probe, server_ready
 from backends.serving.launcher import free_port
+from backends.serving.stage_channel import StageChannel
+from backends.serving.stage_health import ACTION_HEALTH, health_request
 from backends.serving.triton_stage import StageAdapter
 from backends.stages.contracts import TalkerRequest
+from backends.stages.sink import StageError
 from backends.stages.tensor_codec import to_arrays
+
+REPOSITORY = Path(__file__).resolve().parents[2] / "model_repository"
 
 WAIT_S = 5.0
 
@@ -73,72 +81,46 @@ def test_stage_health_fails_once_its_engine_thread_died(pb):
     adapter.finalize()
 
 
-def _ok() -> list[fake_pb_utils.InferenceResponse]:
-    return [fake_pb_utils.InferenceResponse()]
+class FakeChannel:
+    """A StageChannel whose health calls answer from `answers` (stage -> error, or none: OK)."""
 
+    answers: dict[str, StageCallError] = {}
+    made: list["FakeChannel"] = []
 
-def test_health_model_reports_every_stage(pb):
-    pb.bls_answers.update(thinker=_ok, talker=_ok, code2wav=_ok)
-    model = HealthModel(pb, {"stages": "thinker,talker,code2wav"})
-    [response] = model.execute([object()])
-    assert not response.has_error()
-    report = HealthReport.from_json(response.output_tensors()[0].as_numpy()[0].decode())
-    assert report.ready and report.stages == {"thinker": OK, "talker": OK, "code2wav": OK}
+    def __init__(self, url: str, timeout_s: float) -> None:
+        self.url, self.calls, self.closed = url, [], False
+        FakeChannel.made.append(self)
 
+    def call(self, model: str, arrays: dict):
+        self.calls.append((model, arrays))
+        if model in self.answers:
+            raise self.answers[model]
+        return iter(())
 
-def test_health_model_names_the_stages_that_cannot_serve(pb):
-    def dead_stub():
-        raise RuntimeError("Stub process 'code2wav_0_0' is not healthy.")
-
-    pb.bls_answers.update(
-        thinker=_ok, code2wav=dead_stub,
-        talker=lambda: [pb.InferenceResponse(error=pb.TritonError(
-            "[unavailable] [talker] the engine thread is not running", pb.TritonError.UNAVAILABLE))])
-    model = HealthModel(pb, {})
-    responses = model.execute([object(), object(), object()])
-    assert sorted(pb.bls_calls) == ["code2wav", "talker", "thinker"], "one check answers the whole batch"
-    for response in responses:
-        assert response.error().code() == pb.TritonError.UNAVAILABLE
-        message = response.error().message()
-        assert message.startswith(NOT_READY_PREFIX)
-        report = HealthReport.from_json(message[len(NOT_READY_PREFIX):])
-        assert not report.ready and report.down == ["code2wav", "talker"]
-        assert report.stages["thinker"] == OK and "not healthy" in report.stages["code2wav"]
-
-
-def test_health_model_refuses_unknown_stages(pb):
-    with pytest.raises(ValueError, match="stages"):
-        HealthModel(pb, {"stages": "thinker,vocoder"})
+    def close(self, wait_s: float) -> None:
+        self.closed = True
 
 
 class FakeTriton(BaseHTTPRequestHandler):
-    report = HealthReport({"thinker": OK})
+    loaded: set[str] = set(MODELS)
 
     def do_GET(self) -> None:  # noqa: N802
-        self._reply(200 if self.path == "/v2/health/ready" else 404, {})
-
-    def do_POST(self) -> None:  # noqa: N802
-        self.rfile.read(int(self.headers.get("Content-Length", 0)))
-        if self.report.ready:
-            body = {"outputs": [{"name": "STATUS", "datatype": "BYTES", "shape": [1],
-                                 "data": [self.report.to_json()]}]}
-            self._reply(200, body)
+        if self.path == "/v2/health/ready":
+            ready = self.loaded >= set(MODELS)
         else:
-            self._reply(503, {"error": NOT_READY_PREFIX + self.report.to_json()})
-
-    def _reply(self, code: int, body: dict) -> None:
-        data = json.dumps(body).encode()
-        self.send_response(code)
-        self.send_header("Content-Length", str(len(data)))
+            ready = self.path.removeprefix("/v2/models/").removesuffix("/ready") in self.loaded
+        self.send_response(200 if ready else 400)
+        self.send_header("Content-Length", "0")
         self.end_headers()
-        self.wfile.write(data)
 
     def log_message(self, *args) -> None:
         pass
 
 
 @pytest.fixture
-def fake_triton():
+def fake_triton(monkeypatch):
+    FakeChannel.answers, FakeChannel.made = {}, []
+    monkeypatch.setattr(health, "StageChannel", FakeChannel)
     server = ThreadingHTTPServer(("127.0.0.1", 0), FakeTriton)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
@@ -147,14 +129,64 @@ def fake_triton():
     server.server_close()
 
 
-def test_probe_and_readiness_follow_the_report(fake_triton, monkeypatch, capsys):
-    assert probe(fake_triton).ready and server_ready(fake_triton) and main(["--url", fake_triton]) == 0
-    monkeypatch.setattr(FakeTriton, "report", HealthReport({"thinker": OK, "talker": "engine gone"}))
-    report = probe(fake_triton)
-    assert not report.ready and report.down == ["talker"]
-    assert not server_ready(fake_triton) and server_ready(fake_triton, check_stages=False)
-    assert main(["--url", fake_triton]) == 1
-    assert json.loads(capsys.readouterr().out.splitlines()[-1])["stages"]["talker"] == "engine gone"
+def test_the_probe_asks_every_model_of_the_repository():
+    assert sorted(MODELS) == sorted(d.name for d in REPOSITORY.iterdir() if (d / "1" / "model.py").exists())
+
+
+def test_a_ready_server_sends_each_stage_one_health_request(fake_triton, capsys):
+    report = probe(fake_triton, "stages:1")
+    assert report.ready and report.models == {model: OK for model in MODELS}
+    channels = sorted(FakeChannel.made, key=lambda c: c.calls[0][0])
+    assert [(c.url, [m for m, _ in c.calls], c.closed) for c in channels] == \
+        [("stages:1", [stage], True) for stage in sorted(STAGES)], "one channel per stage, closed after"
+    for channel in channels:
+        [(stage, arrays)] = channel.calls
+        assert bytes(arrays["ACTION"]).decode() == ACTION_HEALTH
+        assert bytes(arrays["REQUEST_ID"]).decode() == health_request(stage).request_id
+    assert server_ready(fake_triton, "stages:1") and main(["--url", fake_triton, "--grpc-url", "stages:1"]) == 0
+    assert json.loads(capsys.readouterr().out) == {"ready": True, "models": {model: OK for model in MODELS}}
+
+
+def test_the_report_names_what_cannot_serve(fake_triton, monkeypatch, capsys):
+    monkeypatch.setattr(FakeTriton, "loaded", set(MODELS) - {"code2wav"})
+    FakeChannel.answers = {
+        "talker": StageCallError("talker", StageError("unavailable", "[talker] the engine thread is not running")),
+        "thinker": StageCallError("thinker", StageError("internal", "Stub process 'thinker_0_0' is not healthy.")),
+    }
+    report = probe(fake_triton, "stages:1")
+    assert not report.ready and report.down == ["code2wav", "talker", "thinker"]
+    assert report.models == {"duplex": OK, "code2wav": "not loaded (HTTP 400)",
+                             "talker": "[unavailable] [talker] the engine thread is not running",
+                             "thinker": "[internal] Stub process 'thinker_0_0' is not healthy."}
+    assert "code2wav" not in [m for c in FakeChannel.made for m, _ in c.calls], "an unloaded stage is not asked"
+    assert not server_ready(fake_triton, "stages:1")
+    assert not server_ready(fake_triton, "stages:1", check_stages=False), "a model is not loaded: Triton's own fails"
+    assert main(["--url", fake_triton, "--grpc-url", "stages:1"]) == 1
+    assert json.loads(capsys.readouterr().out.splitlines()[-1])["models"]["talker"].startswith("[unavailable]")
+
+
+def test_a_loaded_server_whose_stage_failed_is_ready_only_to_triton(fake_triton):
+    FakeChannel.answers = {"code2wav": StageCallError("code2wav", StageError("stage_timeout", "no answer"))}
+    assert server_ready(fake_triton, "stages:1", check_stages=False)
+    assert not server_ready(fake_triton, "stages:1")
+
+
+def test_the_stages_are_asked_together(fake_triton, monkeypatch):
+    """Stages that are slow to answer cost the probe one wait, not one each."""
+    def slow_call(self, model, arrays):
+        time.sleep(1.0)
+        return iter(())
+
+    monkeypatch.setattr(FakeChannel, "call", slow_call)
+    start = time.monotonic()
+    assert probe(fake_triton, "stages:1").ready
+    assert time.monotonic() - start < 2.5, "three 1-second answers, asked one after another"
+
+
+def test_the_grpc_address_defaults_to_the_http_host():
+    assert default_grpc_url("http://10.0.0.5:8000") == "10.0.0.5:8001"
+    assert default_grpc_url("http://replica-a") == "replica-a:8001"
+    assert default_grpc_url("http://[::1]:8000") == "[::1]:8001"
 
 
 def test_nothing_listening_is_not_ready(capsys):
@@ -162,3 +194,12 @@ def test_nothing_listening_is_not_ready(capsys):
     assert not server_ready(url, timeout_s=2)
     assert main(["--url", url, "--timeout", "2"]) == 1
     assert json.loads(capsys.readouterr().out)["ready"] is False
+
+
+def test_an_unreachable_grpc_port_fails_every_stage(fake_triton):
+    """The real channel to a port nothing listens on: every stage is down, at once (the stream
+    fails before or after the request is queued; either way it is the reported reason)."""
+    start = time.monotonic()
+    report = probe(fake_triton, f"127.0.0.1:{free_port()}", timeout_s=5, channel_factory=StageChannel)
+    assert report.down == sorted(STAGES) and report.models["duplex"] == OK
+    assert time.monotonic() - start < 5, "a refused connection is not a timeout"

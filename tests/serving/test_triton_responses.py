@@ -1,9 +1,10 @@
-"""TritonSink and ResponseThread: every request ends with exactly one FINAL that a BLS caller of
-Triton 2.51 can receive.
+"""TritonSink and ResponseThread: every request ends with exactly one FINAL that its caller
+can receive.
 
-2.51's BLS drops an error response that is not the request's first (and the FINAL on it), so a
-sink that already sent data ends an error close with a flags-only FINAL; a FINAL whose send
-fails is retried without its response. A fake sender records what would reach the server.
+A sink that already sent data ends an error close with a flags-only FINAL (2.51's BLS drops an
+error response that is not the request's first, and the FINAL on it; the stages keep the rule
+for every caller); a FINAL whose send fails is retried without its response. A fake sender
+records what would reach the server.
 """
 from __future__ import annotations
 
