@@ -26,10 +26,10 @@ from typing import Any
 import numpy as np
 
 from backends.audio.codec_windows import CodecWindowBridge
-from backends.stages.contracts import (
+from backends.contracts.messages import (
     ACTION_STOP, Code2WavRequest, TalkerRequest, ThinkerRequest, stop_request,
 )
-from backends.stages.tensor_codec import tensor_specs, to_arrays
+from backends.contracts.tensor_codec import tensor_specs, to_arrays
 
 UNIT_SAMPLES = 16000
 CODEC_VOCAB = 6561  # speech codes 0..6560 (the EOS 6561 never reaches Code2Wav)

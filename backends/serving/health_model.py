@@ -9,10 +9,10 @@ from typing import Any
 
 import numpy as np
 
+from backends.contracts.messages import stop_request
+from backends.contracts.tensor_codec import to_arrays
 from backends.serving.health import ACTION_HEALTH, NOT_READY_PREFIX, OK, STAGE_NAMES, HealthReport
 from backends.serving.triton_tensors import output_tensors
-from backends.stages.contracts import stop_request
-from backends.stages.tensor_codec import to_arrays
 
 
 def health_request(stage: str) -> Any:

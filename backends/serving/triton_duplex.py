@@ -17,18 +17,18 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 
-from backends.duplex.errors import DuplexError
-from backends.duplex.events import ServerEvent
-from backends.duplex.session_manager import ManagerConfig
-from backends.duplex.stage_clients import CODE2WAV, TALKER, THINKER, StageCallError
-from backends.duplex.uplink import RawUplink
-from backends.serving.triton_responses import ResponseThread, parse_error_message
-from backends.serving.triton_tensors import tensor_to_numpy, output_tensors
-from backends.stages.contracts import (
+from backends.contracts.messages import (
     Code2WavAudio, Code2WavRequest, TalkerCodes, TalkerRequest, ThinkerRequest, ThinkerUnitResult, expect_request,
     stop_request,
 )
-from backends.stages.tensor_codec import from_arrays, tensor_specs, to_arrays
+from backends.contracts.stage_clients import CODE2WAV, TALKER, THINKER, StageCallError
+from backends.contracts.tensor_codec import from_arrays, tensor_specs, to_arrays
+from backends.duplex.errors import DuplexError
+from backends.duplex.events import ServerEvent
+from backends.duplex.session_manager import ManagerConfig
+from backends.duplex.uplink import RawUplink
+from backends.serving.triton_responses import ResponseThread, parse_error_message
+from backends.serving.triton_tensors import tensor_to_numpy, output_tensors
 
 # DuplexError.code -> TritonError code attribute name
 _UPLINK_ERROR_CODES = {"invalid_argument": "INVALID_ARG", "session_not_found": "NOT_FOUND",

@@ -21,7 +21,7 @@ import numpy as np
 import torch
 from torch.utils import dlpack as torch_dlpack
 
-from backends.stages.tensor_codec import ContractError, from_arrays, tensor_specs, to_arrays
+from backends.contracts.tensor_codec import ContractError, from_arrays, tensor_specs, to_arrays
 
 
 # '<U2': item size 8 and, in numpy 2, flags NPY_NEEDS_INIT = 8, so the stub reads 8 bytes

@@ -16,8 +16,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from backends.audio.codec_windows import CodecWindowBridge
+from backends.contracts.messages import Code2WavRequest, TalkerCodes
 from backends.stages.code2wav_engine import request_from_window
-from backends.stages.contracts import Code2WavRequest, TalkerCodes
 
 # Bridges of ids not seen for this many other ids are dropped (their epoch counter restarts;
 # Code2Wav has released those ids by then, as each utterance ends with its last window).

@@ -15,9 +15,9 @@ from typing import Any
 
 import tritonclient.grpc as grpcclient
 
+from backends.contracts.messages import stop_request
+from backends.contracts.tensor_codec import from_arrays, to_arrays
 from backends.serving.stage_channel import infer_inputs
-from backends.stages.contracts import stop_request
-from backends.stages.tensor_codec import from_arrays, to_arrays
 
 ANSWER_TIMEOUT_S = 60.0
 

@@ -17,10 +17,10 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 
+from backends.contracts.tensor_codec import encode_text
 from backends.serving.launcher import DEFAULT_REPOSITORY, PROJECT_ROOT, ServerOptions, ServerProcess
 from backends.serving.profiles import get_profile
 from backends.serving.repository import render_repository
-from backends.stages.tensor_codec import encode_text
 
 ENSEMBLE_REPOSITORY = PROJECT_ROOT / "ensemble"
 MODELS = ("talker", "code2wav", "codec_bridge", "audio_tail")

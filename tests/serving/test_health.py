@@ -17,12 +17,12 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import fake_pb_utils
 import pytest
 
+from backends.contracts.messages import TalkerRequest
+from backends.contracts.tensor_codec import to_arrays
 from backends.serving.health import NOT_READY_PREFIX, OK, HealthReport, main, probe, server_ready
 from backends.serving.health_model import HealthModel, health_request
 from backends.serving.launcher import free_port
 from backends.serving.triton_stage import StageAdapter
-from backends.stages.contracts import TalkerRequest
-from backends.stages.tensor_codec import to_arrays
 
 WAIT_S = 5.0
 

@@ -12,8 +12,8 @@ from __future__ import annotations
 import numpy as np
 
 from backends.audio.codec_windows import SILENCE_CODE
+from backends.contracts.messages import TalkerCodes
 from backends.stages.codec_bridge import CodecBridge
-from backends.stages.contracts import TalkerCodes
 
 
 def _group(codes: list[int], finished: bool, request_id: str = "u0") -> TalkerCodes:

@@ -9,12 +9,12 @@ import logging
 
 import triton_python_backend_utils as pb_utils
 
+from backends.contracts.errors import StageError
+from backends.contracts.messages import TalkerCodes
 from backends.serving.triton_duplex import BlsStageClients
 from backends.serving.triton_responses import triton_error
 from backends.serving.triton_tensors import ContractError, decode_request, encode_response
 from backends.stages.codec_bridge import CodecBridge
-from backends.stages.contracts import TalkerCodes
-from backends.stages.sink import StageError
 
 _LOG = logging.getLogger(__name__)
 

@@ -13,10 +13,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from backends.stages.tensor_codec import array_field
+from backends.contracts.tensor_codec import array_field
 
-# Actions understood by every stage. `stop` ends a request explicitly: cancellation does
-# not propagate through BLS in Triton 2.51 (triton_notes.md section 0.6).
+# Actions understood by every stage. `stop` ends a request explicitly: in Triton 2.51 a
+# caller's cancellation does not reach the stage model.
 ACTION_RUN = "run"
 ACTION_STOP = "stop"
 # Code2Wav only: the first window of a reply for this request id is on its way (sent as the
@@ -52,7 +52,7 @@ class ThinkerRequest:
     seed: int = 0
     reply_units: int = 0  # policy knob for random weights: force replies of N speak units (0 = off)
     reply_tokens_per_unit: int = 0  # policy knob: text tokens per forced speak unit (0 = off)
-    sliding_window_mode: str = ""  # off | basic | context (facts 2.6); "" = the engine default (off)
+    sliding_window_mode: str = ""  # off | basic | context; "" = the engine default (off)
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,12 +1,13 @@
-"""How the orchestrator calls the three stages: BLS in the server, engines in tests."""
+"""How the orchestrator calls the three stages: the serving layer implements `StageClients`
+over the stage models, tests implement it with scripted stages."""
 from __future__ import annotations
 
 from typing import Iterator, Protocol
 
-from backends.stages.contracts import (
+from backends.contracts.errors import StageError
+from backends.contracts.messages import (
     Code2WavAudio, Code2WavRequest, TalkerCodes, TalkerRequest, ThinkerRequest, ThinkerUnitResult,
 )
-from backends.stages.sink import StageError
 
 THINKER = "thinker"
 TALKER = "talker"
@@ -36,5 +37,5 @@ class StageClients(Protocol):
         ...
 
     def stop(self, stage: str, request_id: str) -> None:
-        """Explicit stop of a stage request (cancellation does not cross BLS in 2.51)."""
+        """Explicit stop of a stage request (in Triton 2.51 cancellation does not reach a stage)."""
         ...
