@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from backends.audio.codec_windows import SILENCE_CODE
 from backends.contracts.messages import TalkerCodes
+from backends.models.speech_codes import SILENCE_CODE
 from backends.stages.codec_bridge import CodecBridge
 
 
