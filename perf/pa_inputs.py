@@ -1,6 +1,6 @@
 """perf_analyzer `--input-data` JSON for the stage models and the `duplex` model.
 
-Stage requests are built as contract dataclasses (backends/stages/contracts.py) and encoded by
+Stage requests are built as contract dataclasses (backends/contracts/messages.py) and encoded by
 the same `to_arrays` the orchestrator uses, so the data cannot drift from the contracts.
 
 Stage models keep per-request state (a resumable request id with increasing `seq` /

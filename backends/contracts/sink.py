@@ -24,7 +24,7 @@ class ResponseSink(Protocol):
 
 
 class ListSink:
-    """A sink that records results in memory (tests, in-process pipelines)."""
+    """A sink that records results in memory (tests, stage warm-ups)."""
 
     def __init__(self) -> None:
         self.results: list[Any] = []

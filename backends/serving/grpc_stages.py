@@ -54,7 +54,7 @@ def stage_url(params: dict[str, str]) -> str:
 
 
 class GrpcStageClients:
-    """StageClients (backends/duplex/stage_clients.py) over pooled StageChannels."""
+    """StageClients (backends/contracts/stage_clients.py) over pooled StageChannels."""
 
     def __init__(self, url: str, timeout_s: float = DEFAULT_TIMEOUT_S, max_idle: int = DEFAULT_MAX_IDLE,
                  channel_factory: Callable[[str, float], StageChannel] = StageChannel,

@@ -7,7 +7,7 @@ a BYTES tensor built from strings) and every tensor it unpacks into numpy is gar
 BYTES input or `as_numpy()`; a BYTES input even kills the stub before `execute` runs).
 
 Hence: every tensor of our own stage contracts is numeric (str fields are UTF-8 uint8,
-backends/stages/tensor_codec.py) and moves through DLPack both ways. The only strings left
+backends/contracts/tensor_codec.py) and moves through DLPack both ways. The only strings left
 are the client-facing JSON outputs (`duplex` EVENT, `health` STATUS), which only ever leave
 a stub: `_bytes_tensor` hands the stub their serialized bytes in a dtype whose item size
 reads right under both layouts. scripts/check_numpy2_stub.sh checks all this on a real

@@ -1,6 +1,6 @@
 """Direct requests to a stage model (thinker, talker, code2wav) on a real server.
 
-A request is a contract dataclass (backends/stages/contracts.py) encoded by the same
+A request is a contract dataclass (backends/contracts/messages.py) encoded by the same
 `to_arrays` the orchestrator uses; each call gets its own gRPC stream, because tritonclient
 2.51 drops the request id of in-band errors (a stream with one request in flight needs none).
 Answers are decoded back into the contract's result class. `StageCall` reads a stream
