@@ -1,1 +1,10 @@
-"""MiniCPM-o 4.5 duplex serving: runner, stage models, duplex protocol, sessions."""
+"""MiniCPM-o 4.5 duplex serving: runner, stage models, duplex protocol, sessions.
+
+The packages form one-way layers, bottom to top; a package imports only packages below it
+(thinker and talker share a layer and do not import each other):
+
+    contracts < runner < models < audio < checkpoint < thinker, talker < stages < duplex < serving
+
+Top-level modules (`switches`) import nothing from `backends`, so any layer may use them.
+tests/test_layers.py holds the code to this order.
+"""

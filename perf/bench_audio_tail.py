@@ -34,12 +34,12 @@ import numpy as np
 import torch
 
 from backends.checkpoint.reference_voice import REFERENCE_VOICE_SAMPLE_RATE, synthesize_reference_voice
+from backends.contracts.messages import TalkerRequest
+from backends.contracts.sink import ListSink
 from backends.models.talker import TalkerConfig, TalkerModel
 from backends.models.token2wav import StreamWindow, Token2Wav, Token2WavConfig
 from backends.models.token2wav.assets import random_token2wav
 from backends.runner.types import RunnerConfig
-from backends.stages.contracts import TalkerRequest
-from backends.stages.sink import ListSink
 from backends.stages.talker_engine import TalkerEngine
 from perf.switches import active_switches
 

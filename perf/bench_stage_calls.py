@@ -22,10 +22,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from backends.duplex.stage_clients import STAGES  # noqa: E402
+from backends.contracts.messages import stop_request  # noqa: E402
+from backends.contracts.stage_clients import STAGES  # noqa: E402
+from backends.contracts.tensor_codec import to_arrays  # noqa: E402
 from backends.serving.stage_channel import StageChannel  # noqa: E402
-from backends.stages.contracts import stop_request  # noqa: E402
-from backends.stages.tensor_codec import to_arrays  # noqa: E402
 
 MODES = ("fresh", "kept")
 

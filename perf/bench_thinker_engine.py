@@ -35,9 +35,9 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from backends.stages.contracts import ThinkerRequest  # noqa: E402
+from backends.contracts.messages import ThinkerRequest  # noqa: E402
+from backends.contracts.sink import ListSink  # noqa: E402
 from backends.stages.factory import build_thinker_engine  # noqa: E402
-from backends.stages.sink import ListSink  # noqa: E402
 from backends.thinker.prompt_layout import UNIT_SAMPLES  # noqa: E402
 from perf.distribution import Distribution  # noqa: E402
 

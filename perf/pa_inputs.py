@@ -1,6 +1,6 @@
 """perf_analyzer `--input-data` JSON for the stage models and the `duplex` model.
 
-Stage requests are built as contract dataclasses (backends/stages/contracts.py) and encoded by
+Stage requests are built as contract dataclasses (backends/contracts/messages.py) and encoded by
 the same `to_arrays` the orchestrator uses, so the data cannot drift from the contracts.
 
 Stage models keep per-request state (a resumable request id with increasing `seq` /
@@ -26,10 +26,10 @@ from typing import Any
 import numpy as np
 
 from backends.audio.codec_windows import CodecWindowBridge
-from backends.stages.contracts import (
+from backends.contracts.messages import (
     ACTION_STOP, Code2WavRequest, TalkerRequest, ThinkerRequest, stop_request,
 )
-from backends.stages.tensor_codec import tensor_specs, to_arrays
+from backends.contracts.tensor_codec import tensor_specs, to_arrays
 
 UNIT_SAMPLES = 16000
 CODEC_VOCAB = 6561  # speech codes 0..6560 (the EOS 6561 never reaches Code2Wav)

@@ -30,16 +30,16 @@ from pathlib import Path
 import numpy as np
 import tritonclient.http as httpclient
 
+from backends.contracts.messages import ThinkerRequest, ThinkerUnitResult
+from backends.contracts.tensor_codec import tensor_specs
 from backends.serving.launcher import PROJECT_ROOT, ServerOptions, ServerProcess
 from backends.serving.profiles import get_profile
-from backends.stages.contracts import ThinkerRequest, ThinkerUnitResult
-from backends.stages.tensor_codec import tensor_specs
 
 TEXT = {"instructions": "Réponds en français 🎙", "initial_user_text": "", "sliding_window_mode": "basic"}
 THINKER_PY = '''
 import triton_python_backend_utils as pb_utils
 from backends.serving.triton_tensors import decode_request, encode_response
-from backends.stages.contracts import ThinkerRequest, ThinkerUnitResult
+from backends.contracts.messages import ThinkerRequest, ThinkerUnitResult
 import numpy as np
 
 class TritonPythonModel:
@@ -62,7 +62,7 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 from backends.serving.grpc_stages import GrpcStageClients, stage_url
 from backends.serving.triton_tensors import output_tensors
-from backends.stages.contracts import ThinkerRequest
+from backends.contracts.messages import ThinkerRequest
 
 class TritonPythonModel:
     def initialize(self, args):

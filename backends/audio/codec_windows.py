@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-SILENCE_CODE = 4218  # the S3 codebook's silence code, used as the stream-start left context
+from backends.models.speech_codes import SILENCE_CODE
 
 
 @dataclass(frozen=True, slots=True)

@@ -28,11 +28,11 @@ import torch
 
 from backends.audio.encoder_graphs import ChunkEncoderGraphs
 from backends.audio.encoder_model import AudioEncoderModel
-from backends.audio.mel import HOP_LENGTH, WhisperMel
 from backends.audio.reference_cache import ReferenceCache
 from backends.audio.streaming_mel import StreamingMel, StreamingMelConfig
 from backends.models.encoder_kv import EncoderKVCache
 from backends.models.whisper_encoder import crop_redundancy
+from backends.models.whisper_mel import HOP_LENGTH, WhisperMel
 from backends.runner.host_staging import to_device
 
 __all__ = ["AudioEncoderModel", "StreamingAudioConfig", "StreamingAudioEncoder"]

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import torch
 
-from backends.audio.mel import (
+from backends.models.whisper_mel import (
     DYNAMIC_RANGE,
     HOP_LENGTH,
     N_FFT,

@@ -9,10 +9,15 @@ Text goes through the tiny checkpoint's tokenizer, trained in memory (it is a pu
 of the bundled corpus), so the special tokens resolve by string as with any checkpoint. The
 Thinker's vocabulary stays the real 151936 rows; ids past the tokenizer are never sampled
 (the Thinker engine masks ids >= tokenizer.vocab_size).
+
+Its Thinker is built by `ThinkerModel.from_full_random` (backends/thinker/model.py), beside the
+Thinker's other constructors; the Talker and token2wav are built here.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
@@ -25,7 +30,6 @@ from backends.checkpoint.tokenizer import SpecialTokens, TextTokenizer
 if TYPE_CHECKING:
     from backends.models.talker import TalkerModel
     from backends.models.token2wav import Token2Wav, Token2WavConfig
-    from backends.thinker.model import ThinkerModel
 
 FULL_RANDOM_SEED = 0
 QWEN3_8B = MappingProxyType({  # Thinker backbone (minicpmo45_facts.md 1.2)
@@ -74,23 +78,14 @@ class FullRandomCheckpoint:
     special_tokens: SpecialTokens
     seed: int = FULL_RANDOM_SEED
 
-    def build_thinker(self, device: torch.device, dtype: torch.dtype) -> "ThinkerModel":
-        from backends.thinker.model import ThinkerModel
-
-        # from_config draws on the device in `dtype` with the checkpoint generator's scale.
-        with torch.random.fork_rng(devices=_rng_devices(device)):
-            torch.manual_seed(self.seed)
-            return ThinkerModel.from_config(self.config, device, dtype)
-
     def build_talker(self, device: torch.device, dtype: torch.dtype) -> "TalkerModel":
         from backends.models.talker import TalkerConfig, TalkerModel
-        from backends.thinker.materialize import materialize
+        from backends.models.materialize import materialize
 
         with torch.device("meta"):  # structure only: storage is allocated once, on the device
             model = TalkerModel(TalkerConfig.from_dict(self.config.raw["tts_config"]))
         model = model.to(dtype).eval()
-        with torch.random.fork_rng(devices=_rng_devices(device)):
-            torch.manual_seed(self.seed + 1)
+        with seeded_rng(device, self.seed + 1):
             materialize(model, device, random_init=True)
         return model
 
@@ -123,6 +118,14 @@ def full_random_checkpoint(seed: int = FULL_RANDOM_SEED) -> FullRandomCheckpoint
         raise ValueError(f"tokenizer vocabulary {tokenizer.vocab_size} exceeds the Thinker's "
                          f"{config.llm.vocab_size}")
     return FullRandomCheckpoint(config, tokenizer, SpecialTokens.resolve(tokenizer), seed)
+
+
+@contextmanager
+def seeded_rng(device: torch.device, seed: int) -> Iterator[None]:
+    """Draws from `seed` on the host and on `device`, leaving their RNG streams as they were."""
+    with torch.random.fork_rng(devices=_rng_devices(device)):
+        torch.manual_seed(seed)
+        yield
 
 
 def _rng_devices(device: torch.device) -> list[int]:

@@ -16,12 +16,12 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from backends.audio.codec_windows import CodecWindow, CodecWindowBridge
+from backends.contracts.errors import StageError
+from backends.contracts.messages import Code2WavRequest, TalkerRequest
+from backends.contracts.stage_clients import CODE2WAV, TALKER, StageCallError, StageClients
 from backends.duplex import events as ev
 from backends.duplex.errors import STAGE_FAILED
 from backends.duplex.responses import SpeakWork, to_pcm16
-from backends.duplex.stage_clients import CODE2WAV, TALKER, StageCallError, StageClients
-from backends.stages.contracts import Code2WavRequest, TalkerRequest
-from backends.stages.sink import StageError
 
 if TYPE_CHECKING:
     from backends.duplex.session import Session

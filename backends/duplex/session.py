@@ -22,20 +22,20 @@ from typing import Callable
 
 import numpy as np
 
+from backends.contracts.errors import StageError
+from backends.contracts.messages import DECISION_SPEAK, ThinkerUnitResult
+from backends.contracts.stage_clients import StageClients
 from backends.duplex import close_reasons as why
 from backends.duplex import events as ev
 from backends.duplex.audio_tail import AudioTail
 from backends.duplex.downlink import Downlink
 from backends.duplex.responses import EpochIds, ResponseState, SpeakWork, UnitWork
-from backends.duplex.stage_clients import StageClients
 from backends.duplex.stage_stops import StageStops
 from backends.duplex.stall_watch import StallWatch, WatchedStages
 from backends.duplex.thinker_call import call_thinker
 from backends.duplex.unit_buffer import UnitBuffer
 from backends.duplex.unit_queue import SessionConfig, UnitQueue, setup_request, thinker_request
 from backends.duplex.uplink import SessionOptions
-from backends.stages.contracts import DECISION_SPEAK, ThinkerUnitResult
-from backends.stages.sink import StageError
 
 log = logging.getLogger(__name__)
 

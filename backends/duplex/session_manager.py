@@ -19,15 +19,15 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Protocol
 
+from backends.contracts.errors import StageError
+from backends.contracts.stage_clients import StageClients
 from backends.duplex import close_reasons as why
 from backends.duplex import events as ev
 from backends.duplex.errors import INTERNAL, NOT_FOUND, RESOURCE_EXHAUSTED, SESSION_EXISTS, DuplexError
 from backends.duplex.downlink import Downlink
 from backends.duplex.session import Session, SessionConfig
-from backends.duplex.stage_clients import StageClients
 from backends.duplex.unit_buffer import SAMPLE_RATE
 from backends.duplex.uplink import RawUplink, Uplink, parse_uplink
-from backends.stages.sink import StageError
 
 log = logging.getLogger(__name__)
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable
 
-from backends.duplex.stage_clients import STAGES, StageClients
+from backends.contracts.stage_clients import STAGES, StageClients
 
 log = logging.getLogger(__name__)
 

@@ -13,8 +13,8 @@ import threading
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, TypeVar
 
-from backends.duplex.stage_clients import StageClients
-from backends.stages.contracts import Code2WavAudio, Code2WavRequest, TalkerRequest, ThinkerRequest
+from backends.contracts.messages import Code2WavAudio, Code2WavRequest, TalkerRequest, ThinkerRequest
+from backends.contracts.stage_clients import StageClients
 
 T = TypeVar("T")
 

@@ -3,10 +3,10 @@ from __future__ import annotations
 
 from typing import Callable, Protocol
 
+from backends.contracts.errors import StageError
+from backends.contracts.messages import ThinkerRequest, ThinkerUnitResult
+from backends.contracts.stage_clients import THINKER, StageCallError
 from backends.duplex import close_reasons as why
-from backends.duplex.stage_clients import THINKER, StageCallError
-from backends.stages.contracts import ThinkerRequest, ThinkerUnitResult
-from backends.stages.sink import StageError
 
 
 class _Caller(Protocol):

@@ -6,10 +6,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from backends.contracts.messages import ThinkerRequest
+from backends.contracts.stage_clients import THINKER
 from backends.duplex.responses import EpochIds, UnitWork
-from backends.duplex.stage_clients import THINKER
 from backends.duplex.uplink import SessionOptions
-from backends.stages.contracts import ThinkerRequest
 
 _NOTHING = object()  # no unit held back by `next_batch`
 _WAKE = object()  # `wake`: the reader returns at once with an empty batch

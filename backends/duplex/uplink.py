@@ -12,9 +12,9 @@ from typing import Any
 
 import numpy as np
 
+from backends.contracts.messages import MAX_REF_AUDIO_SECONDS, MIN_REF_AUDIO_SAMPLES
 from backends.duplex.errors import INVALID_ARGUMENT, DuplexError
 from backends.duplex.unit_buffer import SAMPLE_RATE
-from backends.stages.contracts import MAX_REF_AUDIO_SECONDS, MIN_REF_AUDIO_SAMPLES
 from backends.thinker.context_window import WINDOW_MODES
 
 ACTIONS = ("append", "commit", "cancel")

@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass
 import torch
 from torch import nn
 
-from backends.models.decoder_backbone import BackboneSpec, DecoderBackbone, require_positive
+from backends.models.decoder_backbone import BackboneSpec, DecoderBackbone, require_positive, set_gemv_backend
 from backends.runner.attention import AttentionMetadata
 from backends.runner.kv_cache import KVCache
 from backends.runner.rope import RotaryEmbedding
@@ -118,3 +118,7 @@ class LlamaWithHead(nn.Module):
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden: [n, hidden_size] -> [n, vocab] float32."""
         return self.head(hidden).to(torch.float32)
+
+    def set_gemv_backend(self, backend: str) -> None:
+        """Route the matmuls of the backbone inside to the runner's `backend`."""
+        set_gemv_backend(self, backend)

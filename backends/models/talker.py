@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from backends.models.audio_projector import MultiModalProjector
+from backends.models.decoder_backbone import set_gemv_backend
 from backends.models.llama import LlamaBackbone, LlamaBackboneConfig
 from backends.models.weight_norm import fold_weight_norm_keys
 from backends.runner.attention import AttentionMetadata
@@ -168,6 +169,10 @@ class TalkerModel(nn.Module):
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden: [n, hidden_size] -> [n, num_audio_tokens] float32."""
         return self.model.head_logits(self.head_code[0], hidden)
+
+    def set_gemv_backend(self, backend: str) -> None:
+        """Route the matmuls of the backbone inside to the runner's `backend`."""
+        set_gemv_backend(self, backend)
 
 
 def condition_order(counts: list[int]) -> np.ndarray:

@@ -34,8 +34,8 @@ from typing import TypeVar
 import numpy as np
 import torch
 
-from backends.models.decoder import DecoderModel
 from backends.runner.attention import AttentionMetadata
+from backends.runner.backbone import DecoderModel
 from backends.runner.block_table import PAD_BLOCK_ID
 from backends.runner.host_staging import PinnedStaging
 from backends.runner.kv_cache import KVCache

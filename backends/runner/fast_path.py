@@ -25,8 +25,8 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
-from backends.models.decoder import DecoderModel
 from backends.runner.async_output import AsyncOutput, PendingStep
+from backends.runner.backbone import DecoderModel
 from backends.runner.block_table import BlockTable
 from backends.runner.cuda_graphs import DecodeGraphs, bucket_sizes
 from backends.runner.fast_step import Forwarded, SamplePlan, step_results

@@ -26,7 +26,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from backends.models.decoder import DecoderModel
+from backends.runner.backbone import DecoderModel
 from backends.runner.cuda_graphs import capture_graph
 from backends.runner.host_staging import PinnedStaging
 from backends.runner.kv_cache import KVCache

@@ -23,10 +23,9 @@ from functools import partial
 
 import torch
 
-from backends.models.decoder import DecoderModel
-from backends.models.decoder_backbone import set_gemv_backend
 from backends.runner.async_output import PendingStep
 from backends.runner.attention import check_backend
+from backends.runner.backbone import DecoderModel
 from backends.runner.block_pool import BlockPool
 from backends.runner.block_table import BlockTable
 from backends.runner.decode_chain import DecodeChains, PendingChain, check_chain
@@ -66,7 +65,7 @@ class ModelRunner:
         logits_processor: DeviceLogitsProcessor | None = None,
     ) -> None:
         check_backend(config.attention_backend)
-        set_gemv_backend(model, config.gemv_backend)  # type: ignore[arg-type]
+        model.set_gemv_backend(config.gemv_backend)
         self.model = model
         self.config = config
         self.logits_processor = logits_processor

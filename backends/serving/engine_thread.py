@@ -23,7 +23,8 @@ from typing import Any, Callable, Protocol
 
 import torch
 
-from backends.stages.sink import ResponseSink, StageError, StageFailure
+from backends.contracts.errors import StageError, StageFailure
+from backends.contracts.sink import ResponseSink
 from backends.switches import on_off
 
 log = logging.getLogger(__name__)

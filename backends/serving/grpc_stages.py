@@ -26,13 +26,13 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from backends.duplex.stage_clients import CODE2WAV, TALKER, THINKER
-from backends.serving.stage_channel import DEFAULT_CLOSE_WAIT_S, StageChannel
-from backends.stages.contracts import (
+from backends.contracts.messages import (
     Code2WavAudio, Code2WavRequest, TalkerCodes, TalkerRequest, ThinkerRequest, ThinkerUnitResult, expect_request,
     stop_request,
 )
-from backends.stages.tensor_codec import from_arrays, to_arrays
+from backends.contracts.stage_clients import CODE2WAV, TALKER, THINKER
+from backends.contracts.tensor_codec import from_arrays, to_arrays
+from backends.serving.stage_channel import DEFAULT_CLOSE_WAIT_S, StageChannel
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +54,7 @@ def stage_url(params: dict[str, str]) -> str:
 
 
 class GrpcStageClients:
-    """StageClients (backends/duplex/stage_clients.py) over pooled StageChannels."""
+    """StageClients (backends/contracts/stage_clients.py) over pooled StageChannels."""
 
     def __init__(self, url: str, timeout_s: float = DEFAULT_TIMEOUT_S, max_idle: int = DEFAULT_MAX_IDLE,
                  channel_factory: Callable[[str, float], StageChannel] = StageChannel,

@@ -30,10 +30,10 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from backends.duplex.stage_clients import STAGES, StageCallError
+from backends.contracts.stage_clients import STAGES, StageCallError
 from backends.serving.stage_channel import StageChannel
 from backends.serving.stage_health import health_request
-from backends.stages.tensor_codec import to_arrays
+from backends.contracts.tensor_codec import to_arrays
 
 DUPLEX_MODEL = "duplex"
 MODELS = (DUPLEX_MODEL, *STAGES)

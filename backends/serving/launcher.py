@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from backends.serving.checkpoints import prepare_checkpoint
+from backends.checkpoint.prepare import prepare_checkpoint
 from backends.serving.grpc_stages import STAGE_URL_ENV
 from backends.serving.health import server_ready
 from backends.serving.mps import MODES as MPS_MODES, MpsDaemon, mps_daemon

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from backends.contracts.errors import StageError
+from backends.contracts.sink import ResponseSink
 from backends.serving.metrics_catalog import (
     CHANNEL_RESPONSE,
     ERRORS,
@@ -24,7 +26,6 @@ from backends.serving.metrics_catalog import (
     WINDOW_WAIT,
 )
 from backends.serving.metrics_thread import MetricsThread
-from backends.stages.sink import ResponseSink, StageError
 
 
 class StageMetrics:

@@ -22,12 +22,12 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import TypeVar
 
-from backends.duplex.stage_clients import CODE2WAV, TALKER, THINKER, StageClients
-from backends.serving.metrics_catalog import STAGE_CALL
-from backends.serving.metrics_thread import MetricsThread
-from backends.stages.contracts import (
+from backends.contracts.messages import (
     Code2WavAudio, Code2WavRequest, TalkerCodes, TalkerRequest, ThinkerRequest, ThinkerUnitResult,
 )
+from backends.contracts.stage_clients import CODE2WAV, TALKER, THINKER, StageClients
+from backends.serving.metrics_catalog import STAGE_CALL
+from backends.serving.metrics_thread import MetricsThread
 from backends.switches import on_off
 
 CALL_METRICS_ENV = "MINICPMO_STAGE_CALL_METRICS"  # "1": observe every stage call

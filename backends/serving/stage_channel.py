@@ -25,10 +25,10 @@ from typing import Any
 import numpy as np
 import tritonclient.grpc as grpcclient
 
-from backends.duplex.stage_clients import StageCallError
+from backends.contracts.errors import StageError
+from backends.contracts.stage_clients import StageCallError
 from backends.serving.metrics_stage_calls import SENT_NS_PARAMETER, call_metrics_enabled
 from backends.serving.triton_responses import parse_error_message
-from backends.stages.sink import StageError
 from client.stream_close import half_close
 
 log = logging.getLogger(__name__)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from backends.stages.contracts import Code2WavRequest, TalkerRequest, ThinkerRequest, stop_request
+from backends.contracts.messages import Code2WavRequest, TalkerRequest, ThinkerRequest, stop_request
 
 ACTION_HEALTH = "health"
 

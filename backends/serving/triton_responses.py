@@ -21,7 +21,7 @@ import threading
 import time
 from typing import Any, Callable
 
-from backends.stages.sink import StageError
+from backends.contracts.errors import StageError
 
 log = logging.getLogger(__name__)
 

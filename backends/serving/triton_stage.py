@@ -13,6 +13,8 @@ import logging
 import time
 from typing import Any, Callable
 
+from backends.contracts.errors import StageError
+from backends.contracts.messages import ACTION_EXPECT, ACTION_RUN, ACTION_STOP
 from backends.serving.gil_switch import configure_switch_interval
 from backends.serving.stack_dump import enable_stack_dump
 from backends.serving.stack_sampler import start_stack_sampler
@@ -25,8 +27,6 @@ from backends.serving.resource_gauges import ResourceGauges
 from backends.serving.stage_health import ACTION_HEALTH
 from backends.serving.triton_responses import ResponseThread, TritonSink, triton_error
 from backends.serving.triton_tensors import ContractError, decode_request, encode_response
-from backends.stages.contracts import ACTION_EXPECT, ACTION_RUN, ACTION_STOP
-from backends.stages.sink import StageError
 
 
 def model_parameters(args: dict[str, Any]) -> dict[str, str]:

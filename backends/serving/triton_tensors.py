@@ -7,7 +7,7 @@ a BYTES tensor built from strings) and every tensor it unpacks into numpy is gar
 BYTES input or `as_numpy()`; a BYTES input even kills the stub before `execute` runs).
 
 Hence: every tensor of our own stage contracts is numeric (str fields are UTF-8 uint8,
-backends/stages/tensor_codec.py) and moves through DLPack both ways. The only string left is
+backends/contracts/tensor_codec.py) and moves through DLPack both ways. The only string left is
 the client-facing JSON output (`duplex` EVENT), which only ever leaves a stub: `_bytes_tensor`
 hands the stub its serialized bytes in a dtype whose item size reads right under both layouts. scripts/check_numpy2_stub.sh checks all this on a real
 server under numpy 2.
@@ -20,7 +20,7 @@ import numpy as np
 import torch
 from torch.utils import dlpack as torch_dlpack
 
-from backends.stages.tensor_codec import ContractError, from_arrays, tensor_specs, to_arrays
+from backends.contracts.tensor_codec import ContractError, from_arrays, tensor_specs, to_arrays
 
 
 # '<U2': item size 8 and, in numpy 2, flags NPY_NEEDS_INIT = 8, so the stub reads 8 bytes

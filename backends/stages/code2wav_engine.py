@@ -23,9 +23,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from backends.audio.codec_windows import CodecWindow
+from backends.contracts.messages import ACTION_STOP, Code2WavRequest
 from backends.models.token2wav import StreamWindow, Token2Wav, Token2WavStream, Voice
 from backends.models.token2wav.batch_buckets import batch_bucket
-from backends.stages.contracts import ACTION_STOP, Code2WavRequest
 from backends.stages.voice_cache import DEFAULT_CAPACITY, VoiceCache
 from backends.stages.window_checks import WindowSequences, content_error
 from backends.stages.window_schedule import (

@@ -9,9 +9,10 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
+from backends.contracts.errors import StageError
+from backends.contracts.messages import ACTION_STOP, Code2WavAudio, Code2WavRequest
+from backends.contracts.sink import ResponseSink
 from backends.stages.code2wav_engine import ERROR_INTERNAL, Code2WavEngine, Code2WavResult
-from backends.stages.contracts import ACTION_STOP, Code2WavAudio, Code2WavRequest
-from backends.stages.sink import ResponseSink, StageError
 
 log = logging.getLogger(__name__)
 

@@ -14,8 +14,8 @@ import torch
 
 from backends.checkpoint.full_random import FullRandomCheckpoint, full_random_checkpoint
 from backends.checkpoint.loader import Checkpoint, load_checkpoint
+from backends.checkpoint.prepare import FULL_RANDOM, prepare_checkpoint
 from backends.runner.types import RunnerConfig
-from backends.serving.checkpoints import FULL_RANDOM, prepare_checkpoint
 from backends.stages.code2wav_service import Code2WavService
 from backends.stages.window_schedule import FIRST_WINDOW_HOLD_S
 from backends.switches import on_off
@@ -87,7 +87,7 @@ def build_thinker_engine(params: dict[str, str], device_id: str = "0"):
     setup = StageSetup.from_params(params, device_id)
     ckpt = setup.load()
     if isinstance(ckpt, FullRandomCheckpoint):
-        model = ckpt.build_thinker(setup.device, setup.dtype)
+        model = ThinkerModel.from_full_random(ckpt, setup.device, setup.dtype)
     else:
         model = ThinkerModel.from_checkpoint(ckpt, setup.device, setup.dtype)
     max_len = min(setup.max_context_tokens, ckpt.config.llm.max_position_embeddings)

@@ -33,12 +33,13 @@ from functools import partial
 import numpy as np
 import torch
 
+from backends.contracts.errors import StageError, StageFailure
+from backends.contracts.messages import ACTION_RUN, ACTION_STOP, TalkerCodes, TalkerRequest
+from backends.contracts.sink import ResponseSink
 from backends.models.talker import TalkerModel
 from backends.models.talker_policy import ChunkKind, TalkerChunkPolicy, TalkerSamplingConfig
 from backends.runner.model_runner import ModelRunner
 from backends.runner.types import AdmissionError, ChainResult, RunnerConfig, StepInput, StepResult
-from backends.stages.contracts import ACTION_RUN, ACTION_STOP, TalkerCodes, TalkerRequest
-from backends.stages.sink import ResponseSink, StageError, StageFailure
 from backends.talker import chain_harvest as harvest
 from backends.talker.chain_plan import chain_config, chain_length
 from backends.talker.condition import Condition, check_condition, project_queued

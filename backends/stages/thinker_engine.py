@@ -24,12 +24,13 @@ from functools import partial
 
 from backends.audio.encoder_model import AudioEncoderModel
 from backends.checkpoint.tokenizer import SpecialTokens, TextTokenizer
+from backends.contracts.errors import StageError, StageFailure
+from backends.contracts.messages import ACTION_STOP, ThinkerRequest
+from backends.contracts.sink import ResponseSink
 from backends.models.qwen3 import Qwen3ForCausalLM
 from backends.runner.hidden_ledger import HiddenLedger
 from backends.runner.model_runner import ModelRunner
 from backends.runner.types import AdmissionError, RunnerConfig, SamplingParams, StepInput, StepResult
-from backends.stages.contracts import ACTION_STOP, ThinkerRequest
-from backends.stages.sink import ResponseSink, StageError, StageFailure
 from backends.thinker.append_fit import check_context, fit_window
 from backends.thinker.append_request import check_append, policy_config, window_mode
 from backends.thinker.context_window import WINDOW_MODES, ContextWindow, WindowConfig

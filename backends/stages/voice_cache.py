@@ -23,8 +23,8 @@ import numpy as np
 import torch
 
 from backends.audio.reference_cache import clip_key as voice_key  # the Thinker's reference cache keys the same way
+from backends.contracts.messages import MAX_REF_AUDIO_SECONDS, MIN_REF_AUDIO_SAMPLES, REF_AUDIO_SAMPLE_RATE
 from backends.models.token2wav import Voice
-from backends.stages.contracts import MAX_REF_AUDIO_SECONDS, MIN_REF_AUDIO_SAMPLES, REF_AUDIO_SAMPLE_RATE
 
 DEFAULT_CAPACITY = 8
 ERROR_REF_AUDIO = "invalid_ref_audio"

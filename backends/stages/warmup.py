@@ -26,10 +26,10 @@ import numpy as np
 import torch
 
 from backends.audio.codec_windows import CodecWindowBridge, CodecWindowConfig
+from backends.contracts.messages import Code2WavRequest, TalkerRequest, ThinkerRequest
+from backends.contracts.sink import ListSink
 from backends.models.token2wav.batch_buckets import BATCH_BUCKETS, batch_bucket
 from backends.stages.code2wav_engine import request_from_window
-from backends.stages.contracts import Code2WavRequest, TalkerRequest, ThinkerRequest
-from backends.stages.sink import ListSink
 from backends.thinker.prompt_layout import UNIT_SAMPLES
 
 logger = logging.getLogger(__name__)

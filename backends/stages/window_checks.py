@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from backends.stages.contracts import Code2WavRequest
+from backends.contracts.messages import Code2WavRequest
 from backends.stages.voice_cache import reference_error
 
 ERROR_STALE_EPOCH = "stale_cache_epoch"

@@ -15,11 +15,12 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
+from backends.contracts.errors import StageFailure
+from backends.contracts.messages import TalkerRequest
+from backends.contracts.sink import ResponseSink
 from backends.models.talker import TalkerModel
 from backends.models.talker_policy import CHUNK_BUDGETS, ChunkKind
 from backends.runner.host_staging import to_device
-from backends.stages.contracts import TalkerRequest
-from backends.stages.sink import ResponseSink, StageFailure
 
 if TYPE_CHECKING:
     from backends.talker.request_state import TalkerStream

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
-from backends.stages.sink import StageError
+from backends.contracts.errors import StageError
 
 # Enough for every session of a long-running server to be remembered well past the
 # seconds a late handoff can take; the oldest ids are forgotten first.

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import logging
 
-from backends.stages.sink import ResponseSink, StageError
+from backends.contracts.errors import StageError
+from backends.contracts.sink import ResponseSink
 
 _LOG = logging.getLogger(__name__)
 

@@ -14,10 +14,11 @@ from typing import Protocol
 
 import numpy as np
 
+from backends.contracts.errors import StageFailure
+from backends.contracts.messages import TalkerCodes, TalkerRequest
+from backends.contracts.sink import ResponseSink
 from backends.models.talker_policy import ChunkKind
 from backends.runner.types import SamplingHook, StepInput
-from backends.stages.contracts import TalkerCodes, TalkerRequest
-from backends.stages.sink import ResponseSink, StageFailure
 from backends.talker.condition import Condition
 from backends.talker.rollover import ChunkRecord
 

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 
 import torch
 
+from backends.contracts.errors import StageFailure
 from backends.models.talker import TalkerModel
-from backends.stages.sink import StageFailure
 
 # Upstream's scheduler prompt for a condition is all zeros: the rows' content is in the
 # injected embeddings, the ledger id only has to be a valid placeholder.

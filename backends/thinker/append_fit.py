@@ -8,9 +8,9 @@ the request reserved, or the session ends with `context_length_exceeded`.
 
 from __future__ import annotations
 
+from backends.contracts.errors import StageFailure
 from backends.runner.model_runner import ModelRunner
 from backends.runner.types import SamplingParams
-from backends.stages.sink import StageFailure
 from backends.thinker.prompt_layout import AppendRows
 from backends.thinker.session_state import ThinkerSession
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from backends.stages.contracts import ACTION_RUN, ThinkerRequest
-from backends.stages.sink import StageFailure
+from backends.contracts.errors import StageFailure
+from backends.contracts.messages import ACTION_RUN, ThinkerRequest
 from backends.thinker.context_window import WINDOW_MODES
 from backends.thinker.duplex_policy import DEFAULT_TEMPERATURE, PolicyConfig
 from backends.thinker.prompt_layout import UNIT_SAMPLES

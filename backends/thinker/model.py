@@ -3,7 +3,7 @@
 `StreamingAudioEncoder`), so one `ThinkerModel` serves every session of a stage.
 
 Both constructors build on the meta device and allocate once, on the target device and in the
-target dtype (backends/thinker/materialize.py): random weights for `full-random`, storage for
+target dtype (backends/models/materialize.py): random weights for `full-random`, storage for
 a strict load for a checkpoint. `device="meta"` gives the bare structure (shapes, parameter
 count) without memory. A checkpoint whose tensors do not match raises CheckpointError naming
 the checkpoint keys that are missing, unexpected or of the wrong shape.
@@ -17,10 +17,11 @@ import torch
 
 from backends.audio.encoder_model import AudioEncoderModel
 from backends.checkpoint.config import LlmConfig, MiniCPMOConfig
+from backends.checkpoint.full_random import FullRandomCheckpoint, seeded_rng
 from backends.checkpoint.loader import Checkpoint, CheckpointError
+from backends.models.materialize import materialize
 from backends.models.qwen3 import Qwen3Config, Qwen3ForCausalLM
 from backends.models.whisper_encoder import WhisperEncoderConfig
-from backends.thinker.materialize import materialize
 
 LLM_PREFIX = "llm."
 AUDIO_PREFIXES = ("apm.", "audio_projection_layer.")
@@ -39,6 +40,14 @@ class ThinkerModel:
         """Random weights (the full-random profile) drawn on `device` in `dtype` from the
         device's default RNG, in eval mode; on "meta", the structure only."""
         return cls._build(config, device, dtype, random_init=True)
+
+    @classmethod
+    def from_full_random(
+        cls, ckpt: FullRandomCheckpoint, device: torch.device, dtype: torch.dtype
+    ) -> ThinkerModel:
+        """The `full-random` profile's Thinker: `from_config` drawn from the checkpoint's seed."""
+        with seeded_rng(device, ckpt.seed):
+            return cls.from_config(ckpt.config, device, dtype)
 
     @classmethod
     def from_checkpoint(

@@ -17,11 +17,11 @@ import numpy as np
 import torch
 
 from backends.checkpoint.tokenizer import SpecialTokens
+from backends.contracts.messages import DECISION_LISTEN, DECISION_SPEAK, ThinkerRequest
+from backends.contracts.messages import ThinkerUnitResult
+from backends.contracts.sink import ResponseSink
 from backends.runner.hidden_ledger import HiddenLedger
 from backends.runner.types import StepInput, StepResult
-from backends.stages.contracts import DECISION_LISTEN, DECISION_SPEAK, ThinkerRequest
-from backends.stages.contracts import ThinkerUnitResult
-from backends.stages.sink import ResponseSink
 from backends.thinker.context_window import WINDOW_OFF, ContextWindow, WindowConfig
 from backends.thinker.duplex_policy import DuplexPolicy, TextDecoder
 from backends.thinker.handoff import PromptSnapshot, build_handoff

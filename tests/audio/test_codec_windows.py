@@ -14,7 +14,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from backends.audio.codec_windows import SILENCE_CODE, CodecWindow, CodecWindowBridge
+from backends.audio.codec_windows import CodecWindow, CodecWindowBridge
+from backends.models.speech_codes import SILENCE_CODE
 
 SILENCE = (SILENCE_CODE,) * 3
 

@@ -17,9 +17,9 @@ import pytest
 import torch
 
 from backends.audio.encoder_model import AudioEncoderModel
-from backends.audio.mel import WhisperMel, normalize_log_mel
 from backends.audio.streaming_encoder import StreamingAudioEncoder
 from backends.audio.streaming_mel import StreamingMel, StreamingMelConfig
+from backends.models.whisper_mel import WhisperMel, normalize_log_mel
 
 UNIT = 16000
 NUM_UNITS = 40

@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 import torch
 
-from backends.audio.mel import HOP_LENGTH, WhisperMel, normalize_log_mel
 from backends.audio.streaming_mel import StreamingMel, StreamingMelConfig
+from backends.models.whisper_mel import HOP_LENGTH, WhisperMel, normalize_log_mel
 
 # Cached frames and re-extracted frames are the same float32 STFT arithmetic on differently
 # laid out segments: only rounding separates them.

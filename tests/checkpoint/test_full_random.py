@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from backends.checkpoint.full_random import full_random_checkpoint
+from backends.thinker.model import ThinkerModel
 
 # Published sizes: Qwen3-8B has 8.19e9 parameters with its untied LM head; Whisper-medium's
 # encoder about 3.07e8. A few percent covers the projector and our module layout.
@@ -42,7 +43,7 @@ def test_text_goes_through_the_tiny_tokenizer(ckpt):
 
 
 def test_thinker_structure_on_meta(ckpt):
-    model = ckpt.build_thinker(torch.device("meta"), torch.bfloat16)
+    model = ThinkerModel.from_full_random(ckpt, torch.device("meta"), torch.bfloat16)
     llm_params = sum(p.numel() for p in model.llm.parameters())
     audio_params = sum(p.numel() for p in model.audio_encoder.parameters())
     assert llm_params == pytest.approx(QWEN3_8B_PARAMS, rel=SIZE_TOLERANCE)

@@ -22,10 +22,10 @@ from collections import defaultdict
 
 import numpy as np
 
-from backends.duplex.stage_clients import StageCallError
+from backends.contracts.errors import StageError
+from backends.contracts.messages import Code2WavAudio, TalkerCodes, ThinkerUnitResult
+from backends.contracts.stage_clients import StageCallError
 from backends.duplex.uplink import RawUplink
-from backends.stages.contracts import Code2WavAudio, TalkerCodes, ThinkerUnitResult
-from backends.stages.sink import StageError
 
 HIDDEN = 8
 WAIT_S = 10.0

@@ -2,7 +2,7 @@
 `disable()` (server shutdown) nothing is called at all."""
 from __future__ import annotations
 
-from backends.duplex.stage_clients import STAGES
+from backends.contracts.stage_clients import STAGES
 from backends.duplex.stage_stops import StageStops
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from backends.stages.contracts import ACTION_STOP, Code2WavRequest, TalkerRequest, ThinkerRequest
-from backends.stages.tensor_codec import from_arrays, tensor_specs
+from backends.contracts.messages import ACTION_STOP, Code2WavRequest, TalkerRequest, ThinkerRequest
+from backends.contracts.tensor_codec import from_arrays, tensor_specs
 from perf.pa_inputs import StageDims, duplex_data, is_stop, stage_data
 
 DIMS = StageDims(llm_hidden=8, text_ids=(11, 12, 13, 14, 15, 16), turn_eos=99)

@@ -22,10 +22,10 @@ if not torch.cuda.is_available():
 
 from backends.checkpoint.tiny_tokenizer import EOS_TOKEN, train_tiny_tokenizer  # noqa: E402
 from backends.checkpoint.tokenizer import SpecialTokens, TextTokenizer  # noqa: E402
+from backends.contracts.messages import ThinkerRequest  # noqa: E402
+from backends.contracts.sink import ListSink  # noqa: E402
 from backends.models.qwen3 import Qwen3Config, Qwen3ForCausalLM  # noqa: E402
 from backends.runner.types import RunnerConfig  # noqa: E402
-from backends.stages.contracts import ThinkerRequest  # noqa: E402
-from backends.stages.sink import ListSink  # noqa: E402
 from backends.stages.thinker_engine import ThinkerEngine, ThinkerEngineConfig  # noqa: E402
 
 HIDDEN = 128

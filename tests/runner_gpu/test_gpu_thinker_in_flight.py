@@ -20,11 +20,11 @@ if not torch.cuda.is_available():
 from backends.audio.encoder_model import AudioEncoderModel  # noqa: E402
 from backends.checkpoint.tiny_tokenizer import EOS_TOKEN, train_tiny_tokenizer  # noqa: E402
 from backends.checkpoint.tokenizer import SpecialTokens, TextTokenizer  # noqa: E402
+from backends.contracts.messages import ThinkerRequest  # noqa: E402
+from backends.contracts.sink import ListSink  # noqa: E402
 from backends.models.qwen3 import Qwen3Config, Qwen3ForCausalLM  # noqa: E402
 from backends.models.whisper_encoder import WhisperEncoderConfig  # noqa: E402
 from backends.runner.types import RunnerConfig  # noqa: E402
-from backends.stages.contracts import ThinkerRequest  # noqa: E402
-from backends.stages.sink import ListSink  # noqa: E402
 from backends.stages.thinker_engine import ThinkerEngine  # noqa: E402
 
 HIDDEN = 128

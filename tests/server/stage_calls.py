@@ -1,6 +1,6 @@
 """Direct requests to a stage model (thinker, talker, code2wav) on a real server.
 
-A request is a contract dataclass (backends/stages/contracts.py) encoded by the same
+A request is a contract dataclass (backends/contracts/messages.py) encoded by the same
 `to_arrays` the orchestrator uses; each call gets its own gRPC stream, because tritonclient
 2.51 drops the request id of in-band errors (a stream with one request in flight needs none).
 Answers are decoded back into the contract's result class. `StageCall` reads a stream
@@ -15,9 +15,9 @@ from typing import Any
 
 import tritonclient.grpc as grpcclient
 
+from backends.contracts.messages import stop_request
+from backends.contracts.tensor_codec import from_arrays, to_arrays
 from backends.serving.stage_channel import infer_inputs
-from backends.stages.contracts import stop_request
-from backends.stages.tensor_codec import from_arrays, to_arrays
 
 ANSWER_TIMEOUT_S = 60.0
 

@@ -18,10 +18,10 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 
+from backends.contracts.tensor_codec import encode_text
 from backends.serving.health import probe
 from backends.serving.metrics_catalog import parse_samples, sample_sum
 from backends.stages.factory import SLOT_MARGIN
-from backends.stages.tensor_codec import encode_text
 from client.events import AudioDelta, DuplexEvent, ResponseDone, ResponseListen, ResponseSpeak
 from client.params import SessionParams
 from client.session import DuplexSession

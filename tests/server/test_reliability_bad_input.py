@@ -27,8 +27,8 @@ from server_resources import ServerResources, settled, warm_baseline
 from tritonclient.utils import InferenceServerException
 
 from backends.checkpoint.tiny_config import TINY_HIDDEN
-from backends.stages.contracts import Code2WavRequest, TalkerRequest, ThinkerRequest, stop_request
-from backends.stages.tensor_codec import to_arrays
+from backends.contracts.messages import Code2WavRequest, TalkerRequest, ThinkerRequest, stop_request
+from backends.contracts.tensor_codec import to_arrays
 from client.stream_close import stop_stream
 
 ANSWER_TIMEOUT_S = 30.0

@@ -24,10 +24,10 @@ from stage_calls import StageCall, call, stop
 
 from backends.audio.codec_windows import CodecWindowBridge
 from backends.checkpoint.tiny_config import TINY_HIDDEN
-from backends.stages.code2wav_engine import request_from_window
-from backends.stages.contracts import (
+from backends.contracts.messages import (
     Code2WavAudio, Code2WavRequest, TalkerCodes, TalkerRequest, ThinkerRequest, ThinkerUnitResult,
 )
+from backends.stages.code2wav_engine import request_from_window
 
 REPLY = {"initial_user_text": "Tell me a story.", "reply_units": 3, "reply_tokens_per_unit": 2, "seed": 4}
 FRAMES = 25  # codec frames of a full Talker chunk (facts 1.3)

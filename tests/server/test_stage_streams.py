@@ -16,12 +16,12 @@ from stage_calls import call, stop
 
 from backends.audio.codec_windows import CodecWindowBridge
 from backends.checkpoint.tiny_config import TINY_HIDDEN
-from backends.duplex.stage_clients import StageCallError
-from backends.serving.grpc_stages import DEFAULT_STREAM_IDLE_S, GrpcStageClients
-from backends.stages.code2wav_engine import request_from_window
-from backends.stages.contracts import (
+from backends.contracts.messages import (
     ACTION_EXPECT, Code2WavAudio, TalkerCodes, TalkerRequest, ThinkerRequest, ThinkerUnitResult, expect_request,
 )
+from backends.contracts.stage_clients import StageCallError
+from backends.serving.grpc_stages import DEFAULT_STREAM_IDLE_S, GrpcStageClients
+from backends.stages.code2wav_engine import request_from_window
 
 IDLE_STREAMS = ("stage_idle_streams", "duplex")
 REPLY = {"initial_user_text": "Hello.", "reply_units": 1, "reply_tokens_per_unit": 2}

@@ -11,10 +11,10 @@ import time
 
 import numpy as np
 
+from backends.contracts.messages import ACTION_EXPECT, Code2WavRequest, TalkerRequest, expect_request
+from backends.contracts.tensor_codec import to_arrays
 from backends.serving.engine_thread import EngineThread
 from backends.serving.triton_stage import StageAdapter
-from backends.stages.contracts import ACTION_EXPECT, Code2WavRequest, TalkerRequest, expect_request
-from backends.stages.tensor_codec import to_arrays
 
 WAIT_S = 5.0
 

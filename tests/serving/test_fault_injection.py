@@ -14,11 +14,11 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
+from backends.contracts.messages import Code2WavRequest
+from backends.contracts.sink import ListSink
 from backends.serving.fault_injection import FaultHook, InjectedFault, fault_marker, install_fault_hook
 from backends.stages.code2wav_engine import ERROR_INTERNAL, Code2WavEngine
 from backends.stages.code2wav_service import Code2WavService
-from backends.stages.contracts import Code2WavRequest
-from backends.stages.sink import ListSink
 
 SAMPLES_PER_WINDOW = 480
 

@@ -13,10 +13,10 @@ import time
 import numpy as np
 import pytest
 
-from backends.duplex.stage_clients import StageCallError
+from backends.contracts.messages import ACTION_EXPECT, Code2WavAudio, TalkerCodes, TalkerRequest, stop_request
+from backends.contracts.stage_clients import StageCallError
+from backends.contracts.tensor_codec import to_arrays
 from backends.serving.grpc_stages import GrpcStageClients, stage_url
-from backends.stages.contracts import ACTION_EXPECT, Code2WavAudio, TalkerCodes, TalkerRequest, stop_request
-from backends.stages.tensor_codec import to_arrays
 
 REQUEST = TalkerRequest(request_id="s.e0", condition_seq=0, token_ids=np.array([5, 6], np.int32),
                         hidden=np.zeros((2, 4), np.float32), turn_start=True)
@@ -95,7 +95,7 @@ def test_results_are_decoded_and_a_finished_stream_is_reused(clients):
 
 
 def test_a_stage_error_keeps_the_channel_and_a_broken_channel_is_closed(clients):
-    from backends.stages.sink import StageError
+    from backends.contracts.errors import StageError
 
     FakeChannel.script = [[[StageCallError("talker", StageError("cancelled", "stopped"))],
                            [StageCallError("talker", StageError("unavailable", "connection lost"))]]]

@@ -19,16 +19,16 @@ from pathlib import Path
 
 import pytest
 
-from backends.duplex.stage_clients import STAGES, StageCallError
+from backends.contracts.stage_clients import STAGES, StageCallError
 from backends.serving import health
 from backends.serving.health import MODELS, OK, default_grpc_url, main, probe, server_ready
 from backends.serving.launcher import free_port
 from backends.serving.stage_channel import StageChannel
 from backends.serving.stage_health import ACTION_HEALTH, health_request
 from backends.serving.triton_stage import StageAdapter
-from backends.stages.contracts import TalkerRequest
-from backends.stages.sink import StageError
-from backends.stages.tensor_codec import to_arrays
+from backends.contracts.messages import TalkerRequest
+from backends.contracts.errors import StageError
+from backends.contracts.tensor_codec import to_arrays
 
 REPOSITORY = Path(__file__).resolve().parents[2] / "model_repository"
 

@@ -15,12 +15,13 @@ import time
 
 import pytest
 
+from backends.contracts.errors import StageError
+from backends.contracts.sink import ListSink
 from backends.serving.engine_thread import EngineThread
 from backends.serving.metrics_catalog import ERRORS, INBOX_WAIT, KV_BLOCKS_IN_USE, STEP_TIME, WINDOW_WAIT
 from backends.serving.metrics_stage import StageMetrics
 from backends.serving.metrics_thread import MetricsThread
 from backends.serving.resource_gauges import ResourceGauges
-from backends.stages.sink import ListSink, StageError
 
 STEP_S = 0.01
 # Timer resolution and scheduling on a loaded 2-core CI box: a step is never measured shorter

@@ -18,13 +18,13 @@ from collections.abc import Iterator
 import pytest
 from test_metrics_duplex import Clock  # the sibling module's scripted clock
 
+from backends.contracts.messages import TalkerRequest, stop_request
+from backends.contracts.tensor_codec import to_arrays
 from backends.serving.metrics_catalog import STAGE_ARRIVAL, STAGE_CALL, STAGE_SEND
 from backends.serving.metrics_stage_calls import (
     CALL_METRICS_ENV, SENT_NS_PARAMETER, MeteredStageClients, sent_ns_of, with_call_metrics,
 )
 from backends.serving.triton_stage import StageAdapter
-from backends.stages.contracts import TalkerRequest, stop_request
-from backends.stages.tensor_codec import to_arrays
 
 
 class Recorder:

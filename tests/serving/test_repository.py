@@ -6,12 +6,12 @@ from pathlib import Path
 
 import pytest
 
-from backends.serving.profiles import PROFILES, get_profile
-from backends.serving.repository import committed_config_is_current, render_repository, render_template
-from backends.stages.contracts import (
+from backends.contracts.messages import (
     Code2WavAudio, Code2WavRequest, TalkerCodes, TalkerRequest, ThinkerRequest, ThinkerUnitResult,
 )
-from backends.stages.tensor_codec import tensor_specs
+from backends.contracts.tensor_codec import tensor_specs
+from backends.serving.profiles import PROFILES, get_profile
+from backends.serving.repository import committed_config_is_current, render_repository, render_template
 
 REPO = Path(__file__).resolve().parents[2] / "model_repository"
 CONTRACTS = {"thinker": (ThinkerRequest, ThinkerUnitResult), "talker": (TalkerRequest, TalkerCodes),

@@ -12,8 +12,8 @@ import time
 
 import pytest
 
+from backends.contracts.errors import StageError
 from backends.serving.triton_responses import ResponseThread, TritonSink
-from backends.stages.sink import StageError
 
 FINAL = 1
 STOPPED = StageError("cancelled", "request r was stopped")

@@ -10,10 +10,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from backends.contracts.messages import ACTION_STOP, Code2WavRequest
 from backends.models.token2wav import Token2Wav, Token2WavConfig, Voice
 from backends.models.token2wav.assets import random_token2wav, random_voice_prompt
 from backends.stages.code2wav_engine import ERROR_INTERNAL, Code2WavEngine
-from backends.stages.contracts import ACTION_STOP, Code2WavRequest
 
 
 def _model() -> Token2Wav:

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from backends.audio.codec_windows import CodecWindow, CodecWindowBridge
+from backends.contracts.messages import ACTION_STOP, Code2WavRequest
 from backends.models.token2wav import StreamWindow, Token2Wav, Token2WavConfig, Voice
 from backends.models.token2wav.assets import random_token2wav, random_voice_prompt
 from backends.stages.code2wav_engine import ERROR_INTERNAL, Code2WavEngine, Code2WavResult, request_from_window
@@ -26,7 +27,6 @@ from backends.stages.window_checks import (
     ERROR_LEFT_CONTEXT,
     ERROR_STALE_EPOCH,
 )
-from backends.stages.contracts import ACTION_STOP, Code2WavRequest
 
 # Rows of one batch take other kernel paths than a lone row: float32 summation order only,
 # ~5e-7 on the mel, amplified by the random HiFT to at most ~1e-4 on the audio (measured).

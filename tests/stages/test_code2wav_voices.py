@@ -20,13 +20,13 @@ import torch
 
 from backends.audio.codec_windows import CodecWindow, CodecWindowBridge
 from backends.checkpoint.reference_voice import synthesize_reference_voice
+from backends.contracts.messages import ACTION_STOP, Code2WavRequest
+from backends.contracts.sink import ListSink
+from backends.contracts.tensor_codec import ContractError, from_arrays, to_arrays
 from backends.models.token2wav import StreamWindow, Token2Wav, Token2WavConfig, Voice
 from backends.models.token2wav.assets import random_token2wav
 from backends.stages.code2wav_engine import Code2WavEngine, request_from_window
 from backends.stages.code2wav_service import Code2WavService
-from backends.stages.contracts import ACTION_STOP, Code2WavRequest
-from backends.stages.sink import ListSink
-from backends.stages.tensor_codec import ContractError, from_arrays, to_arrays
 from backends.stages.voice_cache import ERROR_REF_AUDIO, VoiceCache, voice_key
 
 BATCH_ATOL = 5e-4  # float32 summation order of batched rows (test_code2wav_engine.py)

@@ -14,11 +14,11 @@ import numpy as np
 import pytest
 import torch
 
+from backends.contracts.messages import ACTION_STOP, TalkerCodes, TalkerRequest
+from backends.contracts.sink import ListSink
 from backends.models.talker import TalkerConfig, TalkerModel
 from backends.models.talker_policy import TalkerChunkPolicy, TalkerSamplingConfig
 from backends.runner.types import RunnerConfig
-from backends.stages.contracts import ACTION_STOP, TalkerCodes, TalkerRequest
-from backends.stages.sink import ListSink
 from backends.stages.talker_engine import TalkerEngine
 from backends.talker.rollover import CONDITION_PLACEHOLDER_ID
 

@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 from thinker_driving import UNIT, Parts, audio_engine, run_idle, serve, tiny_audio_parts
 
-from backends.stages.contracts import ThinkerRequest
-from backends.stages.sink import ListSink
+from backends.contracts.messages import ThinkerRequest
+from backends.contracts.sink import ListSink
 from backends.stages.thinker_engine import ThinkerEngine
 from backends.thinker import unit_batch
 

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from thinker_driving import UNIT, Parts, audio_engine, run_idle, serve, tiny_audio_parts
 
-from backends.stages.contracts import ThinkerRequest
+from backends.contracts.messages import ThinkerRequest
 from backends.thinker.duplex_policy import DuplexPolicy
 
 pytest.importorskip("triton")

@@ -20,17 +20,17 @@ from thinker_driving import run_idle, serve
 from backends.audio.encoder_model import AudioEncoderModel
 from backends.checkpoint.tiny_tokenizer import EOS_TOKEN, train_tiny_tokenizer
 from backends.checkpoint.tokenizer import SpecialTokens, TextTokenizer
-from backends.models.qwen3 import Qwen3Config, Qwen3ForCausalLM
-from backends.models.whisper_encoder import WhisperEncoderConfig
-from backends.runner.types import RunnerConfig, StepInput
-from backends.stages.contracts import (
+from backends.contracts.messages import (
     ACTION_STOP,
     DECISION_LISTEN,
     DECISION_SPEAK,
     ThinkerRequest,
     ThinkerUnitResult,
 )
-from backends.stages.sink import ListSink
+from backends.contracts.sink import ListSink
+from backends.models.qwen3 import Qwen3Config, Qwen3ForCausalLM
+from backends.models.whisper_encoder import WhisperEncoderConfig
+from backends.runner.types import RunnerConfig, StepInput
 from backends.stages.thinker_engine import ThinkerEngine, ThinkerEngineConfig
 
 HIDDEN = 32

@@ -17,9 +17,9 @@ import numpy as np
 import pytest
 from thinker_driving import UNIT, Parts, audio_engine, run_idle, serve, tiny_audio_parts
 
+from backends.contracts.messages import ACTION_STOP, ThinkerRequest
+from backends.contracts.sink import ListSink
 from backends.runner.async_output import PendingStep
-from backends.stages.contracts import ACTION_STOP, ThinkerRequest
-from backends.stages.sink import ListSink
 from backends.stages.thinker_engine import ThinkerEngine
 from backends.thinker.session_state import ThinkerSession
 

@@ -19,10 +19,11 @@ import torch
 
 from backends.checkpoint.tiny_tokenizer import EOS_TOKEN, train_tiny_tokenizer
 from backends.checkpoint.tokenizer import SpecialTokens, TextTokenizer
+from backends.contracts.errors import StageError
+from backends.contracts.messages import ThinkerRequest, ThinkerUnitResult
+from backends.contracts.sink import ListSink
 from backends.models.qwen3 import Qwen3Config, Qwen3ForCausalLM
 from backends.runner.types import RunnerConfig
-from backends.stages.contracts import ThinkerRequest, ThinkerUnitResult
-from backends.stages.sink import ListSink, StageError
 from backends.stages.thinker_engine import ThinkerEngine, ThinkerEngineConfig
 from backends.thinker.context_window import WindowConfig
 from backends.thinker.duplex_policy import special_token_ids

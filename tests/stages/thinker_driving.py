@@ -9,11 +9,11 @@ import torch
 from backends.audio.encoder_model import AudioEncoderModel
 from backends.checkpoint.tiny_tokenizer import EOS_TOKEN, train_tiny_tokenizer
 from backends.checkpoint.tokenizer import SpecialTokens, TextTokenizer
+from backends.contracts.messages import ThinkerRequest
+from backends.contracts.sink import ListSink
 from backends.models.qwen3 import Qwen3Config, Qwen3ForCausalLM
 from backends.models.whisper_encoder import WhisperEncoderConfig
 from backends.runner.types import RunnerConfig
-from backends.stages.contracts import ThinkerRequest
-from backends.stages.sink import ListSink
 from backends.stages.thinker_engine import ThinkerEngine
 
 HIDDEN = 32

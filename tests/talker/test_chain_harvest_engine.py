@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 import torch
 
+from backends.contracts.messages import TalkerRequest
+from backends.contracts.sink import ListSink
 from backends.models.talker_policy import ChunkKind
 from backends.runner.types import StepInput
-from backends.stages.contracts import TalkerRequest
-from backends.stages.sink import ListSink
 from backends.talker.chain_harvest import codes_before_end, take_codes
 from backends.talker.condition import Condition
 from backends.talker.request_state import FRAMES_PER_GROUP, ActiveChunk

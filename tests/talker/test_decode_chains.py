@@ -23,10 +23,10 @@ pytest.importorskip("triton")
 
 from test_device_policy import MAX_REQS, build_model, window  # noqa: E402
 
+from backends.contracts.messages import TalkerCodes, TalkerRequest  # noqa: E402
+from backends.contracts.sink import ListSink  # noqa: E402
 from backends.models.talker import TalkerModel  # noqa: E402
 from backends.runner.types import RunnerConfig  # noqa: E402
-from backends.stages.contracts import TalkerCodes, TalkerRequest  # noqa: E402
-from backends.stages.sink import ListSink  # noqa: E402
 from backends.stages.talker_engine import TalkerEngine  # noqa: E402
 from backends.talker.chain_plan import DEFAULT_CHAIN_LENGTHS  # noqa: E402
 

@@ -23,10 +23,10 @@ import numpy as np
 import pytest
 import torch
 
+from backends.contracts.messages import TalkerRequest
 from backends.models.talker import TalkerConfig, TalkerModel
 from backends.models.talker_policy import CODEC_EOS, TalkerChunkPolicy, TalkerSamplingConfig
 from backends.runner.types import RunnerConfig
-from backends.stages.contracts import TalkerRequest
 from backends.stages.talker_engine import TalkerEngine
 from backends.talker.device_policy import DevicePolicy
 from backends.talker.policy_guard import PolicyGuard

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from backends.stages.sink import StageError
+from backends.contracts.errors import StageError
 from backends.talker.ended_requests import EndedRequests
 
 CANCELLED = StageError("cancelled", "stopped")

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from backends.stages.sink import StageFailure
+from backends.contracts.errors import StageFailure
 from backends.talker.rollover import (
     CONDITION_PLACEHOLDER_ID,
     MAX_ROLLOVER_CODES,

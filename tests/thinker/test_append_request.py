@@ -10,8 +10,8 @@ import dataclasses
 import numpy as np
 import pytest
 
-from backends.stages.contracts import ThinkerRequest
-from backends.stages.sink import StageFailure
+from backends.contracts.errors import StageFailure
+from backends.contracts.messages import ThinkerRequest
 from backends.thinker.append_request import check_append, policy_config, window_mode
 from backends.thinker.duplex_policy import DEFAULT_TEMPERATURE
 

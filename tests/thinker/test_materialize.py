@@ -18,9 +18,9 @@ from torch import nn
 from backends.audio.encoder_model import AudioEncoderModel
 from backends.checkpoint.config import MiniCPMOConfig
 from backends.checkpoint.tiny_config import tiny_config_dict
+from backends.models.materialize import INIT_STD, materialize
 from backends.models.qwen3 import Qwen3ForCausalLM
 from backends.models.whisper_encoder import WhisperEncoderConfig, whisper_sinusoids
-from backends.thinker.materialize import INIT_STD, materialize
 from backends.thinker.model import ThinkerModel, qwen3_config
 
 REAL_LLM = {"hidden_size": 4096, "num_hidden_layers": 36, "num_attention_heads": 32,

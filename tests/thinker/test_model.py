@@ -19,9 +19,9 @@ import torch
 from backends.checkpoint import Checkpoint, ensure_tiny_checkpoint, load_checkpoint
 from backends.checkpoint.loader import CheckpointError
 from backends.checkpoint.weight_shards import INDEX_FILE
+from backends.contracts.messages import ThinkerRequest
+from backends.contracts.sink import ListSink
 from backends.runner.types import RunnerConfig
-from backends.stages.contracts import ThinkerRequest
-from backends.stages.sink import ListSink
 from backends.stages.thinker_engine import ThinkerEngine
 from backends.thinker.model import ThinkerModel
 

@@ -12,10 +12,10 @@ import pytest
 import torch
 
 from backends.checkpoint.tokenizer import SpecialTokens, TextTokenizer
+from backends.contracts.messages import DECISION_SPEAK, ThinkerRequest
+from backends.contracts.sink import ListSink
 from backends.runner.hidden_ledger import HiddenLedger
 from backends.runner.types import SampleContext, StepInput, StepResult
-from backends.stages.contracts import DECISION_SPEAK, ThinkerRequest
-from backends.stages.sink import ListSink
 from backends.thinker.duplex_policy import DuplexPolicy, PolicyConfig
 from backends.thinker.prompt_layout import PromptLayout
 from backends.thinker.session_state import IsolatingHook, QueuedAppend, ThinkerSession

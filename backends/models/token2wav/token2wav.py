@@ -23,7 +23,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from backends.audio.codec_windows import SILENCE_CODE
+from backends.models.speech_codes import SILENCE_CODE
 from backends.models.token2wav.cache_pruning import prune_flow_cache
 from backends.models.token2wav.cfm import EstimatorCache
 from backends.models.token2wav.config import Token2WavConfig

@@ -22,9 +22,9 @@ from pathlib import Path
 
 import torch
 
-from backends.audio.mel import WhisperMel
 from backends.models.token2wav.prompt_mel import HOP, SAMPLE_RATE, PromptMel
 from backends.models.token2wav.resample import resample
+from backends.models.whisper_mel import WhisperMel
 
 VOICE_FILE = "voice.pt"
 CODE_RATE = 25  # speech codes per second

@@ -1,8 +1,8 @@
 """Triton adapter of the code2wav stage: decode requests, hand them to the engine thread."""
 import triton_python_backend_utils as pb_utils
 
+from backends.contracts.messages import Code2WavRequest
 from backends.serving.triton_stage import StageAdapter, apply_memory_fraction, model_parameters
-from backends.stages.contracts import Code2WavRequest
 from backends.stages.factory import build_code2wav_engine
 
 

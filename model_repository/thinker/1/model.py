@@ -1,8 +1,8 @@
 """Triton adapter of the thinker stage: decode requests, hand them to the engine thread."""
 import triton_python_backend_utils as pb_utils
 
+from backends.contracts.messages import ThinkerRequest
 from backends.serving.triton_stage import StageAdapter, apply_memory_fraction, model_parameters
-from backends.stages.contracts import ThinkerRequest
 from backends.stages.factory import build_thinker_engine
 
 

@@ -24,7 +24,8 @@ import numpy as np
 import pytest
 import torch
 
-from backends.audio.codec_windows import SILENCE_CODE, CodecWindow, CodecWindowBridge
+from backends.audio.codec_windows import CodecWindow, CodecWindowBridge
+from backends.models.speech_codes import SILENCE_CODE
 from backends.models.token2wav import StreamWindow, Token2Wav, Token2WavConfig, Voice, VoicePrompt
 from backends.models.token2wav.assets import random_token2wav, random_voice_prompt
 from stepaudio2_reference import reference_noise

@@ -20,11 +20,11 @@ import numpy as np
 import pytest
 import torch
 
-from backends.audio.mel import slaney_mel_filters
 from backends.checkpoint.reference_voice import synthesize_reference_voice
 from backends.models.token2wav.prompt_mel import PromptMel, slaney_filterbank
 from backends.models.token2wav.resample import resample
 from backends.models.token2wav.voice import VOICE_FILE, build_voice_prompt
+from backends.models.whisper_mel import slaney_mel_filters
 from stepaudio2_reference import REFERENCE_PACKAGE, load_reference, missing_reason
 
 FILTER_ATOL = 1e-7  # both built in float64, cast once

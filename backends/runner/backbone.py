@@ -1,4 +1,6 @@
-"""The model side of the runner contract: what `ModelRunner` needs from a decoder."""
+"""The model side of the runner contract: what `ModelRunner` and its graph paths call on a
+decoder. The models implement it (backends/models: Qwen3, Llama, Talker); the runner never
+imports them."""
 
 from __future__ import annotations
 
@@ -43,4 +45,9 @@ class DecoderModel(Protocol):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden: [n, hidden_size] -> [n, vocab] float32."""
+        ...
+
+    def set_gemv_backend(self, backend: str) -> None:
+        """Run the fast path's matmuls, the head's included, on `backend`: "cublas" (F.linear)
+        or "triton" (the skinny Triton GEMV); the runner sets its `RunnerConfig.gemv_backend`."""
         ...

@@ -15,7 +15,7 @@ import torch
 from transformers import WhisperFeatureExtractor
 from transformers.audio_utils import mel_filter_bank
 
-from backends.audio.mel import (
+from backends.models.whisper_mel import (
     HOP_LENGTH,
     NUM_MEL_BINS,
     WhisperMel,

@@ -3,10 +3,10 @@ with a ContractError naming the tensor (it becomes INVALID_ARG at the server).""
 import numpy as np
 import pytest
 
-from backends.stages.contracts import (
+from backends.contracts.messages import (
     Code2WavAudio, Code2WavRequest, TalkerCodes, TalkerRequest, ThinkerRequest, ThinkerUnitResult, stop_request,
 )
-from backends.stages.tensor_codec import ContractError, encode_text, from_arrays, tensor_specs, to_arrays
+from backends.contracts.tensor_codec import ContractError, encode_text, from_arrays, tensor_specs, to_arrays
 
 
 def _roundtrip(obj):

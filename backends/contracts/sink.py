@@ -8,24 +8,9 @@ second gRPC message that the caller waits for.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any, Protocol
 
-
-@dataclass(frozen=True, slots=True)
-class StageError:
-    """An error that ends one request; `code` is a stable machine-readable reason."""
-
-    code: str  # e.g. "invalid_argument", "context_length_exceeded", "resource_exhausted", "internal"
-    message: str
-
-
-class StageFailure(Exception):
-    """Raised inside an engine for a request-scoped failure; carries a StageError."""
-
-    def __init__(self, code: str, message: str) -> None:
-        super().__init__(message)
-        self.error = StageError(code, message)
+from backends.contracts.errors import StageError
 
 
 class ResponseSink(Protocol):
@@ -39,7 +24,7 @@ class ResponseSink(Protocol):
 
 
 class ListSink:
-    """A sink that records results in memory (tests, in-process pipelines)."""
+    """A sink that records results in memory (tests, stage warm-ups)."""
 
     def __init__(self) -> None:
         self.results: list[Any] = []

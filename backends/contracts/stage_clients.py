@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import Iterator, Protocol
 
-from backends.stages.contracts import (
+from backends.contracts.errors import StageError
+from backends.contracts.messages import (
     Code2WavAudio, Code2WavRequest, TalkerCodes, TalkerRequest, ThinkerRequest, ThinkerUnitResult,
 )
-from backends.stages.sink import StageError
 
 THINKER = "thinker"
 TALKER = "talker"

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from backends.stages.tensor_codec import array_field
+from backends.contracts.tensor_codec import array_field
 
 # Actions understood by every stage. `stop` ends a request explicitly: the orchestrator never
 # cancels a stage request (Triton 2.51's gRPC frontend can crash when a cancellation races the
@@ -53,7 +53,7 @@ class ThinkerRequest:
     seed: int = 0
     reply_units: int = 0  # policy knob for random weights: force replies of N speak units (0 = off)
     reply_tokens_per_unit: int = 0  # policy knob: text tokens per forced speak unit (0 = off)
-    sliding_window_mode: str = ""  # off | basic | context (facts 2.6); "" = the engine default (off)
+    sliding_window_mode: str = ""  # off | basic | context; "" = the engine default (off)
 
 
 @dataclass(frozen=True, slots=True)
