@@ -8,13 +8,6 @@ import os
 from collections.abc import Mapping
 
 ON_OFF_DEFAULTS: dict[str, bool] = {
-    "MINICPMO_PDL": True,  # backends/runner/pdl.py
-    "MINICPMO_GEMV_PROLOGUES": True,  # backends/runner/fused_linears.py
-    "MINICPMO_GEMV_ROPE": True,  # backends/runner/fused_linears.py
-    "MINICPMO_ATTN_WIDE_TILES": True,  # backends/runner/triton_paged_attention.py
-    "MINICPMO_FUSED_DRAW": True,  # backends/runner/fused_draw.py
-    "MINICPMO_DIT_KEY_SPLITS": True,  # backends/models/token2wav/dit_attention_kernel.py
-    "MINICPMO_DIT_SPLIT_K": True,  # backends/models/token2wav/dit_gemm.py
     "MINICPMO_PREFILL_CHUNKS": True,  # backends/stages/factory.py
     "MINICPMO_COMPACT_HOST_ROWS": True,  # backends/stages/factory.py
     "MINICPMO_ENCODER_KEY_BUCKETS": True,  # backends/stages/factory.py
