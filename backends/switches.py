@@ -8,11 +8,6 @@ import os
 from collections.abc import Mapping
 
 ON_OFF_DEFAULTS: dict[str, bool] = {
-    "MINICPMO_PREFILL_CHUNKS": True,  # backends/stages/factory.py
-    "MINICPMO_COMPACT_HOST_ROWS": True,  # backends/stages/factory.py
-    "MINICPMO_ENCODER_KEY_BUCKETS": True,  # backends/stages/factory.py
-    "MINICPMO_ENCODER_SPLIT_KEYS": True,  # backends/stages/factory.py
-    "MINICPMO_IN_STEP_DRAIN": True,  # backends/serving/engine_thread.py
     "MINICPMO_STAGE_CALL_METRICS": False,  # backends/serving/metrics_stage_calls.py
 }
 

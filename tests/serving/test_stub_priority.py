@@ -111,7 +111,7 @@ def test_the_sm_caps_apply_only_under_an_mps_daemon(tmp_path: Path):
     (["--set", "max_sessions"], {}, "--set takes NAME=VALUE"),
     (["--set", "no_such_variable=1"], {}, "unknown configuration variables"),
     (["--profile", "no_such_profile"], {}, "unknown profile"),
-    ([], {"MINICPMO_PREFILL_CHUNKS": "off"}, "MINICPMO_PREFILL_CHUNKS must be 0 or 1, got 'off'"),
+    ([], {"MINICPMO_STAGE_CALL_METRICS": "off"}, "MINICPMO_STAGE_CALL_METRICS must be 0 or 1, got 'off'"),
 ])
 def test_the_launcher_refuses_bad_settings_in_one_line_before_starting_anything(
         argv, environ, message, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]):
