@@ -13,7 +13,6 @@ import logging
 import time
 from typing import Any, Callable
 
-from backends.serving.gil_switch import configure_switch_interval
 from backends.serving.stack_dump import enable_stack_dump
 from backends.serving.stack_sampler import start_stack_sampler
 from backends.serving.engine_thread import EngineThread, SteppedEngine
@@ -50,7 +49,6 @@ class StageAdapter:
     def __init__(self, pb_utils: Any, name: str, request_cls: type, engine: SteppedEngine,
                  params: dict[str, str] | None = None, instance: str = "") -> None:
         enable_stack_dump()
-        configure_switch_interval()
         self._sampler = start_stack_sampler(name)
         self._pb = pb_utils
         self._name = name

@@ -21,8 +21,6 @@ from backends.stages.window_schedule import FIRST_WINDOW_HOLD_S
 
 BLOCK_SIZE = 16
 SLOT_MARGIN = 2  # requests of an epoch being stopped while the next one starts
-# ms an announced first window holds Code2Wav's windows that can wait ("0": announcements ignored)
-FIRST_WINDOW_HOLD_ENV = "MINICPMO_CODE2WAV_FIRST_HOLD_MS"
 WARMUP_TEXT_TOKEN = 100  # a plain text id of every Thinker vocabulary, handed in Talker warm-ups
 
 
@@ -160,7 +158,7 @@ def build_code2wav_engine(params: dict[str, str], device_id: str = "0") -> Code2
     pool_streams = 2 * setup.max_sessions
     service = Code2WavService(Code2WavEngine(
         token2wav, voice, cache_size, session_voices, max_batch, cache_pool_streams=pool_streams,
-        first_window_hold_s=first_window_hold_s()))
+        first_window_hold_s=first_window_hold_s(params)))
     if setup.device.type == "cuda":  # every window shape's graphs captured now, not mid-reply
         from backends.stages.warmup import warm_up_code2wav
 
@@ -169,13 +167,14 @@ def build_code2wav_engine(params: dict[str, str], device_id: str = "0") -> Code2
     return service
 
 
-def first_window_hold_s() -> float:
-    """Code2Wav's hold for an announced first window (`FIRST_WINDOW_HOLD_ENV`, default 50 ms)."""
-    value = os.environ.get(FIRST_WINDOW_HOLD_ENV, "")
+def first_window_hold_s(params: dict[str, str]) -> float:
+    """Code2Wav's hold for an announced first window: the `first_window_hold_ms` parameter
+    (the profile's `code2wav_first_hold_ms`), FIRST_WINDOW_HOLD_S without it."""
+    value = params.get("first_window_hold_ms", "")
     try:
         held = FIRST_WINDOW_HOLD_S if value == "" else float(value) / 1000.0
     except ValueError:
-        raise ValueError(f"{FIRST_WINDOW_HOLD_ENV} must be a number of ms, got {value!r}") from None
+        raise ValueError(f"first_window_hold_ms must be a number of ms, got {value!r}") from None
     if not 0.0 <= held <= 1.0:
-        raise ValueError(f"{FIRST_WINDOW_HOLD_ENV} must lie in [0, 1000] ms, got {value!r}")
+        raise ValueError(f"first_window_hold_ms must lie in [0, 1000] ms, got {value!r}")
     return held

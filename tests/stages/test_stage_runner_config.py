@@ -1,7 +1,7 @@
 """The runner config a served stage gets from its setup: on CUDA the fast path with the Triton
 GEMV and the Thinker's long prefills in chunks its mixed graphs hold, on CPU the reference path;
-Code2Wav's first-window hold comes from MINICPMO_CODE2WAV_FIRST_HOLD_MS. Pure configuration: no
-device is touched."""
+Code2Wav's first-window hold comes from its `first_window_hold_ms` parameter (the profile's
+`code2wav_first_hold_ms`). Pure configuration: no device is touched."""
 from __future__ import annotations
 
 from dataclasses import replace
@@ -9,7 +9,8 @@ from dataclasses import replace
 import pytest
 import torch
 
-from backends.stages.factory import FIRST_WINDOW_HOLD_ENV, StageSetup, first_window_hold_s, prefill_chunk_rows
+from backends.serving.profiles import PROFILES
+from backends.stages.factory import StageSetup, first_window_hold_s, prefill_chunk_rows
 from backends.stages.window_schedule import FIRST_WINDOW_HOLD_S
 
 
@@ -39,14 +40,10 @@ def test_graphed_thinkers_prefill_in_chunks_of_the_mixed_graphs_query() -> None:
     assert prefill_chunk_rows(setup_on("cpu").runner_config(1024)) == 0
 
 
-def test_the_first_window_hold_is_read_in_ms_and_bad_values_are_refused(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv(FIRST_WINDOW_HOLD_ENV, raising=False)
-    assert first_window_hold_s() == FIRST_WINDOW_HOLD_S
-    monkeypatch.setenv(FIRST_WINDOW_HOLD_ENV, "0")
-    assert first_window_hold_s() == 0.0
-    monkeypatch.setenv(FIRST_WINDOW_HOLD_ENV, "80")
-    assert first_window_hold_s() == pytest.approx(0.08)
+def test_the_first_window_hold_is_read_in_ms_and_bad_values_are_refused() -> None:
+    assert first_window_hold_s({}) == FIRST_WINDOW_HOLD_S == PROFILES["cpu"].code2wav_first_hold_ms / 1000
+    assert first_window_hold_s({"first_window_hold_ms": "0"}) == 0.0
+    assert first_window_hold_s({"first_window_hold_ms": "80"}) == pytest.approx(0.08)
     for bad in ("soon", "-5", "5000"):
-        monkeypatch.setenv(FIRST_WINDOW_HOLD_ENV, bad)
-        with pytest.raises(ValueError, match=FIRST_WINDOW_HOLD_ENV):
-            first_window_hold_s()
+        with pytest.raises(ValueError, match="first_window_hold_ms"):
+            first_window_hold_s({"first_window_hold_ms": bad})
