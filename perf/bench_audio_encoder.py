@@ -1,6 +1,6 @@
-"""The streaming audio encoder's graphed chunk pass: keys bucketed to what sessions hold vs the
-whole position table, q, k, v as one GEMM (packed, the served default) vs three, and (on CUDA)
-the attention through the split-key Triton kernel (backends/models/chunk_attention_kernel.py).
+"""The streaming audio encoder's graphed chunk pass as served: keys bucketed to what sessions
+hold, on CUDA the attention through the split-key Triton kernel
+(backends/models/chunk_attention_kernel.py); q, k, v as three GEMMs vs one (packed, served).
 
 Whisper-medium sizes (24 layers, d_model 1024, table 1500), random weights, bf16 on CUDA. Each
 case is one `ChunkEncoderGraphs.encode` call of `rows` sessions that each hold `held` frames
@@ -12,7 +12,7 @@ for before the append's step) for each arm, each arm's ratio to the first, the s
     python3 perf/bench_audio_encoder.py [--rows 1,2,4] [--held 0,100,250,500,1000,1400]
                                         [--repeats 50] [--tiny] [--profile]
 
---profile: also the CUDA kernels of one session's bucketed, packed calls at 100 held frames
+--profile: also the CUDA kernels of one session's packed calls at 100 held frames
 (torch.profiler, by device time), and how many kernels a call launches.
 
 --tiny runs a 2-layer tower (for a CPU smoke run; the CPU runs the same static-buffer pass
@@ -41,9 +41,7 @@ from backends.models.whisper_encoder import WhisperEncoderConfig  # noqa: E402
 LLM_HIDDEN = 4096
 TINY = {**WHISPER_MEDIUM, "d_model": 64, "encoder_layers": 2, "encoder_attention_heads": 4,
         "encoder_ffn_dim": 256}
-# name, keys bucketed, q/k/v packed, attention through the split-key Triton kernel (CUDA only)
-ARMS = (("whole table", False, False, False), ("bucketed", True, False, False),
-        ("bucketed + packed qkv", True, True, False), ("+ split keys", True, True, True))
+ARMS = (("three q/k/v GEMMs", False), ("packed q/k/v", True))  # name, q/k/v packed
 
 
 def _model(tiny: bool, device: torch.device) -> AudioEncoderModel:
@@ -82,12 +80,11 @@ def time_case(graphs: ChunkEncoderGraphs, rows: int, held: int, repeats: int) ->
     return times[2:]
 
 
-def _arm(model: AudioEncoderModel, bucketed: bool, packed: bool, split: bool,
+def _arm(model: AudioEncoderModel, packed: bool,
          args: argparse.Namespace) -> tuple[dict[tuple[int, int], list[float]], str]:
     frames = StreamingAudioConfig().frames_per_unit
     model.apm.pack_projections(packed)  # before the captures: a graph keeps the path it recorded
-    graphs = ChunkEncoderGraphs(model, frames, max_rows=max(args.rows), bucket_keys=bucketed,
-                                split_keys=split)
+    graphs = ChunkEncoderGraphs(model, frames, max_rows=max(args.rows))
     started = time.perf_counter()
     count = graphs.capture_all()
     note = f"capture_all {time.perf_counter() - started:.2f} s, {count} graphs"
@@ -114,10 +111,8 @@ def main() -> None:
     print(f"device {torch.cuda.get_device_name() if device.type == 'cuda' else 'cpu'}, "
           f"{'tiny' if args.tiny else 'whisper-medium'} tower, {args.repeats} calls a case")
     results = {}
-    for name, bucketed, packed, split in ARMS:
-        if split and device.type != "cuda":
-            continue  # the kernel needs CUDA (or Triton's interpreter, far too slow to time)
-        results[name], note = _arm(model, bucketed, packed, split, args)
+    for name, packed in ARMS:
+        results[name], note = _arm(model, packed, args)
         print(f"{name}: {note}")
     _table(results)
     if device.type == "cuda":

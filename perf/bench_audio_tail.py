@@ -113,13 +113,14 @@ def talker_model(tiny: bool, device: torch.device, dtype: torch.dtype) -> Talker
 
 def bench_talker(model: TalkerModel, batch: int, graphs: bool, repeats: int,
                  device: torch.device, dtype: torch.dtype, policy: str = "device",
-                 gemv: str = "triton", chains: tuple[int, ...] | None = None) -> Row:
+                 chains: tuple[int, ...] | None = None) -> Row:
     _reset_peak(device)
     context = 4096 if device.type == "cuda" else 256
     config = RunnerConfig(num_blocks=(batch + 2) * context // 16, max_num_reqs=batch + 2,
                           max_model_len=context, device=str(device), dtype=dtype,
                           attention_backend="triton" if device.type == "cuda" else "reference",
-                          use_cuda_graphs=graphs, gemv_backend=gemv)
+                          use_cuda_graphs=graphs,
+                          gemv_backend="triton" if device.type == "cuda" else "cublas")
     # On the CPU reference path the policy is always the host hook (no device sampler there).
     engine = TalkerEngine(model, config, device_policy=policy == "device" and config.is_fast_path,
                           chain_lengths=chains)
@@ -144,7 +145,6 @@ def bench_talker(model: TalkerModel, batch: int, graphs: bool, repeats: int,
     run()  # warm-up: kernels, graph capture
     median = timed(run, repeats, device)
     mode = ("on" if graphs else "off") + ("+host-policy" if policy == "host" else "")
-    mode += "+cublas" if gemv == "cublas" and config.is_fast_path else ""
     mode += "" if chains is None else "+chains=" + "/".join(map(str, chains))
     return Row("talker", batch, mode, median, "", _peak_gib(device))
 
@@ -289,8 +289,6 @@ def main() -> int:
                         help="comma list; 'fusion' = " + ",".join(FUSION_MODES))
     parser.add_argument("--talker-policy", default="device", choices=("device", "host"),
                         help="Talker chunk policy: device tables (default) or the host hook")
-    parser.add_argument("--gemv", default="triton", choices=("triton", "cublas"),
-                        help="the Talker's decode matmuls (served: triton on CUDA)")
     parser.add_argument("--talker-chains", default=None,
                         help="decode chain lengths, e.g. 24,8 (default: the engine's choice)")
     parser.add_argument("--idle-s", type=float, default=0.0,
@@ -302,7 +300,7 @@ def main() -> int:
     args.command = "python perf/bench_audio_tail.py " + " ".join(
         f"--{k} {v}" for k, v in (("batches", args.batches), ("repeats", args.repeats),
                                   ("stages", args.stages), ("code2wav-modes", args.code2wav_modes),
-                                  ("talker-policy", args.talker_policy), ("gemv", args.gemv),
+                                  ("talker-policy", args.talker_policy),
                                   ("idle-s", args.idle_s)))
     device = torch.device(args.device)
     batches = [int(b) for b in args.batches.split(",")]
@@ -333,8 +331,7 @@ def run_all(args: argparse.Namespace, device: torch.device, batches: list[int],
         for graphs in (False, True):
             for batch in batches:
                 record(guarded(lambda: bench_talker(model, batch, graphs, args.repeats, device, dtype,
-                                                    args.talker_policy, args.gemv,
-                                                    _chains(args.talker_chains)),
+                                                    args.talker_policy, _chains(args.talker_chains)),
                                "talker", batch, "on" if graphs else "off"))
         del model
     if "code2wav" in stages:

@@ -7,8 +7,8 @@ after another, so a batch-16 Thinker step pays it 16 times. Prints the mean ms p
 its parts: the masks and the penalty, the top-k pass alone. On CUDA also the draw with the
 row's device-to-host copy first (what the runner does before a hook runs). Then the policy's
 own text draw (`policy_rows`) on the whole row with the runner's raw top candidates, as a hook
-gets it with `compact_host_rows` "off", against the same draw from the row's summary
-(`host_rows.CompactRow`: what the host gets by default on CUDA, without the row's copy), a
+gets a row that goes whole on CUDA (under a runner penalty), against the same draw from the
+row's summary (`host_rows.CompactRow`: what the host gets on CUDA, without the row's copy), a
 step's 16 summary draws one after another against together (`host_draws.run_together`), and
 what handing a step's 16 summaries to their draws costs per row (`HostRows.row`).
 

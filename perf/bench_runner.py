@@ -20,10 +20,10 @@ of 25 decode draws single-stepped and chained as the engine chains them (8 + 8 +
 
 Also writes per-kernel device-time profiles (`profile_*.txt`) of three configurations to DIR.
 
-Usage: python perf/bench_runner.py --out DIR [--commit SHA] [--quick] [--gemv cublas]
+Usage: python perf/bench_runner.py --out DIR [--commit SHA] [--quick]
        [--chain-lengths 8[,4,...]] [--talker-only]
 (the decoders' matmuls run on the Triton skinny GEMM with its norm / SwiGLU prologues, as
-served; `--gemv cublas` runs them on cuBLAS; `--talker-only` skips the Thinker, the long part.)
+served; `--talker-only` skips the Thinker, the long part.)
 """
 
 from __future__ import annotations
@@ -72,7 +72,6 @@ THINKER_CONTEXTS = (1024, 4096)
 TALKER_BATCHES = (1, 2, 4, 8, 16)
 TALKER_CONTEXT = 256
 APPEND_SESSIONS, APPEND_ROWS, APPEND_CONTEXT = 16, 13, 1024
-GEMV_BACKEND = ["triton"]  # RunnerConfig.gemv_backend, set from --gemv
 CHAIN_LENGTHS = [(8,)]  # RunnerConfig.decode_chain_lengths of the Talker, set from --chain-lengths
 FRAMES = 25  # decode draws of one steady Talker chunk
 
@@ -145,7 +144,7 @@ def make_runner(model: nn.Module, max_reqs: int, max_len: int) -> ModelRunner:
         num_blocks=max_reqs * -(-max_len // BLOCK_SIZE), max_num_reqs=max_reqs,
         max_model_len=max_len, block_size=BLOCK_SIZE, device="cuda", dtype=torch.bfloat16,
         attention_backend="triton", cuda_graph_sizes=(1, 2, 4, 8, 16),
-        gemv_backend=GEMV_BACKEND[0],
+        gemv_backend="triton",
     )  # fmt: skip
     runner = ModelRunner(model, config)  # type: ignore[arg-type]
     for i in range(max_reqs):
@@ -315,7 +314,7 @@ def chain_runner(model: nn.Module, max_reqs: int, max_len: int) -> ModelRunner:
         num_blocks=max_reqs * -(-max_len // BLOCK_SIZE), max_num_reqs=max_reqs,
         max_model_len=max_len, block_size=BLOCK_SIZE, device="cuda", dtype=torch.bfloat16,
         attention_backend="triton", cuda_graph_sizes=(1, 2, 4, 8, 16),
-        gemv_backend=GEMV_BACKEND[0], decode_chain_lengths=CHAIN_LENGTHS[0],
+        gemv_backend="triton", decode_chain_lengths=CHAIN_LENGTHS[0],
     )  # fmt: skip
     runner = ModelRunner(model, config, table)  # type: ignore[arg-type]
     params = sampling.to_sampling_params()
@@ -462,14 +461,10 @@ def main() -> None:
     parser.add_argument("--out", type=Path, required=True, help="folder for runner_h200.md")
     parser.add_argument("--commit", default="unknown", help="git commit of the tree measured")
     parser.add_argument("--quick", action="store_true", help="fewer timed iterations")
-    parser.add_argument("--gemv", choices=("cublas", "triton"), default="triton",
-                        help="the decoders' matmul backend (RunnerConfig.gemv_backend; served: "
-                             "triton on CUDA)")
     parser.add_argument("--chain-lengths", default="8",
                         help="Talker decode-chain lengths to measure, comma-separated (>= 2)")
     parser.add_argument("--talker-only", action="store_true", help="skip the Thinker")
     args = parser.parse_args()
-    GEMV_BACKEND[0] = args.gemv
     CHAIN_LENGTHS[0] = tuple(int(n) for n in args.chain_lengths.split(","))
     iters = 5 if args.quick else 20
     torch.manual_seed(0)

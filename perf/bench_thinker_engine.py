@@ -3,11 +3,8 @@
 What the served Thinker does per session, without Triton around it: each session starts with
 `initial_user_text` and the reply-shape knobs of the duplex benchmark, then appends one 1 s
 unit of silence every second (staggered), and the engine thread's loop (submit what is due,
-step while there is work; with `--in-flight on`, the default, also submit what falls due while
-a step is on the GPU, as the engine thread's in-step drain does; `--in-flight on,off,on,off`
-alternates both over the levels in one process, and `--compact-rows auto,off,auto,off` the
-hooked rows' copies to the host: summaries or whole rows, and `--encoder-keys bucketed,whole,split` the
-graphed audio encoder's key length) runs here on the main thread.
+step while there is work, and submit what falls due while a step is on the GPU, as the engine
+thread's in-step drain does) runs here on the main thread.
 Per level it prints the unit latency (append due -> unit result, so it includes the wait for
 the step in progress: what the duplex benchmark's server TTFT/TTFP start with),
 the engine steps per unit and their wall time, then a line with the steps split by kind
@@ -28,7 +25,7 @@ import io
 import pstats
 import sys
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -101,7 +98,7 @@ def _run_level(engine, concurrency: int, args: argparse.Namespace) -> dict[str, 
                 s.seq += 1
 
     # as the engine thread does: appends that fall due during a step are taken inside it
-    engine.attach_in_flight_drain(submit_due if args.in_flight else _nothing)
+    engine.attach_in_flight_drain(submit_due)
     while time.perf_counter() < end or engine.has_work():
         submit_due()
         if engine.has_work():
@@ -133,10 +130,6 @@ def _kinds_line(result: dict[str, object]) -> str:
     return f"  C = {result['C']} steps: {'; '.join(parts)}; {result['rows']:.1f} sessions a step"
 
 
-def _nothing() -> None:
-    pass
-
-
 def _collect(sessions: list[_Session], latencies: list[float], first: list[float]) -> None:
     now = time.perf_counter()
     for s in sessions:
@@ -147,11 +140,10 @@ def _collect(sessions: list[_Session], latencies: list[float], first: list[float
         s.pending = [p for p in s.pending if not p[1].closed]
 
 
-def _row(result: dict[str, object], in_flight: bool, compact: str, keys: str) -> str:
+def _row(result: dict[str, object]) -> str:
     unit, first, step = result["unit_ms"], result["first_unit_ms"], result["step_ms"]
     per_unit = result["steps"] / max(1, result["units"])
-    mode = "on" if in_flight else "off"
-    return (f"| {result['C']} | {mode} | {compact} | {keys} | {result['units']} | {_ms(first.mean)} | {_ms(unit.mean)} / "
+    return (f"| {result['C']} | {result['units']} | {_ms(first.mean)} | {_ms(unit.mean)} / "
             f"{_ms(unit.median)} / {_ms(unit.p99)} | {per_unit:.1f} | {_ms(step.mean)} / {_ms(step.p99)} |")
 
 
@@ -178,41 +170,6 @@ def _torch_profiled_level(engine, concurrency: int, args: argparse.Namespace) ->
     return result
 
 
-def _arms(parser: argparse.ArgumentParser, args: argparse.Namespace) -> list[tuple[bool, str, str]]:
-    """(in flight, compact rows, encoder keys) per arm: equal-length lists pair up, a single
-    entry repeats."""
-    lists = [args.in_flight.split(","), args.compact_rows.split(","), args.encoder_keys.split(",")]
-    allowed = [{"on", "off"}, {"auto", "off"}, {"bucketed", "whole", "split"}]
-    if any(not set(given) <= ok for given, ok in zip(lists, allowed)):
-        parser.error(f"--in-flight takes on/off, --compact-rows auto/off, --encoder-keys bucketed/whole/split "
-                     f"(or comma lists), got {args.in_flight!r}, {args.compact_rows!r}, {args.encoder_keys!r}")
-    count = max(len(given) for given in lists)
-    if {len(given) for given in lists} - {1, count}:
-        parser.error("--in-flight, --compact-rows and --encoder-keys lists must have one entry or the same length")
-    flights, compacts, keys = (given * (count // len(given)) for given in lists)
-    args.in_flight = flights[0] == "on"
-    return [(f == "on", c, k) for f, c, k in zip(flights, compacts, keys)]
-
-
-def _set_encoder_keys(engine, mode: str) -> None:
-    """Graphed encoder passes over key buckets or the whole table: the shared graphs (all
-    captured at load) read their buckets at every pass. "split" (served): over the buckets
-    through the split-key kernel; the other two use torch's fused attention, whose graphs are
-    captured here, before the level."""
-    graphs = engine.encoder_factory().graphs
-    if graphs is not None:
-        graphs.use_key_buckets(mode != "whole")
-        graphs.split_keys = mode == "split"
-        graphs.capture_all()  # a no-op for graphs captured before
-
-
-def _set_compact_rows(engine, mode: str) -> None:
-    """The runner reads the setting from its config at every step: swap the fast path's."""
-    fast = engine.runner.fast_path
-    if fast is not None:
-        fast.config = replace(fast.config, compact_host_rows=mode)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--concurrency", default="1,8,32")
@@ -225,23 +182,11 @@ def main() -> None:
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--max-sessions", type=int, default=0,
                         help="runner sized for this many sessions (default: the largest C)")
-    parser.add_argument("--in-flight", default="on",
-                        help="on | off, or a list (on,off,...): take appends that fall due during a step "
-                             "inside it, as the engine thread's drain does; every level runs once per entry")
-    parser.add_argument("--compact-rows", default="auto",
-                        help="auto | off, or a list: the runner's compact_host_rows (hooked rows reach the "
-                             "host as summaries on CUDA, or whole); a list of as many entries as --in-flight "
-                             "pairs with it, one entry goes with each")
-    parser.add_argument("--encoder-keys", default="split",
-                        help="bucketed | whole | split, or a list: the graphed audio encoder's passes attend "
-                             "over key buckets, the whole 1500-frame table (both torch's fused attention), or "
-                             "key buckets through the split-key Triton kernel (served); pairs with --in-flight as above")
     parser.add_argument("--profile", type=int, default=0, help="cProfile the level with this C")
     parser.add_argument("--torch-profile", type=int, default=0,
                         help="torch.profiler (host ops and CUDA kernels) over the level with this C")
     parser.add_argument("--trace", default="", help="with --torch-profile: also write its Chrome trace here")
     args = parser.parse_args()
-    arms = _arms(parser, args)
     levels = [int(c) for c in args.concurrency.split(",")]
     params = {"device": args.device, "checkpoint": args.checkpoint, "dtype": args.dtype,
               "max_sessions": str(args.max_sessions or max(levels)), "max_context_tokens": "8192"}
@@ -249,12 +194,9 @@ def main() -> None:
     engine = build_thinker_engine(params)
     print(f"engine built in {time.perf_counter() - started:.1f} s; warm-up level", flush=True)
     _run_level(engine, 1, argparse.Namespace(**{**vars(args), "seconds": 2.0}))
-    print("| C | in flight | compact rows | encoder keys | units | first unit ms (prompt + unit) | unit ms mean "
-          "/ median / P99 | steps per unit | step ms mean / P99 |\n|---|---|---|---|---|---|---|---|---|")
-    for c, (in_flight, compact, keys) in [(c, arm) for arm in arms for c in levels]:
-        args.in_flight = in_flight
-        _set_compact_rows(engine, compact)
-        _set_encoder_keys(engine, keys)
+    print("| C | units | first unit ms (prompt + unit) | unit ms mean / median / P99 | steps per unit "
+          "| step ms mean / P99 |\n|---|---|---|---|---|---|")
+    for c in levels:
         profiler = cProfile.Profile() if c == args.profile else None
         if profiler is not None:
             profiler.enable()
@@ -264,7 +206,7 @@ def main() -> None:
             result = _run_level(engine, c, args)
         if profiler is not None:
             profiler.disable()
-        print(_row(result, in_flight, compact, keys), flush=True)
+        print(_row(result), flush=True)
         print(_kinds_line(result), flush=True)
         if profiler is not None:
             out = io.StringIO()

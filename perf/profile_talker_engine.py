@@ -106,7 +106,7 @@ def make_engine(model: torch.nn.Module, batch: int, args: argparse.Namespace) ->
     config = RunnerConfig(num_blocks=(batch + 2) * context // 16, max_num_reqs=batch + 2,
                           max_model_len=context, device=str(device), dtype=model.dtype_,
                           attention_backend=backend, use_cuda_graphs=device.type == "cuda",
-                          cuda_graph_sizes=(1, 2, 4, 8, 16, 32), gemv_backend=args.gemv)  # fmt: skip
+                          cuda_graph_sizes=(1, 2, 4, 8, 16, 32), gemv_backend="triton")  # fmt: skip
     return TalkerEngine(model, config, device_policy=None)
 
 
@@ -223,8 +223,6 @@ def main() -> None:
     parser.add_argument("--tiny", action="store_true", help="tiny Talker dims (CPU smoke)")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--backend", default="auto", choices=("auto", "triton", "reference"))
-    parser.add_argument("--gemv", default="triton", choices=("triton", "cublas"),
-                        help="the decode matmuls (served: triton on CUDA)")
     parser.add_argument("--no-cprofile", dest="cprofile", action="store_false",
                         help="skip the cProfile run (slow with interpreted kernels on CPU)")
     parser.add_argument("--sources", action="store_true",

@@ -1,9 +1,9 @@
-"""The serving switches a benchmark ran under, for its result file.
+"""The project's environment variables a benchmark ran under, for its result file.
 
-An A/B run differs from its partner only in an environment variable (`MINICPMO_PDL=0`,
-`MINICPMO_MPS_LOW_PRIORITY=code2wav`, ...: deploy/README.md lists them), so a result file that
-does not name them cannot say which side it is. The benchmarks print the `MINICPMO_*` variables
-set in their own environment; the duplex benchmark's server inherits the same environment when
+A run with the stage-call diagnostics on (`MINICPMO_STAGE_CALL_METRICS=1`, deploy/README.md
+lists the variables) pays for their metric updates, so a result file that does not name its
+settings cannot be compared with another. The benchmarks print the `MINICPMO_*` variables set
+in their own environment; the duplex benchmark's server inherits the same environment when
 `scripts/gpu_duplex_bench.sh` starts both.
 """
 

@@ -34,12 +34,6 @@ check gpu_tests_token2wav "$python" -m pytest -q -p no:cacheprovider -m gpu test
 check bench_runner "$python" perf/bench_runner.py --out "$out" --commit "${COMMIT:-unknown}"
 check bench_talker_chains "$python" perf/bench_runner.py --quick --talker-only --chain-lengths 4,8,16 \
     --out "$out/talker_chains" --commit "${COMMIT:-unknown}"
-# The same Talker forward without RoPE + the KV write in the q|k|v GEMV's epilogue (A/B).
-check bench_talker_no_rope_epilogue env MINICPMO_GEMV_ROPE=0 "$python" perf/bench_runner.py --quick \
-    --talker-only --chain-lengths 8 --out "$out/talker_no_rope_epilogue" --commit "${COMMIT:-unknown}"
-# Both decoders with their decode kernels in plain stream order, no programmatic dependent launch (A/B).
-check bench_runner_no_pdl env MINICPMO_PDL=0 "$python" perf/bench_runner.py --quick --chain-lengths 8 \
-    --out "$out/runner_no_pdl" --commit "${COMMIT:-unknown}"
 # The paged decode attention's key tiles (64 / 128) per batch and length, and the launcher's pick.
 check bench_attention "$python" perf/bench_attention.py --out "$out/attention_tiles.md"
 # Code2Wav's cache-pool write after a window: the copy kernel against torch indexing.
@@ -56,18 +50,12 @@ check profile_hift "$python" perf/profile_code2wav.py --hift-batches 1,16 --repe
 check window_timeline "$python" perf/window_timeline.py --batches 1,16 --idle-s 0,1 --out "$out/window_timeline.md"
 check bench_code2wav "$python" perf/bench_audio_tail.py --stages code2wav --repeats 3 --batches 1,4,8,16 \
     --code2wav-modes on+bf16+pool --out "$out/audio_tail_code2wav.md" --commit "${COMMIT:-unknown}"
-# Code2Wav with its DiT kernels in plain stream order and q|k|v / fc1 on cuBLAS (A/B).
-check bench_code2wav_no_pdl env MINICPMO_PDL=0 "$python" perf/bench_audio_tail.py --stages code2wav --repeats 3 \
-    --batches 1,2,4 --code2wav-modes on+bf16+pool --out "$out/audio_tail_code2wav_no_pdl.md" --commit "${COMMIT:-unknown}"
 check profile_talker_engine "$python" perf/profile_talker_engine.py --batch 1,16 --no-cprofile
-# The Thinker's graphed audio-encoder pass: whole key table, buckets, packed q/k/v, split-key kernel.
+# The Thinker's graphed audio-encoder pass per sessions and held frames, q/k/v packed or not.
 check bench_audio_encoder "$python" perf/bench_audio_encoder.py
 # Served Thinker in-process: unit latency with C paced sessions, host profile at C=8.
 check bench_thinker_engine "$python" perf/bench_thinker_engine.py --concurrency 1,8,32 --seconds 8 \
     --profile 8
-# The same at C=16 with the hooked rows' host copies as summaries (default) and whole (A/B, alternating).
-check bench_thinker_compact_rows "$python" perf/bench_thinker_engine.py --concurrency 16 --seconds 8 \
-    --compact-rows auto,off,auto,off
 # Talker time to 25 frames: chunk policy on the device (default), then the host hook it replaced.
 check bench_talker "$python" perf/bench_audio_tail.py --stages talker --repeats 3 \
     --out "$out/audio_tail_talker.md" --commit "${COMMIT:-unknown}"

@@ -21,7 +21,6 @@
 #                                   # an H100 (80 GB) the `gpu` profile's 32 sessions do not fit:
 #                                   # SERVER_SETS=h100 (H100_SETS below) holds C <= 16 (A/B only:
 #                                   # issue 6 is measured on an H200)
-#   MINICPMO_MPS_LOW_PRIORITY=code2wav ... bench ...  # Code2Wav at MPS below-normal priority (default: none)
 # On two H200s (kind nvidia-h200-x2), issue 9's placements: (a) `bench` as above (one GPU),
 #   (b) COMMIT=<sha> bash scripts/gpu_duplex_bench.sh bench-split 4,8,16,32 split
 #   (c) COMMIT=<sha> bash scripts/gpu_duplex_bench.sh bench-replicas 4,8,16,32 replicas

@@ -18,7 +18,12 @@ The key bucket is the smallest of 64, 128, 256, ... frames (the table's length l
 every row's frames and chunk: attending over the whole 1500-frame table cost ~95 us a layer on
 an H100 (~2.3 ms a unit, on the Thinker's stream right before its append) when a session holds
 a few seconds; its first unit attends over 64 keys. Every bucket is captured at load
-(`capture_all`), so serving never captures.
+(`capture_all`), so serving never captures. On CUDA the attention runs through the split-key
+Triton kernel (backends/models/chunk_attention_kernel.py: a row's keys split over more
+programs, for the long buckets of long conversations; served C = 16 on an H100: TTFP mean 105
+ms against 108 with torch's fused attention, peak GPU memory 0.8 GiB lower,
+perf/results/encoder_keys_h100.md); on the CPU through torch's, unless a test asks for the
+kernel (Triton's interpreter).
 
 Rows beyond the sessions of a call (bucket padding) run on zeros at position 0 and are never
 copied back. Without CUDA (tests) the same static-buffer pass runs eagerly.
@@ -39,11 +44,9 @@ _WARMUP_RUNS = 2
 _SMALLEST_KEYS = 64  # frames; a unit's chunk is 50
 
 
-def key_buckets(table: int, bucketed: bool = True) -> tuple[int, ...]:
-    """Key lengths a graph attends over: powers of two from 64 below `table`, then `table`
-    (only `table` when not `bucketed`)."""
-    sizes = [] if not bucketed else [
-        _SMALLEST_KEYS << i for i in range(table.bit_length()) if _SMALLEST_KEYS << i < table]
+def key_buckets(table: int) -> tuple[int, ...]:
+    """Key lengths a graph attends over: powers of two from 64 below `table`, then `table`."""
+    sizes = [_SMALLEST_KEYS << i for i in range(table.bit_length()) if _SMALLEST_KEYS << i < table]
     return (*sizes, table)
 
 
@@ -79,32 +82,21 @@ class ChunkEncoderGraphs:
     """Graphed chunk passes over one `AudioEncoderModel` for up to `max_rows` sessions a call."""
 
     def __init__(self, model: AudioEncoderModel, num_frames: int,
-                 max_rows: int = DEFAULT_MAX_ROWS, bucket_keys: bool = True,
-                 split_keys: bool = False) -> None:
-        """bucket_keys False: every pass attends over the whole position table (the
-        benchmark's baseline). split_keys: attention through the split-key Triton kernel
-        (backends/models/chunk_attention_kernel.py; CUDA or Triton's interpreter), what the
-        engine serves by default (`ThinkerEngineConfig.encoder_split_keys`)."""
+                 max_rows: int = DEFAULT_MAX_ROWS, split_keys: bool | None = None) -> None:
+        """split_keys: attention through the split-key Triton kernel (None: on CUDA, torch's
+        fused attention on the CPU; True on the CPU runs the kernel in Triton's interpreter)."""
         if max_rows < 1:
             raise ValueError(f"max_rows must be >= 1, got {max_rows}")
         self.model, self.num_frames, self.max_rows = model, num_frames, max_rows
-        self.split_keys = split_keys
+        self.split_keys = self.is_graphed if split_keys is None else split_keys
         self.sizes = tuple(sorted({min(2**i, max_rows) for i in range(max_rows.bit_length() + 1)}))
-        self.key_sizes: tuple[int, ...] = ()
-        self.use_key_buckets(bucket_keys)
+        table = model.apm.config.max_source_positions
+        self.key_sizes = tuple(size for size in key_buckets(table) if size >= min(num_frames, table))
         self._buffers: dict[str, torch.Tensor] | None = None  # allocated on first use
-        # (rows, key length, split keys) -> graph and its output (a benchmark may switch
-        # `split_keys` after `capture_all`, then capture the other kind too)
-        self._graphs: dict[tuple[int, int, bool], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        # (rows, key length) -> graph and its output
+        self._graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         self._pool = None
         self._side: torch.cuda.Stream | None = None  # where captures warm up
-
-    def use_key_buckets(self, bucketed: bool) -> None:
-        """The key lengths passes attend over from now on: the buckets, or the whole table only
-        (its graph is among the buckets', so an A/B can switch after `capture_all`)."""
-        table = self.model.apm.config.max_source_positions
-        self.key_sizes = tuple(size for size in key_buckets(table, bucketed)
-                               if size >= min(self.num_frames, table))
 
     @property
     def is_graphed(self) -> bool:
@@ -140,8 +132,8 @@ class ChunkEncoderGraphs:
         return fitting
 
     def capture_all(self) -> int:
-        """Capture every (rows, key length) graph of the current `split_keys` now (at load), on
-        zero inputs; returns how many there are. A no-op without CUDA."""
+        """Capture every (rows, key length) graph now (at load), on zero inputs; returns how
+        many there are. A no-op without CUDA."""
         if not self.is_graphed:
             return 0
         buffers = self._buffers or self._allocate()
@@ -150,7 +142,7 @@ class ChunkEncoderGraphs:
             self._run(shape, buffers)
         torch.cuda.synchronize()
         torch.cuda.empty_cache()  # the warm-ups' cached blocks: the stage has a memory share
-        return sum(split == self.split_keys for _, _, split in self._graphs)
+        return len(self._graphs)
 
     def _stage(self, hidden: torch.Tensor, caches: list[EncoderKVCache],
                size: int) -> dict[str, torch.Tensor]:
@@ -182,10 +174,9 @@ class ChunkEncoderGraphs:
     def _run(self, shape: tuple[int, int], buffers: dict[str, torch.Tensor]) -> torch.Tensor:
         if not self.is_graphed:
             return self._forward(shape, buffers)
-        key = (*shape, self.split_keys)
-        if key not in self._graphs:
-            self._graphs[key] = self._capture(shape, buffers)
-        graph, out = self._graphs[key]
+        if shape not in self._graphs:
+            self._graphs[shape] = self._capture(shape, buffers)
+        graph, out = self._graphs[shape]
         graph.replay()
         return out
 

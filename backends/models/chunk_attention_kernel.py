@@ -1,5 +1,5 @@
 """The streaming audio encoder's chunk attention as a Triton kernel with the keys split over
-programs (served by `ChunkEncoderGraphs`; MINICPMO_ENCODER_SPLIT_KEYS=0 for torch's SDPA).
+programs (served by `ChunkEncoderGraphs` on CUDA; on the CPU it uses torch's SDPA).
 
 A graphed chunk pass attends 50 queries of each of 1-4 sessions over a key bucket (64 ... 1500
 frames) of the working cache, masked past each session's end. Torch's fused kernel runs one

@@ -7,7 +7,7 @@ sampling tables. The same callable serves eager steps, decode graphs and decode 
 graph captures whichever path the runner was built with.
 
 `sampling_states_for` picks it on CUDA only: the torch path stays the reference and the CPU
-path (the interpreter would run the kernel, slowly). MINICPMO_FUSED_DRAW=0 turns it off (A/B).
+path (the interpreter would run the kernel, slowly).
 """
 
 from __future__ import annotations
@@ -16,9 +16,6 @@ import torch
 
 from backends.runner.sampling_states import SamplingStates
 from backends.runner.types import DeviceLogitsProcessor, FusedDraw
-from backends.switches import on_off
-
-FUSED_DRAW_ENV = "MINICPMO_FUSED_DRAW"
 
 
 class FusedSamplingStates(SamplingStates):
@@ -50,9 +47,8 @@ class FusedSamplingStates(SamplingStates):
 def sampling_states_for(
     max_num_reqs: int, device: torch.device | str, processor: DeviceLogitsProcessor | None
 ) -> SamplingStates:
-    """The fused states where the processor has a fused draw, on CUDA, unless switched off."""
+    """The fused states where the processor has a fused draw, on CUDA."""
     draw: FusedDraw | None = getattr(processor, "fused_draw", None)
-    is_on = on_off(FUSED_DRAW_ENV)
-    if processor is None or draw is None or torch.device(device).type != "cuda" or not is_on:
+    if processor is None or draw is None or torch.device(device).type != "cuda":
         return SamplingStates(max_num_reqs, device, processor)
     return FusedSamplingStates(max_num_reqs, device, processor, draw)

@@ -5,8 +5,8 @@ SwiGLU then a linear; `norm_qkv_rope` is `norm_linear` for a q|k|v projection fo
 and the KV write (the GEMV's epilogue where it fits, `gemv_rope`). With the Triton GEMV backend
 and a shape its kernel takes (a decode step: at most 16 rows), each is one kernel
 (`gemv_inputs.Prologue`) where the prologue table says that measured faster: a decode step of a
-small batch is launch-bound, and this saves up to four of a layer's ten kernels. Otherwise they are the fused elementwise kernels of `triton_layer_ops`
-followed by the backend's linear, as before.
+small batch is launch-bound, and this saves up to four of a layer's ten kernels. Otherwise
+they are the fused elementwise kernels of `triton_layer_ops` followed by the backend's linear.
 """
 
 from __future__ import annotations
@@ -24,10 +24,7 @@ from backends.runner.triton_gemv import (
     triton_linear,
 )
 from backends.runner.triton_layer_ops import qk_norm_rope_store_kv, rms_norm, silu_and_mul
-from backends.switches import on_off
 
-PROLOGUES_ENV = "MINICPMO_GEMV_PROLOGUES"  # "0": never fold (A/B runs against the unfused path)
-ROPE_ENV = "MINICPMO_GEMV_ROPE"  # "0": never fold RoPE + the KV write into the q|k|v GEMV
 QkNorm = tuple[torch.Tensor, torch.Tensor, float]  # (q weight, k weight, eps) of a q/k RMSNorm
 
 
@@ -61,9 +58,8 @@ def norm_qkv_rope(
     written into `rope`'s caches -> (query [rows, heads, head_dim], possibly a strided view;
     the residual stream). One kernel where the GEMV's epilogue fits, else two."""
     weight, bias = qkv_weight
-    fold_rope = qk_norm is None and on_off(ROPE_ENV)
     qkv, stream, roped = _norm_linear(branch, residual, norm_weight, eps, weight, bias, backend,
-                                      rope if fold_rope else None)  # fmt: skip
+                                      rope if qk_norm is None else None)  # fmt: skip
     if roped:
         q_width = rope.num_heads * rope.head_dim
         return qkv[:, :q_width].view(qkv.shape[0], rope.num_heads, rope.head_dim), stream
@@ -117,9 +113,7 @@ def _fused_config(
     x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, kind: int
 ) -> GemvConfig | None:
     """The kernel config for this fused call, or None where it stays unfused: the kernel does
-    not take x, the prologue table says unfused is faster, or PROLOGUES_ENV is "0"."""
-    if not on_off(PROLOGUES_ENV):
-        return None
+    not take x, or the prologue table says unfused is faster."""
     n, k = weight.shape
     width = 2 * k if kind == SILU_MUL else k
     if x.dim() != 2 or not kernel_takes(x, weight, bias, width):

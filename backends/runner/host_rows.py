@@ -120,7 +120,7 @@ class HostRows:
         """The rows of `slots`, each compact where `wants_compact`; on CUDA with every row's
         top candidates (on a CPU row a whole-row draw's own top-k costs the same)."""
         compact = [
-            wants_compact(config.compact_host_rows, rows.device, states.hooks[slot],
+            wants_compact(config.compact_rows_on_cpu, rows.device, states.hooks[slot],
                           states.sampling[slot].repetition_penalty)
             for slot in slots
         ]  # fmt: skip
@@ -179,11 +179,11 @@ class HostRows:
         return self._device[j].to("cpu", dtype=torch.float32, copy=True)
 
 
-def wants_compact(mode: str, device: torch.device, hook: object, penalty: float) -> bool:
+def wants_compact(on_cpu: bool, device: torch.device, hook: object, penalty: float) -> bool:
     """Whether a host-sampled row goes compact: its hook takes it, the runner applies no
-    penalty of its own to it, and the mode allows it ("auto": on CUDA only, where the copy is
-    a device read; "on": everywhere, as tests run it)."""
-    if mode == "off" or (mode == "auto" and device.type != "cuda"):
+    penalty of its own to it, and it is on CUDA, where the whole row is a device read (on the
+    CPU only with `on_cpu`, as tests run it)."""
+    if device.type != "cuda" and not on_cpu:
         return False
     return penalty == 1.0 and callable(getattr(hook, "before_sample_compact", None))
 

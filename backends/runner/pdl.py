@@ -6,16 +6,16 @@ last wave is still running; they stop at `wait_for_inputs` until that kernel has
 its writes are visible. What a program can do before the wait is what does not depend on the
 previous kernel: its launch, its address math and, for the tensor-core GEMV, pulling its first
 weight tile into L2 (`prefetch_l2`), so the weight stream starts during the previous kernel's
-tail. On an H200 (perf/results/runner_h200.md, fourteenth session) this took a graphed Thinker
-step at batch 1 / 1k context from 4.26 to 4.08 ms and at batch 16 / 4k from 6.90 to 6.83 ms,
-and a Talker step at batch 1 / 16 from 0.47 / 0.69 to 0.40 / 0.59 ms. Code2Wav's DiT blocks
+tail. On an H200 (perf/results/runner_h200.md) this took a graphed Thinker step at batch 1 /
+1k context from 4.26 to 4.08 ms and at batch 16 / 4k from 6.90 to 6.83 ms, and a Talker step
+at batch 1 / 16 from 0.47 / 0.69 to 0.40 / 0.59 ms. Code2Wav's DiT blocks
 chain their kernels the same way at small batches (models/token2wav/dit_gemm.py).
 
 The rule that keeps this correct: a kernel launched with PDL calls `wait_for_inputs` in every
 program before it reads or writes any tensor another kernel touches, early exits included, so
 "kernel n finished" still implies "kernel n - 1 finished" down the chain. `pdl_launch_args`
 sets the kernel's PDL flag and the launch option together; kernels launched without it (CPU
-interpreter, older GPUs, `PDL_ENV=0`) compile the wait away.
+interpreter, GPUs older than Hopper) compile the wait away.
 """
 
 from __future__ import annotations
@@ -28,15 +28,12 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from backends.switches import on_off
-
-PDL_ENV = "MINICPMO_PDL"  # "0": launch every kernel in stream order (the A/B switch)
 LINE_ELEMENTS: tl.constexpr = tl.constexpr(64)  # 16-bit elements per 128-byte L2 line
 
 
 def use_pdl(device: torch.device) -> bool:
-    """PDL on this device: CUDA on compute capability 9.0 or newer, unless PDL_ENV is "0"."""
-    if device.type != "cuda" or not on_off(PDL_ENV):
+    """PDL on this device: CUDA on compute capability 9.0 or newer."""
+    if device.type != "cuda":
         return False
     return capability_major(device.index or 0) >= 9
 

@@ -25,7 +25,6 @@ import triton.language as tl
 from backends.runner.attention import AttentionMetadata
 from backends.runner.pdl import pdl_launch_args, wait_for_inputs
 from backends.runner.split_merge import merge_splits
-from backends.switches import on_off
 
 DECODE_ROWS = 16  # BLOCK_Q * GROUP_PAD for single-token queries (tl.dot needs >= 16 rows)
 APPEND_ROWS = 64  # rows per tile when some request has several query tokens
@@ -33,13 +32,12 @@ TILE_N = 64  # key tokens per inner iteration
 # Decode batches of at least a fifth of a wave of (request, kv head) programs read keys in
 # tiles of WIDE_TILE_N (half the iterations per split, more bytes in flight) while their split
 # grid stays within WIDE_MAX_WAVES programs per SM. H200 sweep of attention time, 128 over 64
-# (perf/results/runner_h200.md, twelfth session): at 1-4k keys the Thinker 0.88-0.98x at
-# batch 4, 0.91x at 8, 0.95x at 16, the Talker 0.81x at 16; batches 1-2 lose 1.1-1.2x (wide
-# tiles leave splits idle), and so does the Thinker at 32 (1.1-1.17x: 128-dim heads in wide
-# tiles halve the programs an SM holds); at 256 keys batches of 4-8 lose 8-20%.
+# (perf/results/runner_h200.md): at 1-4k keys the Thinker 0.88-0.98x at batch 4, 0.91x at 8,
+# 0.95x at 16, the Talker 0.81x at 16; batches 1-2 lose 1.1-1.2x (wide tiles leave splits
+# idle), and so does the Thinker at 32 (1.1-1.17x: 128-dim heads in wide tiles halve the
+# programs an SM holds); at 256 keys batches of 4-8 lose 8-20%.
 WIDE_TILE_N = 128
 WIDE_MAX_WAVES = 3
-WIDE_TILES_ENV = "MINICPMO_ATTN_WIDE_TILES"  # "0": always TILE_N (the A/B switch)
 MAX_SPLITS = 64
 # Split target: enough programs in flight to cover HBM latency. Even one key tile per split
 # pays off here: on the H200 a Talker layer (12 heads, 256 keys) took 4.4 us as 5 one-tile
@@ -235,8 +233,7 @@ def _launch_shape(
     num_programs = meta.num_reqs * num_q_tiles * num_kv_heads
     max_seq_len, num_sms = int(meta.seq_lens_np.max()), _num_sms(device)
     splits = num_kv_splits(num_programs, max_seq_len, num_sms)
-    wide = (rows == DECODE_ROWS and on_off(WIDE_TILES_ENV)
-            and 5 * num_programs >= num_sms
+    wide = (rows == DECODE_ROWS and 5 * num_programs >= num_sms
             and num_programs * splits <= WIDE_MAX_WAVES * num_sms)  # fmt: skip
     if wide:
         splits = num_kv_splits(num_programs, max_seq_len, num_sms, WIDE_TILE_N)

@@ -66,8 +66,8 @@ class SamplingHook(Protocol):
 
     A hook may also offer `before_sample_compact(row: host_rows.CompactRow, ctx) -> int | None`,
     the same decision from a summary of the raw row; the fast path then copies only that
-    summary to the host (RunnerConfig.compact_host_rows) and, where it returns None, draws on
-    the whole row as after `before_sample`. And `decide_compact(row, ctx)`, the same as a
+    summary to the host (on CUDA; RunnerConfig.compact_rows_on_cpu) and, where it returns None,
+    draws on the whole row as after `before_sample`. And `decide_compact(row, ctx)`, the same as a
     generator that yields its `host_draws.DrawRequest` and takes the drawn token back, which
     the fast path prefers: a step's hooked rows then draw together (`host_draws.run_together`)."""
 
@@ -202,9 +202,10 @@ class RunnerConfig:
     # policy masks); 0: the whole row
     candidate_ids: int = 0
     # fast path: hooked rows whose hook offers `before_sample_compact` reach the host as a
-    # summary (`host_rows.CompactRow`), not whole: "auto" on CUDA, "on" on any device (tests),
-    # "off" never; probe_ids are the ids whose raw logits every summary carries
-    compact_host_rows: str = "auto"
+    # summary (`host_rows.CompactRow`), not whole, on CUDA (where the whole row is a device
+    # copy) and, with compact_rows_on_cpu, on the CPU too (tests); probe_ids are the ids whose
+    # raw logits every summary carries
+    compact_rows_on_cpu: bool = False
     probe_ids: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
@@ -214,9 +215,6 @@ class RunnerConfig:
                 raise ValueError(f"RunnerConfig.{name} must be a positive int, got {value!r}")
         if not isinstance(self.candidate_ids, int) or self.candidate_ids < 0:
             raise ValueError(f"RunnerConfig.candidate_ids must be >= 0, got {self.candidate_ids!r}")
-        if self.compact_host_rows not in ("auto", "on", "off"):
-            raise ValueError("RunnerConfig.compact_host_rows must be 'auto', 'on' or 'off', "
-                             f"got {self.compact_host_rows!r}")
         if not self.dtype.is_floating_point:
             raise ValueError(f"RunnerConfig.dtype must be a floating dtype, got {self.dtype}")
         sizes = self.cuda_graph_sizes

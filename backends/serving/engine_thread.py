@@ -8,8 +8,7 @@ on this thread after each round (the resource gauges: one thread per process upd
 steps, so a request posted during a forward waits for that forward to end, unless the engine
 takes `attach_in_flight_drain`: it then runs the commands posted meanwhile from inside its step
 while it waits for the GPU (ThinkerEngine lays out the new appends there); a shutdown met there
-is held until the step ends. `in_step_drain=False` (MINICPMO_IN_STEP_DRAIN=0 for served stages,
-`in_step_drain_enabled`) keeps every command between steps, for A/B runs.
+is held until the step ends.
 An engine with pending work may ask to wait (`holding_s`, Code2Wav holding windows for an
 announced first window): the thread then sleeps on the queue for that long instead of stepping.
 """
@@ -25,7 +24,6 @@ import torch
 
 from backends.contracts.errors import StageError, StageFailure
 from backends.contracts.sink import ResponseSink
-from backends.switches import on_off
 
 log = logging.getLogger(__name__)
 
@@ -42,14 +40,6 @@ class SteppedEngine(Protocol):
     def step(self) -> None: ...
 
 
-IN_STEP_DRAIN_ENV = "MINICPMO_IN_STEP_DRAIN"
-
-
-def in_step_drain_enabled() -> bool:
-    """MINICPMO_IN_STEP_DRAIN: "1" (default) or "0"; anything else is refused at load."""
-    return on_off(IN_STEP_DRAIN_ENV)
-
-
 def _no_hold() -> float:
     return 0.0
 
@@ -58,8 +48,7 @@ class EngineThread:
     def __init__(self, engine: SteppedEngine, name: str, on_error: Callable[[str], None] | None = None,
                  observer: Callable[[], None] | None = None,
                  on_step: Callable[[float], None] | None = None,
-                 on_inbox_wait: Callable[[float], None] | None = None,
-                 in_step_drain: bool = True) -> None:
+                 on_inbox_wait: Callable[[float], None] | None = None) -> None:
         self.engine = engine
         self._commands: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._on_error = on_error or log.error
@@ -72,7 +61,7 @@ class EngineThread:
         self._cuda_device = torch.cuda.current_device() if torch.cuda.is_initialized() else None
         self._held: Any = None  # a command the in-step drain met and left for the loop
         attach = getattr(engine, "attach_in_flight_drain", None)
-        if attach is not None and in_step_drain:
+        if attach is not None:
             attach(self._drain_in_step)
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()

@@ -20,15 +20,11 @@ from pathlib import Path
 from backends.checkpoint.prepare import prepare_checkpoint
 from backends.serving.grpc_stages import STAGE_URL_ENV
 from backends.serving.health import server_ready
+from backends.serving.metrics_stage_calls import call_metrics_enabled
 from backends.serving.mps import MODES as MPS_MODES, MpsDaemon, mps_daemon
 from backends.serving.profiles import Profile, get_profile
 from backends.serving.repository import render_repository
-from backends.serving.stub_priority import (
-    DEFAULT_LOW_PRIORITY, SM_PERCENT_ENV, STUB_NAME, install_wrappers, low_priority_stages, sm_percents,
-    stage_environments, stages_from_environment,
-)
 from backends.serving.triton_install import find_triton
-from backends.switches import check_switches
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_REPOSITORY = PROJECT_ROOT / "model_repository"
@@ -53,9 +49,6 @@ class ServerOptions:
     log_file: Path | None = None
     ready_timeout_s: float = 300.0
     mps: str = "auto"  # CUDA MPS for the stage processes: auto | on | off (backends/serving/mps.py)
-    # Stages whose stubs start at MPS below-normal priority; None: DEFAULT_LOW_PRIORITY under MPS.
-    mps_low_priority: tuple[str, ...] | None = None
-    mps_sm_percent: dict[str, int] = field(default_factory=dict)  # stage -> % of SMs under MPS
     extra_args: list[str] = field(default_factory=list)
     # Ready only once every stage answers its `health` action (backends/serving/health.py);
     # off for a repository without our stage models.
@@ -98,7 +91,6 @@ class ServerProcess:
         self.log_file.parent.mkdir(parents=True, exist_ok=True)
         try:
             env = {**install.environment(), **self._start_mps(), STAGE_URL_ENV: self.stage_url}
-            install_wrappers(repo, self.stage_environments(), install.backend_dir / "python" / STUB_NAME)
             with open(self.log_file, "wb") as log:
                 self.process = subprocess.Popen(
                     self._command(install.binary, install.backend_dir, repo), stdout=log,
@@ -109,19 +101,6 @@ class ServerProcess:
             self.stop()
             raise
         return self
-
-    def low_priority_stages(self) -> tuple[str, ...]:
-        """The stages named in the options, else `DEFAULT_LOW_PRIORITY` when this server runs an
-        MPS daemon (call after `_start_mps`)."""
-        if self.options.mps_low_priority is not None:
-            return self.options.mps_low_priority
-        return DEFAULT_LOW_PRIORITY if self.mps is not None else ()
-
-    def stage_environments(self) -> dict[str, dict[str, str]]:
-        """The MPS client settings of each stage's stub: below-normal priority, and an SM cap
-        (`SM_PERCENT_ENV`) while this server runs an MPS daemon (call after `_start_mps`)."""
-        caps = self.options.mps_sm_percent if self.mps is not None else {}
-        return stage_environments(self.low_priority_stages(), caps)
 
     def _start_mps(self) -> dict[str, str]:
         """Start this server's MPS daemon if its mode asks for one; `auto` falls back to
@@ -219,9 +198,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--log-file", type=Path)
     parser.add_argument("--mps", default="auto", choices=MPS_MODES,
                         help="CUDA MPS daemon for the stage processes sharing a GPU (auto: on for GPU profiles)")
-    parser.add_argument("--mps-low-priority", type=low_priority_stages, default=None, metavar="STAGES",
-                        help="stages (comma-separated, or none) whose processes start at MPS below-normal "
-                             "client priority (default: $MINICPMO_MPS_LOW_PRIORITY, else none)")
     parser.add_argument("--server-id", default=None,
                         help="name of this replica (Triton --id; the `name` of server metadata)")
     return parser.parse_args(argv)
@@ -229,8 +205,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def server_options(args: argparse.Namespace) -> ServerOptions:
     """The options the command line and the environment ask for; ValueError names what is wrong
-    (a profile, a `--set` variable, a MINICPMO_MPS_* setting, an on/off switch the stages read)."""
-    check_switches()
+    (a profile, a `--set` variable, the stage-call diagnostics' setting the models read)."""
+    call_metrics_enabled()
     malformed = [item for item in args.set if "=" not in item]
     if malformed:
         raise ValueError(f"--set takes NAME=VALUE, got {malformed}")
@@ -239,8 +215,6 @@ def server_options(args: argparse.Namespace) -> ServerOptions:
         profile=profile, repository=args.repository, workdir=args.workdir, address=args.address,
         http_port=args.http_port, grpc_port=args.grpc_port, metrics_port=args.metrics_port, log_file=args.log_file,
         mps=args.mps, extra_args=[f"--id={args.server_id}"] if args.server_id else [],
-        mps_low_priority=stages_from_environment() if args.mps_low_priority is None else args.mps_low_priority,
-        mps_sm_percent=sm_percents(os.environ.get(SM_PERCENT_ENV, "")),
     )
 
 

@@ -28,7 +28,6 @@ from backends.contracts.messages import (
 from backends.contracts.stage_clients import CODE2WAV, TALKER, THINKER, StageClients
 from backends.serving.metrics_catalog import STAGE_CALL
 from backends.serving.metrics_thread import MetricsThread
-from backends.switches import on_off
 
 CALL_METRICS_ENV = "MINICPMO_STAGE_CALL_METRICS"  # "1": observe every stage call
 SENT_NS_PARAMETER = "sent_ns"  # request parameter: time.monotonic_ns() when the orchestrator sent it
@@ -36,7 +35,12 @@ T = TypeVar("T")
 
 
 def call_metrics_enabled(environ: Mapping[str, str] = os.environ) -> bool:
-    return on_off(CALL_METRICS_ENV, environ)
+    """CALL_METRICS_ENV: "1" on, "0" or unset off; any other value is refused, so a typo never
+    leaves the diagnostics off unnoticed (the launcher checks it before it starts anything)."""
+    value = environ.get(CALL_METRICS_ENV, "0")
+    if value not in ("0", "1"):
+        raise ValueError(f"{CALL_METRICS_ENV} must be 0 or 1, got {value!r}")
+    return value == "1"
 
 
 def with_call_metrics(clients: StageClients, metrics: MetricsThread,

@@ -46,6 +46,8 @@ class Profile:
     fault_injection: str = "off"  # test-only: `on` makes stage requests marked fault-<stage> fail
     # Code2Wav streams from each session's REF_AUDIO voice (on) or always the default voice (off)
     session_voices: str = "on"
+    # ms Code2Wav holds the windows that can wait once a reply's first window is announced (0: never)
+    code2wav_first_hold_ms: int = 50
 
     def __post_init__(self) -> None:
         if self.instance_kind not in KINDS:
@@ -61,6 +63,8 @@ class Profile:
             raise ValueError(f"session_voices must be on or off, got {self.session_voices!r}")
         if self.fault_injection not in FAULT_SETTINGS:
             raise ValueError(f"fault_injection must be one of {FAULT_SETTINGS}, got {self.fault_injection!r}")
+        if not 0 <= self.code2wav_first_hold_ms <= 1000:
+            raise ValueError(f"code2wav_first_hold_ms must lie in [0, 1000], got {self.code2wav_first_hold_ms}")
         for name in ("duplex_instances", "max_sessions", "idle_timeout_s", "max_append_ms", "max_context_tokens",
                      "talker_context_tokens"):
             if getattr(self, name) <= 0:

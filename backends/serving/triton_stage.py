@@ -15,10 +15,9 @@ from typing import Any, Callable
 
 from backends.contracts.errors import StageError
 from backends.contracts.messages import ACTION_EXPECT, ACTION_RUN, ACTION_STOP
-from backends.serving.gil_switch import configure_switch_interval
 from backends.serving.stack_dump import enable_stack_dump
 from backends.serving.stack_sampler import start_stack_sampler
-from backends.serving.engine_thread import EngineThread, SteppedEngine, in_step_drain_enabled
+from backends.serving.engine_thread import EngineThread, SteppedEngine
 from backends.serving.fault_injection import install_fault_hook
 from backends.serving.metrics_stage import StageMetrics
 from backends.serving.metrics_stage_calls import call_metrics_enabled, sent_ns_of
@@ -50,7 +49,6 @@ class StageAdapter:
     def __init__(self, pb_utils: Any, name: str, request_cls: type, engine: SteppedEngine,
                  params: dict[str, str] | None = None, instance: str = "") -> None:
         enable_stack_dump()
-        configure_switch_interval()
         self._sampler = start_stack_sampler(name)
         self._pb = pb_utils
         self._name = name
@@ -70,8 +68,7 @@ class StageAdapter:
         self._actions = (ACTION_RUN, ACTION_STOP, ACTION_HEALTH) + ((ACTION_EXPECT,) if self._expect else ())
         self.engine_thread = EngineThread(engine, f"{name}-engine", on_error=pb_utils.Logger.log_error,
                                           observer=observer, on_step=self._metrics.on_step,
-                                          on_inbox_wait=self._metrics.on_inbox_wait,
-                                          in_step_drain=in_step_drain_enabled())
+                                          on_inbox_wait=self._metrics.on_inbox_wait)
         if observer is not None:  # publish the idle engine's counts now, not at the first request
             self.engine_thread.call(observer)
 

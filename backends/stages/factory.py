@@ -18,17 +18,9 @@ from backends.checkpoint.prepare import FULL_RANDOM, prepare_checkpoint
 from backends.runner.types import RunnerConfig
 from backends.stages.code2wav_service import Code2WavService
 from backends.stages.window_schedule import FIRST_WINDOW_HOLD_S
-from backends.switches import on_off
 
 BLOCK_SIZE = 16
 SLOT_MARGIN = 2  # requests of an epoch being stopped while the next one starts
-GEMV_ENV = "MINICPMO_GEMV"  # the served decoders' matmul backend on CUDA (RunnerConfig.gemv_backend)
-PREFILL_CHUNKS_ENV = "MINICPMO_PREFILL_CHUNKS"  # "0": a Thinker append is prefilled in one step
-COMPACT_ROWS_ENV = "MINICPMO_COMPACT_HOST_ROWS"  # "0": hooked rows reach the host whole
-KEY_BUCKETS_ENV = "MINICPMO_ENCODER_KEY_BUCKETS"  # "0": encoder passes attend over all 1500 keys
-SPLIT_KEYS_ENV = "MINICPMO_ENCODER_SPLIT_KEYS"  # "0": encoder attention through torch's SDPA
-# ms an announced first window holds Code2Wav's windows that can wait ("0": announcements ignored)
-FIRST_WINDOW_HOLD_ENV = "MINICPMO_CODE2WAV_FIRST_HOLD_MS"
 WARMUP_TEXT_TOKEN = 100  # a plain text id of every Thinker vocabulary, handed in Talker warm-ups
 
 
@@ -70,14 +62,13 @@ class StageSetup:
         blocks_per_request = -(-max_len // BLOCK_SIZE)
         num_reqs = self.max_sessions + SLOT_MARGIN
         # On CUDA: the Triton-language paged attention, CUDA graphs for decode batches, and the
-        # Triton GEMV with the norms and SwiGLU folded in (MINICPMO_GEMV=cublas for A/B runs);
-        # hooked rows to the host as summaries (MINICPMO_COMPACT_HOST_ROWS=0: whole, for A/B).
+        # Triton GEMV with the norms and SwiGLU folded in; hooked rows reach the host as
+        # summaries (RunnerConfig.compact_rows_on_cpu). On CPU: the torch reference path.
         cuda = self.device.type == "cuda"
         return RunnerConfig(num_blocks=num_reqs * blocks_per_request, max_num_reqs=num_reqs, max_model_len=max_len,
                             block_size=BLOCK_SIZE, device=str(self.device), dtype=self.dtype,
                             attention_backend="triton" if cuda else "reference",
-                            gemv_backend=os.environ.get(GEMV_ENV, "triton") if cuda else "cublas",
-                            compact_host_rows="auto" if on_off(COMPACT_ROWS_ENV) else "off")
+                            gemv_backend="triton" if cuda else "cublas")
 
 
 def build_thinker_engine(params: dict[str, str], device_id: str = "0"):
@@ -92,9 +83,7 @@ def build_thinker_engine(params: dict[str, str], device_id: str = "0"):
         model = ThinkerModel.from_checkpoint(ckpt, setup.device, setup.dtype)
     max_len = min(setup.max_context_tokens, ckpt.config.llm.max_position_embeddings)
     runner_config = setup.runner_config(max_len)
-    config = ThinkerEngineConfig(max_context_tokens=max_len, prefill_chunk_rows=prefill_chunk_rows(runner_config),
-                                 encoder_key_buckets=encoder_key_buckets(),
-                                 encoder_split_keys=encoder_split_keys())
+    config = ThinkerEngineConfig(max_context_tokens=max_len, prefill_chunk_rows=prefill_chunk_rows(runner_config))
     engine = ThinkerEngine(model.llm, model.audio_encoder, ckpt.tokenizer, ckpt.special_tokens, runner_config, config)
     if setup.device.type == "cuda":  # Triton kernels compile now, not inside the first replies
         from backends.stages.warmup import thinker_request, warm_up
@@ -108,7 +97,7 @@ def prefill_chunk_rows(config: RunnerConfig) -> int:
     """Where steps replay graphs, a longer prefill goes in chunks the mixed graphs hold
     (backends/thinker/prefill_chunks.py); elsewhere (CPU: every step is eager) in one step."""
     graphed = config.is_fast_path and config.use_cuda_graphs and config.mixed_cuda_graphs
-    if not graphed or not config.device.startswith("cuda") or not on_off(PREFILL_CHUNKS_ENV):
+    if not graphed or not config.device.startswith("cuda"):
         return 0
     return config.mixed_graph_max_query_len
 
@@ -169,7 +158,7 @@ def build_code2wav_engine(params: dict[str, str], device_id: str = "0") -> Code2
     pool_streams = 2 * setup.max_sessions
     service = Code2WavService(Code2WavEngine(
         token2wav, voice, cache_size, session_voices, max_batch, cache_pool_streams=pool_streams,
-        first_window_hold_s=first_window_hold_s()))
+        first_window_hold_s=first_window_hold_s(params)))
     if setup.device.type == "cuda":  # every window shape's graphs captured now, not mid-reply
         from backends.stages.warmup import warm_up_code2wav
 
@@ -178,25 +167,14 @@ def build_code2wav_engine(params: dict[str, str], device_id: str = "0") -> Code2
     return service
 
 
-def first_window_hold_s() -> float:
-    """Code2Wav's hold for an announced first window (`FIRST_WINDOW_HOLD_ENV`, default 50 ms)."""
-    value = os.environ.get(FIRST_WINDOW_HOLD_ENV, "")
+def first_window_hold_s(params: dict[str, str]) -> float:
+    """Code2Wav's hold for an announced first window: the `first_window_hold_ms` parameter
+    (the profile's `code2wav_first_hold_ms`), FIRST_WINDOW_HOLD_S without it."""
+    value = params.get("first_window_hold_ms", "")
     try:
         held = FIRST_WINDOW_HOLD_S if value == "" else float(value) / 1000.0
     except ValueError:
-        raise ValueError(f"{FIRST_WINDOW_HOLD_ENV} must be a number of ms, got {value!r}") from None
+        raise ValueError(f"first_window_hold_ms must be a number of ms, got {value!r}") from None
     if not 0.0 <= held <= 1.0:
-        raise ValueError(f"{FIRST_WINDOW_HOLD_ENV} must lie in [0, 1000] ms, got {value!r}")
+        raise ValueError(f"first_window_hold_ms must lie in [0, 1000] ms, got {value!r}")
     return held
-
-
-def encoder_key_buckets() -> bool:
-    """Whether the Thinker's graphed encoder passes attend over key buckets (`KEY_BUCKETS_ENV`:
-    "1", the default, or "0" for A/B runs); another value is refused at load."""
-    return on_off(KEY_BUCKETS_ENV)
-
-
-def encoder_split_keys() -> bool:
-    """Whether the Thinker's graphed encoder passes attend through the split-key Triton kernel
-    (`SPLIT_KEYS_ENV`: "1", the default since served C = 16 starts on an H100, or "0" for A/B)."""
-    return on_off(SPLIT_KEYS_ENV)

@@ -50,8 +50,6 @@ class ThinkerEngineConfig:
     window: WindowConfig = WindowConfig()  # watermarks and limits of the basic/context modes
     ledger_rows: int = 64  # captured hidden rows kept per session (a unit forwards <= 19)
     prefill_chunk_rows: int = 0  # most prefill rows of a session per step (0: no limit; factory)
-    encoder_key_buckets: bool = True  # False: graphed encoder passes attend over the whole table
-    encoder_split_keys: bool = True  # their attention through the split-key Triton kernel
 
     def __post_init__(self) -> None:
         if min(self.max_context_tokens, self.ledger_rows - 1, self.prefill_chunk_rows) < 0:
@@ -82,8 +80,7 @@ class ThinkerEngine:
         self.runner = ModelRunner(model, runner_config)
         self.runner_config = runner_config
         self.layout = PromptLayout(tokenizer, special_tokens)
-        self.encoder_factory = encoder_factory or streaming_encoder_factory(
-            audio_encoder_model, self.config.encoder_key_buckets, self.config.encoder_split_keys)
+        self.encoder_factory = encoder_factory or streaming_encoder_factory(audio_encoder_model)
         self.max_len = _max_len(model, runner_config, self.config)
         # Embedding rows past the tokenizer's vocabulary are padding: never sampled.
         self.bad_token_ids = range(tokenizer.vocab_size, model.config.vocab_size)

@@ -40,20 +40,15 @@ def encode_pending_units(sessions: Iterable[ThinkerSession]) -> dict[str, Encode
     return {session.request_id: rows for (session, _), rows in zip(picked, encoded)}
 
 
-def streaming_encoder_factory(
-    audio_encoder_model: AudioEncoderModel | None, key_buckets: bool = True,
-    split_keys: bool = True,
-) -> Callable[[], UnitEncoder]:
+def streaming_encoder_factory(audio_encoder_model: AudioEncoderModel | None) -> Callable[[], UnitEncoder]:
     """A new session's encoder: its own streaming state over the shared audio tower (on CUDA
-    its chunk passes replay graphs; `key_buckets` False: over the whole key table, for A/B;
-    `split_keys` False: torch's fused attention instead of the split-key Triton kernel, for A/B)."""
+    its chunk passes replay graphs over key buckets, through the split-key Triton kernel)."""
     if audio_encoder_model is None:
         raise ValueError("ThinkerEngine needs an audio_encoder_model or an encoder_factory")
     audio_encoder_model.apm.pack_projections()  # loaded and on its device by now
     graphs = None
     if audio_encoder_model.apm.conv1.weight.device.type == "cuda":
-        graphs = ChunkEncoderGraphs(audio_encoder_model, StreamingAudioConfig().frames_per_unit,
-                                    bucket_keys=key_buckets, split_keys=split_keys)
+        graphs = ChunkEncoderGraphs(audio_encoder_model, StreamingAudioConfig().frames_per_unit)
         graphs.capture_all()  # at load: a capture mid-reply stalls the Thinker's thread
     references = ReferenceCache()  # one per engine: sessions share encoded reference voices
     return lambda: StreamingAudioEncoder(audio_encoder_model, graphs=graphs, references=references)

@@ -99,7 +99,6 @@ def test_split_key_passes_equal_plain(device: str) -> None:
 
 def test_key_buckets_are_powers_of_two_from_64_then_the_table() -> None:
     assert key_buckets(1500) == (64, 128, 256, 512, 1024, 1500)
-    assert key_buckets(1500, bucketed=False) == (1500,)
     assert key_buckets(1024) == (64, 128, 256, 512, 1024)
     assert key_buckets(50) == (50,)
 
@@ -126,8 +125,6 @@ def test_a_pass_attends_over_the_smallest_key_bucket_holding_its_rows(device: st
         graphs._key_bucket(201)
     if device == "cuda":  # every shape was captured at `capture_all`, none since
         assert len(graphs._graphs) == len(graphs.sizes) * len(graphs.key_sizes)
-    graphs.use_key_buckets(False)  # the benchmark's whole-table arm, after the captures
-    assert graphs.key_sizes == (200,)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
@@ -144,6 +141,11 @@ def test_captures_warm_up_on_one_stream(monkeypatch) -> None:
     graphs = ChunkEncoderGraphs(_model("cuda"), FRAMES, max_rows=2)
     assert graphs.capture_all() == 6
     assert len(sides) == 6 and sides[0] is not None and all(side is sides[0] for side in sides)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_passes_attend_through_the_split_key_kernel_on_cuda_only(device: str) -> None:
+    assert ChunkEncoderGraphs(_model(device), FRAMES).split_keys == (device == "cuda")
 
 
 def test_capture_all_without_cuda_captures_nothing() -> None:

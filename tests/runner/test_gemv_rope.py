@@ -128,9 +128,9 @@ def rope_calls(monkeypatch: pytest.MonkeyPatch) -> list:
 
 
 @pytest.mark.interpreter
-def test_norm_qkv_rope_folds_where_it_fits(rope_calls: list, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_norm_qkv_rope_folds_where_it_fits(rope_calls: list) -> None:
     """Folded: the query view and the caches equal the two-kernel fallback's; with a q/k norm
-    or the switch off it never folds."""
+    it never folds."""
     def run(backend: str, qk_norm=None) -> tuple:
         t = case(3, 4, 2, torch.float32, seed=9)
         query, stream = fused_linears.norm_qkv_rope(
@@ -148,9 +148,7 @@ def test_norm_qkv_rope_folds_where_it_fits(rope_calls: list, monkeypatch: pytest
         assert_close_rel(got.nan_to_num(), want.nan_to_num().double(), 1e-5)
     norm_w = torch.ones(HEAD_DIM)
     run("triton", qk_norm=(norm_w, norm_w, EPS))
-    monkeypatch.setenv(fused_linears.ROPE_ENV, "0")
-    run("triton")
-    assert [c is not None for c in rope_calls] == [True, False, False]
+    assert [c is not None for c in rope_calls] == [True, False]
 
 
 @pytest.mark.interpreter

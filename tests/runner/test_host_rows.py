@@ -12,7 +12,7 @@ import torch
 
 from backends.runner.host_draws import TOP_CANDIDATES, TopCandidates
 from backends.runner.host_rows import CompactRow, HostRows, wants_compact
-from backends.runner.types import RunnerConfig, SampleContext, SamplingParams, StepInput
+from backends.runner.types import SampleContext, SamplingParams, StepInput
 
 VOCAB = 300
 LIMIT = 280
@@ -109,14 +109,12 @@ class _CompactHook(_Hook):
 
 def test_which_rows_go_compact() -> None:
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
-    assert wants_compact("on", cpu, _CompactHook(), 1.0)
-    assert wants_compact("auto", cuda, _CompactHook(), 1.0)
-    assert not wants_compact("auto", cpu, _CompactHook(), 1.0)  # a CPU row costs no copy
-    assert not wants_compact("off", cuda, _CompactHook(), 1.0)
-    assert not wants_compact("on", cpu, _Hook(), 1.0)  # the hook cannot take a summary
-    assert not wants_compact("on", cpu, _CompactHook(), 1.1)  # the runner penalises the row
-    with pytest.raises(ValueError, match="compact_host_rows"):
-        RunnerConfig(num_blocks=4, max_num_reqs=2, max_model_len=8, compact_host_rows="yes")
+    assert wants_compact(True, cpu, _CompactHook(), 1.0)
+    assert wants_compact(False, cuda, _CompactHook(), 1.0)
+    assert not wants_compact(False, cpu, _CompactHook(), 1.0)  # a CPU row costs no copy
+    assert not wants_compact(True, cpu, _Hook(), 1.0)  # the hook cannot take a summary
+    assert not wants_compact(True, cpu, _CompactHook(), 1.1)  # the runner penalises the row
+    assert not wants_compact(False, cuda, _CompactHook(), 1.1)
 
 
 class _ArgmaxHook(_Hook):
@@ -139,8 +137,8 @@ def test_fast_path_compact_rows_draw_as_whole_rows(make_runner) -> None:
     pytest.importorskip("triton")
     settings = dict(num_blocks=64, max_num_reqs=4, max_model_len=48, attention_backend="triton")
     results, hooks = [], []
-    for mode in ("off", "on"):
-        runner = make_runner(compact_host_rows=mode, **settings)
+    for on_cpu in (False, True):
+        runner = make_runner(compact_rows_on_cpu=on_cpu, **settings)
         argmax, undecided = _ArgmaxHook(), _CompactHook()  # undecided: the runner draws
         hooks.append((argmax, undecided))
         sampled = SamplingParams(temperature=0.8, top_k=5, seed=3)

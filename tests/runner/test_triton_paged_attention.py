@@ -81,7 +81,7 @@ def launch_shape(num_reqs: int, query_len: int, seq_len: int, kv_heads: int, gro
 def test_wide_key_tiles_for_decode_batches_from_a_fifth_of_a_wave(monkeypatch) -> None:
     """On a 132-SM GPU (H200): the Thinker (32 heads over 8) reads keys 128 at a time at
     batch 4-16 and not at 1-2 or 32, the Talker (12 over 12) at 3-32; appends never; a wide
-    launch caps its splits at the 128-key tiles of the bound; the switch turns it off."""
+    launch caps its splits at the 128-key tiles of the bound."""
     from backends.runner import triton_paged_attention as tpa
 
     def wide(num_reqs: int, kv_heads: int, group_pad: int, seq_len: int = 4096, query_len: int = 1):
@@ -94,8 +94,6 @@ def test_wide_key_tiles_for_decode_batches_from_a_fifth_of_a_wave(monkeypatch) -
     assert talker == {1: False, 2: False, 3: True, 16: True, 32: True, 64: False}
     assert not wide(16, 8, 4, query_len=13)[1]  # an append tile
     assert wide(8, 12, 1, seq_len=256) == (2, True)  # 3 splits of 64 keys -> 2 of 128
-    monkeypatch.setenv(tpa.WIDE_TILES_ENV, "0")
-    assert not wide(16, 8, 4)[1]
 
 
 class _Recorder:

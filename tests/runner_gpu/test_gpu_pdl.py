@@ -2,11 +2,11 @@
 
 Strategy (skipped without CUDA or below compute capability 9.0, where PDL is off anyway): PDL
 changes when a kernel's programs start, never its math, so every result must equal the same
-work launched in plain stream order (`MINICPMO_PDL=0`) bit for bit. A missing wait shows up as
-a race: a kernel reading its input before the previous kernel finished writing it. Two cases:
-a CUDA graph of a long chain of decode kernels at Thinker width (GEMVs with and without a
-norm prologue and split-K, the residual norm), replayed many times, where each kernel reads the
-one before it; and the fast-path runner (graphed and eager steps, attention and merge).
+work launched in plain stream order (as on GPUs older than Hopper) bit for bit. A missing wait
+shows up as a race: a kernel reading its input before the previous kernel finished writing it.
+Two cases: a CUDA graph of a long chain of decode kernels at Thinker width (GEMVs with and
+without a norm prologue and split-K, the residual norm), replayed many times, where each kernel
+reads the one before it; and the fast-path runner (graphed and eager steps, attention and merge).
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ if not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] < 9:
 from gpu_models import runner_for  # noqa: E402
 from test_gpu_runner import drive  # noqa: E402
 
+from backends.runner import pdl  # noqa: E402
 from backends.runner.gemv_configs import GemvConfig  # noqa: E402
-from backends.runner.pdl import PDL_ENV, use_pdl  # noqa: E402
 from backends.runner.triton_gemv import ADD_NORM, Prologue, triton_linear  # noqa: E402
 from backends.runner.triton_layer_ops import rms_norm  # noqa: E402
 
@@ -68,12 +68,17 @@ def graphed_chain(rows: int) -> list[torch.Tensor]:
     return results
 
 
+def launch_in_stream_order(monkeypatch) -> None:
+    """The launches of a GPU older than Hopper: no PDL, every kernel in stream order."""
+    monkeypatch.setattr(pdl, "capability_major", lambda device_index: 8)
+    assert not pdl.use_pdl(torch.device("cuda"))
+
+
 @pytest.mark.parametrize("rows", [1, 16])
 def test_graphed_kernel_chain_matches_stream_order(rows: int, monkeypatch) -> None:
-    assert use_pdl(torch.device("cuda"))
+    assert pdl.use_pdl(torch.device("cuda"))
     with_pdl = graphed_chain(rows)
-    monkeypatch.setenv(PDL_ENV, "0")
-    assert not use_pdl(torch.device("cuda"))
+    launch_in_stream_order(monkeypatch)
     in_order = graphed_chain(rows)
     for got, want in zip(with_pdl, in_order):
         assert torch.isfinite(want).all()
@@ -83,12 +88,13 @@ def test_graphed_kernel_chain_matches_stream_order(rows: int, monkeypatch) -> No
 def test_runner_steps_match_stream_order(make_gpu_model, monkeypatch) -> None:
     prompts = {f"r{i}": list(range(3 + i, 20 + 3 * i)) for i in range(5)}
     model = make_gpu_model(torch.bfloat16)
-    runs = {}
-    for flag in ("1", "0"):
-        monkeypatch.setenv(PDL_ENV, flag)
-        runs[flag] = (drive(runner_for(model), 5, prompts),
-                      drive(runner_for(model, use_cuda_graphs=False), 5, prompts))  # fmt: skip
-    for with_pdl, in_order in zip(runs["1"], runs["0"]):
+    runs = []
+    for in_order in (False, True):
+        if in_order:
+            launch_in_stream_order(monkeypatch)
+        runs.append((drive(runner_for(model), 5, prompts),
+                     drive(runner_for(model, use_cuda_graphs=False), 5, prompts)))  # fmt: skip
+    for with_pdl, in_order in zip(*runs):
         for step_p, step_o in zip(with_pdl, in_order):
             for p, o in zip(step_p, step_o):
                 assert p.token == o.token

@@ -38,18 +38,12 @@ def server(tmp_path_factory):
 RELIABILITY_OVERRIDES = {"idle_timeout_s": "6", "max_context_tokens": "320", "fault_injection": "on"}
 
 
-# Its code2wav stub also starts through the launcher's wrapper stub (the MPS client priority
-# switch, backends/serving/stub_priority.py; the variable is inert without MPS), so every
-# reliability test runs on a wrapped stage too (tests/server/test_stub_priority_server.py).
-RELIABILITY_LOW_PRIORITY = ("code2wav",)
-
-
 @pytest.fixture(scope="session")
 def reliability_server(tmp_path_factory):
     options = ServerOptions(profile=get_profile("cpu").with_overrides(RELIABILITY_OVERRIDES),
                             workdir=PROJECT_ROOT / "var",
                             log_file=tmp_path_factory.mktemp("triton-reliability") / "server.log",
-                            extra_args=TEST_EXIT_ARGS, mps_low_priority=RELIABILITY_LOW_PRIORITY)
+                            extra_args=TEST_EXIT_ARGS)
     with ServerProcess(options) as proc:
         yield proc
 

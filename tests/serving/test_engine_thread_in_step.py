@@ -1,7 +1,7 @@
 """An engine that takes `attach_in_flight_drain` runs, from inside its step, the commands
 posted while the step was under way; a shutdown met there waits for the step to end, and the
-commands after it never run. With the drain switched off (MINICPMO_IN_STEP_DRAIN=0, for A/B
-runs) the engine is never offered it and the commands wait for the step to end.
+commands after it never run. An engine that does not take it (the Talker's, Code2Wav's) has
+its commands wait for the step to end.
 
 Strategy: a scripted engine whose one step blocks until the test has posted commands, then
 drains, on a real EngineThread."""
@@ -9,9 +9,7 @@ from __future__ import annotations
 
 import threading
 
-import pytest
-
-from backends.serving.engine_thread import IN_STEP_DRAIN_ENV, EngineThread, in_step_drain_enabled
+from backends.serving.engine_thread import EngineThread
 
 WAIT_S = 5.0
 
@@ -80,9 +78,15 @@ def test_a_shutdown_met_inside_a_step_is_held_until_it_ends() -> None:
     assert engine.log == [("before", True), ("step ends", True)]
 
 
-def test_switched_off_the_commands_wait_for_the_step() -> None:
-    engine = DrainingEngine()
-    thread = EngineThread(engine, "not-draining", in_step_drain=False)
+class SteppingEngine(DrainingEngine):
+    """Steps as the draining engine does, but offers no in-step drain."""
+
+    attach_in_flight_drain = None  # type: ignore[assignment]
+
+
+def test_without_the_drain_the_commands_wait_for_the_step() -> None:
+    engine = SteppingEngine()
+    thread = EngineThread(engine, "not-draining")
     assert engine.drain is None
     assert engine.started.wait(WAIT_S)
     thread.call(engine.record, "posted")
@@ -91,12 +95,3 @@ def test_switched_off_the_commands_wait_for_the_step() -> None:
     thread.shutdown(WAIT_S)
     assert engine.log == [("step ends", True), ("posted", False)]
 
-
-def test_the_switch_is_read_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv(IN_STEP_DRAIN_ENV, raising=False)
-    assert in_step_drain_enabled()
-    monkeypatch.setenv(IN_STEP_DRAIN_ENV, "0")
-    assert not in_step_drain_enabled()
-    monkeypatch.setenv(IN_STEP_DRAIN_ENV, "off")
-    with pytest.raises(ValueError, match=IN_STEP_DRAIN_ENV):
-        in_step_drain_enabled()

@@ -79,6 +79,8 @@ def test_overrides_move_a_stage(tmp_path):
     ("cpu", {"duplex_instances": "0"}, "duplex_instances must be positive"),
     ("cpu", {"max_sessions": "many"}, "max_sessions='many'"),
     ("cpu", {"fault_injection": "maybe"}, "fault_injection must be one of"),
+    ("gpu", {"code2wav_first_hold_ms": "5000"}, r"code2wav_first_hold_ms must lie in \[0, 1000\]"),
+    ("gpu", {"code2wav_first_hold_ms": "-1"}, r"code2wav_first_hold_ms must lie in \[0, 1000\]"),
 ])
 def test_placement_rules_refuse_what_cannot_work(profile, overrides, message):
     with pytest.raises(ValueError, match=message):

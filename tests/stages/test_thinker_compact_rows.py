@@ -1,9 +1,9 @@
 """The Thinker engine on the fast path draws the same units whether its rows reach the host
-whole or as summaries (RunnerConfig.compact_host_rows "off" / "on", Triton's interpreter on
-CPU): a session answering with the reply knob and one drawing as the real weights would
-(boundary draw, masks, penalty, top-k / top-p), batched together over several units. The
+whole or as summaries (RunnerConfig.compact_rows_on_cpu, Triton's interpreter on CPU): a
+session answering with the reply knob and one drawing as the real weights would (boundary
+draw, masks, penalty, top-k / top-p), batched together over several units. The
 engine's runner must carry chunk_eos as a probe (the boundary draw reads its raw logit), and
-with "on" every sampled row must have reached the policy as a summary."""
+with summaries every sampled row must have reached the policy as one."""
 
 from __future__ import annotations
 
@@ -47,16 +47,16 @@ def test_summaries_and_whole_rows_draw_the_same_units(parts, monkeypatch) -> Non
 
         monkeypatch.setattr(DuplexPolicy, method, spy)
     units = {}
-    for mode in ("off", "on"):
+    for mode in ("whole", "summary"):
         forms.clear()
-        engine = audio_engine(parts, attention_backend="triton", compact_host_rows=mode)
+        engine = audio_engine(parts, attention_backend="triton", compact_rows_on_cpu=mode == "summary")
         assert engine.runner.config.probe_ids == (engine.special.chunk_eos,)
         sinks = serve(engine, _requests())
         run_idle(engine)
         assert all(s.closed and s.error is None for s in sinks), [s.error for s in sinks]
         units[mode] = [[r.token_ids.tolist() for r in s.results] for s in sinks]
-        whole = "before_sample" if mode == "off" else "decide_compact"
-        assert forms and set(forms) == {whole}
-    assert units["on"] == units["off"]
-    texts = [t for unit in units["on"] for result in unit for t in result]
+        expected = "before_sample" if mode == "whole" else "decide_compact"
+        assert forms and set(forms) == {expected}
+    assert units["summary"] == units["whole"]
+    texts = [t for unit in units["summary"] for result in unit for t in result]
     assert len(texts) > 20  # real decoding happened, not only forced tokens

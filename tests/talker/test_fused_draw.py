@@ -222,10 +222,8 @@ def test_ties_at_the_kth_value_all_survive(top_p: float) -> None:
     assert ((picked == 0.5) & (ranks >= TALKER.top_k)).any()  # a tie past the k-th kept
 
 
-def test_the_fused_draw_is_picked_on_cuda_only(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_fused_draw_is_picked_on_cuda_only() -> None:
     table = TalkerPolicyTable(2, "cpu", TALKER, EOS)
     assert type(sampling_states_for(2, "cpu", table)) is SamplingStates  # CPU: the reference
     assert type(sampling_states_for(2, "cpu", None)) is SamplingStates
     assert TalkerPolicyTable(2, "cpu", TALKER, EOS, fused=False).fused_draw is None
-    monkeypatch.setenv("MINICPMO_FUSED_DRAW", "0")
-    assert type(sampling_states_for(2, "cpu", table)) is SamplingStates

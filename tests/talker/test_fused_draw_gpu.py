@@ -5,14 +5,15 @@ Strategy (skipped without CUDA): (1) the kernel compiled for the GPU against the
 scratch and padding rows, for several steps in a row (the tables evolve): tokens and tables
 equal except rows float rounding may decide (see test_fused_draw.py; there should be none).
 (2) Two Talker engines with graphs and decode chains (lengths 4 and 8), one drawing with the
-kernel (the default on CUDA) and one with the torch path (MINICPMO_FUSED_DRAW=0), over the
-long plans: every code, KV ledger and penalty window identical. (3) A fused step queues its
-work without a host sync.
+kernel (the default on CUDA) and one with the torch path (a policy table without its fused
+draw), over the long plans: every code, KV ledger and penalty window identical. (3) A fused
+step queues its work without a host sync.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import pytest
 import torch
@@ -25,8 +26,10 @@ from test_device_policy_gpu import GPU_TALKER, runner_config  # noqa: E402
 from test_fused_draw import budget_pair, compare, random_logits  # noqa: E402
 
 from backends.models.talker_policy import CODEC_EOS, TalkerSamplingConfig  # noqa: E402
-from backends.runner.fused_draw import FUSED_DRAW_ENV, FusedSamplingStates  # noqa: E402
+from backends.runner.fused_draw import FusedSamplingStates  # noqa: E402
 from backends.stages.talker_engine import TalkerEngine  # noqa: E402
+from backends.talker import device_policy  # noqa: E402
+from backends.talker.policy_table import TalkerPolicyTable  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 
@@ -46,7 +49,7 @@ def talker_engine(fused: bool, eos_bias: float, monkeypatch: pytest.MonkeyPatch)
     torch.manual_seed(7)
     model = RepetitiveTalker(GPU_TALKER, eos_bias).eval().to(device="cuda", dtype=torch.float32)
     config = dataclasses.replace(runner_config(True), dtype=torch.float32)
-    monkeypatch.setenv(FUSED_DRAW_ENV, "1" if fused else "0")
+    monkeypatch.setattr(device_policy, "TalkerPolicyTable", functools.partial(TalkerPolicyTable, fused=fused))
     engine = TalkerEngine(model, config, TalkerSamplingConfig(), chain_lengths=(4, 8))
     sampling = engine.runner.fast_path.sampling  # type: ignore[union-attr]
     assert isinstance(sampling, FusedSamplingStates) == fused

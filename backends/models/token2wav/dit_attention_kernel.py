@@ -10,8 +10,9 @@ marks as padding. Output rows come out head-merged, ready for the output project
 
 While there are few programs (a batch of one to a few windows), the key tiles are split over
 more programs and a second kernel merges their partial softmax states (`key_splits`):
-a window's attention is latency-bound, one program walking every cached tile in turn.
-`MINICPMO_DIT_KEY_SPLITS=0` keeps one pass (the A/B switch).
+a window's attention is latency-bound, one program walking every cached tile in turn (a
+window of one stream has 64 programs for the H200's 132 SMs, ~16 us per call in
+perf/profile_code2wav.py).
 """
 
 from __future__ import annotations
@@ -22,13 +23,10 @@ import torch
 import triton
 import triton.language as tl
 
-from backends.models import split_softmax
-from backends.models.split_softmax import merge_partials, softmax_step, split_target, store_partial
+from backends.models.split_softmax import key_splits, merge_partials, softmax_step, split_target, store_partial
 from backends.runner.pdl import pdl_launch_args, wait_for_inputs
-from backends.switches import on_off
 
 _BLOCK_N = 64  # keys per step of the online softmax
-KEY_SPLITS_ENV = "MINICPMO_DIT_KEY_SPLITS"  # "0": never split the keys
 
 
 @triton.jit
@@ -136,15 +134,6 @@ def _attention_kernel(
 def _block_m(programs: int, n_frames: int) -> int:
     """Small query blocks while there are few (row, head) programs: more of the GPU busy."""
     return 16 if programs < 512 or n_frames <= 16 else 32
-
-
-def key_splits(programs: int, key_tiles: int) -> int:
-    """Key splits for `programs` programs over `key_tiles` tiles (split_softmax.key_splits: a
-    window of one stream has 64 programs for the H200's 132 SMs, each walking every cached key
-    tile in turn, ~16 us per call in perf/profile_code2wav.py); 1 where switched off."""
-    if not on_off(KEY_SPLITS_ENV):
-        return 1
-    return split_softmax.key_splits(programs, key_tiles)
 
 
 def _cache_index(cache: torch.Tensor, index: tuple[torch.Tensor, torch.Tensor] | None,

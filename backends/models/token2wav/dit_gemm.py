@@ -7,14 +7,14 @@ bandwidth or FLOPs (perf/results/audio_tail_h200.md). Two things shorten it here
 - split-K: the two causal convs (K = 1536), fc2 (K = 2048) and the output projection cut their
   K range into parts whose float32 products land side by side in a `SplitSum`; the kernel that
   reads the output next (`dit_norm_kernels`) adds the parts and the bias as it loads them, so
-  the split costs no extra launch and no rounding (`MINICPMO_DIT_SPLIT_K=0`: no split);
+  the split costs no extra launch and no rounding (`_SPLIT_ROWS`: only while few rows);
 - one chain: up to `_CHAIN_ROWS` rows on a GPU with programmatic dependent launch
   (`backends/runner/pdl.py`), q|k|v and fc1 (tanh-GELU epilogue) run as the same kernel
   instead of cuBLAS, so every kernel of a block is launched with PDL: its programs are resident
   during the previous kernel's tail and wait for it before their first load. A cuBLAS call in
-  the chain would break it (the thirteenth session's PDL trial, which had them, gained
-  nothing). `MINICPMO_PDL=0` keeps cuBLAS for these two. (An L2 prefetch of the weights before
-  the wait, as the runner's GEMV does, measured within noise here and was left out.)
+  the chain would break it (an earlier PDL trial, which had them, gained nothing). Without PDL
+  (GPUs older than Hopper) these two stay cuBLAS. (An L2 prefetch of the weights before the
+  wait, as the runner's GEMV does, measured within noise here and was left out.)
 """
 
 from __future__ import annotations
@@ -28,9 +28,7 @@ import triton.language as tl
 
 from backends.models.split_softmax import dot_for_dtype
 from backends.runner.pdl import pdl_launch_args, use_pdl, wait_for_inputs
-from backends.switches import on_off
 
-SPLIT_K_ENV = "MINICPMO_DIT_SPLIT_K"  # "0": never split
 _SPLIT_ROWS = ((128, 4),)  # (up to rows, K parts): one stream's window (H200, see doc)
 _CHAIN_ROWS = 224  # Triton (not cuBLAS) GEMMs up to this many rows (two streams) under PDL
 _BLOCK_M, _BLOCK_N, _BLOCK_K = 64, 32, 128
@@ -97,8 +95,6 @@ def _gemm_kernel(
 
 def split_count(rows: int, k_total: int) -> int:
     """K parts for a product of `rows` rows: 1 (no split) once enough tiles fill the GPU."""
-    if not on_off(SPLIT_K_ENV):
-        return 1
     for max_rows, parts in _SPLIT_ROWS:
         if rows <= max_rows:
             return max(1, min(parts, k_total // 16))

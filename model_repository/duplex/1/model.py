@@ -3,7 +3,6 @@ over gRPC streams to its own server, not BLS (backends/serving/grpc_stages.py sa
 import triton_python_backend_utils as pb_utils
 
 from backends.duplex.session_manager import SessionManager
-from backends.serving.gil_switch import configure_switch_interval
 from backends.serving.grpc_stages import GrpcStageClients, stage_url
 from backends.serving.triton_duplex import (
     TritonDownlink, TritonUplinkReply, is_sequence_release, manager_config, raw_uplink,
@@ -21,7 +20,6 @@ from backends.serving.triton_stage import model_parameters
 class TritonPythonModel:
     def initialize(self, args):
         enable_stack_dump()
-        configure_switch_interval()
         self._sampler = start_stack_sampler("duplex")  # off unless DUPLEX_STACK_SAMPLES_DIR is set
         self._name = args["model_name"]
         self._responses = ResponseThread(pb_utils, "duplex-responses")

@@ -20,7 +20,6 @@ pytest.importorskip("triton")
 from backends.models.token2wav.dit_norm_kernels import norm_mish_taps, residual_norm  # noqa: E402
 from backends.models.token2wav import dit_gemm  # noqa: E402
 from backends.models.token2wav.dit_gemm import (  # noqa: E402
-    SPLIT_K_ENV,
     SplitSum,
     chained,
     linear,
@@ -92,12 +91,9 @@ def test_one_part_is_the_plain_linear() -> None:
         linear(x.t().contiguous().t(), weight, bias, triton_kernel=True)
 
 
-def test_split_count_follows_rows_and_switch(monkeypatch) -> None:
-    monkeypatch.delenv(SPLIT_K_ENV, raising=False)
+def test_split_count_follows_rows() -> None:
     assert [split_count(rows, 1536) for rows in (112, 128, 129, 224, 1792)] == [4, 4, 1, 1, 1]
     assert split_count(112, 32) == 2  # never a part under 16 of K
-    monkeypatch.setenv(SPLIT_K_ENV, "0")
-    assert split_count(112, 1536) == 1
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -17,12 +17,11 @@ import torch.nn.functional as F
 
 pytest.importorskip("triton")
 
-from backends.models.token2wav import Token2WavConfig  # noqa: E402
+from backends.models.token2wav import Token2WavConfig, dit_gemm  # noqa: E402
 from backends.models.token2wav.assets import random_token2wav  # noqa: E402
 from backends.models.token2wav.dit import _last_two, gather_cache  # noqa: E402
 from backends.models.token2wav.dit_attention_kernel import key_splits, masked_attention  # noqa: E402
 from backends.models.token2wav.dit_fused import packed_qkv  # noqa: E402
-from backends.models.token2wav.dit_gemm import SPLIT_K_ENV  # noqa: E402
 from backends.models.token2wav.dit_norm_kernels import (  # noqa: E402
     norm_mish_taps,
     residual_norm,
@@ -127,12 +126,10 @@ def test_masked_attention(dtype: torch.dtype, cached: int, splits: int | None) -
     _close(out.view(rows, frames, heads, dim), expected.transpose(1, 2), dtype)
 
 
-def test_key_splits_fill_the_gpu_only_while_programs_are_few(monkeypatch) -> None:
+def test_key_splits_fill_the_gpu_only_while_programs_are_few() -> None:
     assert key_splits(64, 8) == 4  # a window of one stream: 4 splits of 2 tiles
     assert key_splits(64, 7) == 4 and key_splits(64, 3) == 3 and key_splits(64, 1) == 1
     assert key_splits(128, 8) == 3 and key_splits(264, 8) == 1 and key_splits(1024, 8) == 1
-    monkeypatch.setenv("MINICPMO_DIT_KEY_SPLITS", "0")
-    assert key_splits(64, 8) == 1
 
 
 @pytest.mark.gpu
@@ -177,11 +174,13 @@ def _dit_inputs(dit, gen: torch.Generator, dtype: torch.dtype) -> tuple[torch.Te
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("split_k", ["1", "0"])
+@pytest.mark.parametrize("split_k", [True, False])
 @pytest.mark.interpreter
-def test_fused_dit_equals_torch_dit(dtype: torch.dtype, split_k: str, monkeypatch) -> None:
-    """Also with the convs' and fc2's K unsplit (these 3 x 21 rows split it by default)."""
-    monkeypatch.setenv(SPLIT_K_ENV, split_k)
+def test_fused_dit_equals_torch_dit(dtype: torch.dtype, split_k: bool, monkeypatch) -> None:
+    """Also with the convs' and fc2's K unsplit, as batches past the split rows run them
+    (these 3 x 21 rows split it)."""
+    if not split_k:
+        monkeypatch.setattr(dit_gemm, "_SPLIT_ROWS", ())
     dit = random_token2wav(Token2WavConfig.tiny(), seed=0).flow.decoder.estimator.to(dtype)
     inputs = _dit_inputs(dit, torch.Generator().manual_seed(3), dtype)
     with torch.inference_mode():

@@ -2,15 +2,15 @@
 
 The kernel's PDL flag and Triton's `launch_pdl` option must always come together (a kernel
 launched with PDL but compiled without its wait would race its predecessor): on the CPU
-(the interpreter) and with the switch off, neither is set. The GPU side (same bits with and
-without PDL) is tests/runner_gpu/test_gpu_pdl.py.
+(the interpreter) and on GPUs older than Hopper, neither is set. The GPU side (same bits with
+and without PDL) is tests/runner_gpu/test_gpu_pdl.py.
 """
 
 from __future__ import annotations
 
 import torch
 
-from backends.runner.pdl import PDL_ENV, capability_major, pdl_launch_args, use_pdl
+from backends.runner.pdl import capability_major, pdl_launch_args, use_pdl
 
 
 def test_cpu_launches_without_pdl() -> None:
@@ -18,14 +18,7 @@ def test_cpu_launches_without_pdl() -> None:
     assert pdl_launch_args(torch.device("cpu")) == {"PDL": False}
 
 
-def test_switch_off_wins_before_asking_the_device(monkeypatch) -> None:
-    monkeypatch.setenv(PDL_ENV, "0")
-    # No CUDA here: asking a CUDA device's capability would raise, so the switch is read first.
-    assert pdl_launch_args(torch.device("cuda", 0)) == {"PDL": False}
-
-
-def test_capability_decides_when_on(monkeypatch) -> None:
-    monkeypatch.delenv(PDL_ENV, raising=False)
+def test_capability_decides_on_cuda(monkeypatch) -> None:
     for major, expected in ((8, False), (9, True), (10, True)):
         monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device, m=major: (m, 0))
         capability_major.cache_clear()
