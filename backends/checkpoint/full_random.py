@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     from backends.models.token2wav import Token2Wav, Token2WavConfig
 
 FULL_RANDOM_SEED = 0
-QWEN3_8B = MappingProxyType({  # Thinker backbone (minicpmo45_facts.md 1.2)
+QWEN3_8B = MappingProxyType({  # Thinker backbone (docs/model_facts.md#sizes)
     "hidden_size": 4096, "num_hidden_layers": 36, "num_attention_heads": 32,
     "num_key_value_heads": 8, "head_dim": 128, "intermediate_size": 12288,
     "rms_norm_eps": 1e-6, "rope_theta": 1_000_000.0, "vocab_size": 151936,

@@ -1,4 +1,5 @@
-"""The exact rows one append adds to a session's Thinker request (minicpmo45_facts.md 2.2).
+"""The exact rows one append adds to a session's Thinker request
+(docs/model_facts.md#what-one-unit-adds-to-the-thinker).
 
 First append: system context, then `<unit>` + 10 audio embeddings (no closing tokens before the
 first unit). Later appends: the previous unit's terminator (re-injected: the listen/speak policy
