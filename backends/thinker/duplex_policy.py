@@ -110,7 +110,8 @@ class PolicyConfig:
 
 @dataclass(slots=True)
 class TurnLatches:
-    """Session state the policy reads and writes (facts 2.3 rule 8)."""
+    """Session state the policy reads and writes (rule 8 of
+    docs/model_facts.md#listen-or-speak-the-duplex-policy)."""
 
     turn_open: bool = False
     pending_speech_context: bool = False  # user speech (or initial text) awaits an answer

@@ -12,7 +12,7 @@ An assets folder may instead carry `voice.pt` ({"speech_tokens": [P_tok] int, "s
 those are used. The prompt mel follows the reference recipe exactly (`prompt_mel`).
 
 Every prompt is cut or zero-padded to `prompt_seconds` (6 s: 150 codes, 300 mel frames), so all
-streams share one cache origin (facts 1.4).
+streams share one cache origin (docs/model_facts.md#code2wav-token2wav).
 """
 
 from __future__ import annotations
