@@ -2,8 +2,9 @@
 # The duplex realtime benchmark on one H200: `gpu` profile (full-random MiniCPM-o 4.5, the real
 # dimensions with random weights drawn on the GPU), tritonserver from the carried Triton bundle.
 #
-# Here, once (fills the git-ignored .devcarry/, about 45 MB: Triton bundle for Python 3.12,
-# tritonclient 2.51 + its protobuf/rapidjson wheels, libcudart 12 and libb64 for perf_analyzer):
+# On the workstation, once (fills the git-ignored .devcarry/, about 45 MB: Triton bundle for
+# Python 3.12, tritonclient 2.51 + its protobuf/rapidjson wheels, libcudart 12 and libb64 for
+# perf_analyzer):
 #   bash scripts/gpu_duplex_bench.sh prepare
 # It travels to the GPU machine with the working tree, so it is kept small (under 64 MiB with the
 # tree): the tritonclient wheel goes without its binaries (data/bin, ~39 MB unpacked) and
@@ -26,16 +27,16 @@
 # On a machine of two H200s, the placements: (a) `bench` as above (one GPU),
 #   (b) COMMIT=<sha> bash scripts/gpu_duplex_bench.sh bench-split 4,8,16,32 split
 #   (c) COMMIT=<sha> bash scripts/gpu_duplex_bench.sh bench-replicas 4,8,16,32 replicas
-# Each part writes $OUT/duplex_<part>.{json,md,png} (after every level, so a part cut
-# short keeps what it measured) and the server log. Then, here, the current page (one part or
-# several; on an H100 with SERVER_SETS=h100: --name duplex_h100, "1x H100 80 GB, ..."):
+# Each part writes $OUT/duplex_<part>.{json,md,png} (after every level, so a part cut short
+# keeps what it measured) and the server log. Then, on the workstation, the current page (one
+# part or several; on an H100 with SERVER_SETS=h100: --name duplex_h100, "1x H100 80 GB, ..."):
 #   .venv/bin/python -m perf.bench_merge A/duplex_a.json B/duplex_b.json --name duplex_h200 \
 #       --out perf/results --title "Duplex realtime benchmark, 1x H200, full-random (gpu profile)"
 set -euo pipefail
 cd "$(dirname "$0")/.."
 CARRY=.devcarry
 BASE=${PORT_BASE:-8000}
-# http = BASE, grpc = BASE + 1, metrics = BASE + 2 (a second replica: BASE + 10...); the machine is ours alone
+# http = BASE, grpc = BASE + 1, metrics = BASE + 2 (a second replica: BASE + 10...); the ports must be free
 # Dry run of the flow on a workstation: PROFILE=cpu CHECKPOINT=tiny PYTHON=.venv/bin/python
 # SKIP_DEVICE_ENV=1 PORT_BASE=18300 OUT=/tmp/x bash scripts/gpu_duplex_bench.sh bench 1 a
 PROFILE=${PROFILE:-gpu}
@@ -47,7 +48,9 @@ H100_SETS="max_sessions=24 max_context_tokens=4096 thinker_memory_fraction=0.52 
 
 prepare() {
   mkdir -p "$CARRY/wheels"
-  PATH="$PWD/.venv/bin:$PATH" bash ../shared/tools/triton-bundle "$CARRY/triton.tar.xz" 3.12
+  # TRITON_BUNDLE: a script that packs the tritonserver of the nvidia-pytriton wheel, with the
+  # Python backend stub built for a given Python, into one tar.xz
+  PATH="$PWD/.venv/bin:$PATH" bash "${TRITON_BUNDLE:-../shared/tools/triton-bundle}" "$CARRY/triton.tar.xz" 3.12
   .venv/bin/pip download --quiet --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
     --platform manylinux1_x86_64 -d "$CARRY/wheels" \
