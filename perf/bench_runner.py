@@ -471,7 +471,7 @@ def main() -> None:
     parser.add_argument("--talker-only", action="store_true", help="skip the Thinker")
     args = parser.parse_args()
     if args.out.resolve() == RESULTS_DIR:
-        parser.error("--out perf/results would overwrite its hand-made runner_h200.md: use perf/out")
+        parser.error("--out perf/results would overwrite the hand-made runner_h200.md: use perf/out")
     CHAIN_LENGTHS[0] = tuple(int(n) for n in args.chain_lengths.split(","))
     iters = 5 if args.quick else 20
     torch.manual_seed(0)
