@@ -7,11 +7,10 @@ newly started condition for some, a one-frame decode for the others; or, once ev
 decoding, a decode chain of K frames each (`backends.talker.chain_plan`).
 
 Per request id (one session epoch) the engine keeps one runner request whose KV grows with every
-condition (docs/model_facts.md#talker-context-and-rollover): a turn start replaces the prompt, and
-a condition that would not fit with its generation reserve rolls the prompt over
-(`backends.talker.rollover`). Each request reserves its full Talker context in KV when first
-admitted, so the runner never has to preempt (docs/architecture.md edge case 10); a reservation
-that fails is `resource_exhausted`.
+condition (docs/model_facts.md#talker-context-and-rollover): a turn start replaces the prompt, a
+condition that would not fit with its reserve rolls it over (`backends.talker.rollover`). Each
+request reserves its whole Talker context in KV when admitted, so the runner never preempts
+(docs/architecture.md edge case 10); a reservation that fails is `resource_exhausted`.
 
 The chunk policy runs on the device where the runner samples on the device (its fast path):
 one `TalkerPolicyTable` is the runner's logits processor and each request holds a row of it
