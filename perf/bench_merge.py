@@ -4,8 +4,9 @@
         --title "Duplex realtime benchmark, 1x H200, full-random"
 
 A sweep over C can run as several parts (each its own server start, short enough for a
-time-limited GPU job), each writing its own JSON; this puts their levels together, sorted by C (a C present twice keeps the later
-part), and keeps every part's command, commit, device and start time.
+time-limited GPU job), each writing its own JSON; this puts their levels together, sorted by C
+(a C present twice keeps the later part), and keeps every part's command, commit, device and
+start time.
 """
 from __future__ import annotations
 

@@ -39,8 +39,10 @@ PATTERNS: dict[str, re.Pattern[str]] = {
     "stop number": re.compile(r"\bstop\s+\d+\b", _I),
     "lent machine": re.compile(r"\b(?:lent|lending)\b", _I),
     "AI tool": re.compile(
-        r"\b(?:claude|anthropic|chatgpt|gpt-?[345]o?|copilot|subagents?|sub-agents?)\b"
-        r"|\bdevice tool\b|`run` tool", _I),
+        r"\b(?:claude|anthropic|chatgpt|gpt-?[345]o?|copilot|subagents?|sub-agents?)\b", _I),
+    # How GPU time was handed out while building, not how to run on a GPU machine.
+    "GPU lending tool": re.compile(
+        r"\bdevice tool\b|`run` tool|\bdevice calls?\b|\b\d+-minute call\b|\bnvidia-h[12]00\b", _I),
     "work-period tag": re.compile(r"(?:\b|_)s\d{2}_|_s\d{2}\b"),
     "note outside the repository": re.compile(
         r"ARCHITECTURE\.md|shared/design|\b[a-z0-9]+_notes\b|\b(?!model_)[a-z0-9]+_facts\b"
@@ -58,8 +60,9 @@ SHOULD_MATCH = {
                      "issue #12"],
     "stop number": ["as of stop 12"],
     "lent machine": ["on the lent H200"],
-    "AI tool": ["written with Claude", "a subagent", "through the device tool",
-                "the `run` tool"],
+    "AI tool": ["written with Claude", "a subagent", "gpt-4"],
+    "GPU lending tool": ["through the device tool", "the `run` tool", "one device call per part",
+                         "one 10-minute call", "kind nvidia-h200-x2"],
     "work-period tag": ["code2wav_s19_tiles.md", "s26_probe.py"],
     "note outside the repository": [
         "ARCHITECTURE.md section 4", "../shared/design/x.md", "triton_notes.md 0.9",
