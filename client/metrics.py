@@ -1,4 +1,4 @@
-"""Per-turn latency metrics as defined in ARCHITECTURE.md section 7, from client timelines.
+"""Per-turn latency metrics from client timelines, as defined in docs/metrics.md#latency-of-a-turn.
 
 All times are client `time.monotonic()` seconds; results are in ms (RTF is a ratio).
 - client TTFT / TTFP: first uplink append of the turn -> first text / first audio received.

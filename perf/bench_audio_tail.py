@@ -1,4 +1,4 @@
-"""Audio-tail benchmark (issue 5): Talker time to 25 frames and Code2Wav time per window, at
+"""Audio-tail benchmark: Talker time to 25 frames and Code2Wav time per window, at
 batch 1, 4, 8 and 16, CUDA graphs on and off, with peak memory; full dimensions, random weights.
 
 Talker: B requests each get one mid-turn condition (10 handed tokens with 4096-wide hidden
@@ -14,8 +14,8 @@ P + 100), then each `Token2Wav.decode` of B 28-code windows (encoder, 10 CFM ste
 HiFT, cross-fade; 24000 samples per stream) is timed to the audio on the host. The flow part
 (encoder + CFM) is timed separately. float32 as the reference's default (`float16=False`).
 
-  python perf/bench_audio_tail.py --out perf/results/audio_tail_h200.md --commit <sha>
-  python perf/bench_audio_tail.py --stages talker --talker-policy host   # the old host hook
+  python perf/bench_audio_tail.py --out perf/out/audio_tail.md --commit <sha>
+  python perf/bench_audio_tail.py --stages talker --talker-policy host   # the host hook
   python perf/bench_audio_tail.py --tiny --device cpu --batches 1,2   # smoke run on CPU
   python perf/bench_audio_tail.py --stages code2wav --repeats 3 --code2wav-modes fusion
       # bf16 + graphs with the DiT's fused kernels and the encoder graph each on and off
@@ -48,7 +48,8 @@ FRAMES = 25
 WINDOW_CODES = 28
 STEADY_WINDOWS = 3  # after these a stream's caches sit at prompt + 100 frames
 MAX_STEPS = 200  # a Talker run that needs more has failed (budget: 26 samples)
-TARGETS = {"talker": {1: 15.0, 16: 25.0}, "code2wav": {1: 10.0, 16: 40.0}}  # ms, issue 5
+# ms: the audio tail's latency budget per step (a Talker chunk, a Code2Wav window) by batch
+TARGETS = {"talker": {1: 15.0, 16: 25.0}, "code2wav": {1: 10.0, 16: 40.0}}
 
 
 # graphs on/off, then options: +tf32 (TF32 matmuls), +bf16 (flow dtype), +unfused (the DiT's
@@ -265,7 +266,7 @@ def render(rows: list[Row], args: argparse.Namespace, device: torch.device) -> s
         f"- Talker: bf16 on GPU, fast path (Triton attention); Code2Wav: float32 unless the mode says"
         f" +tf32 (TF32 matmuls) or +bf16 (flow in bfloat16, HiFT float32); median of {args.repeats} runs",
         f"- Talker chunk policy: {args.talker_policy} (host hook off the runner's fast path)",
-        "- targets (issue 5): Talker <= 15 ms at batch 1, <= 25 ms at 16; Code2Wav <= 10 ms at batch 1, <= 40 ms at 16",
+        "- targets: Talker <= 15 ms at batch 1, <= 25 ms at 16; Code2Wav <= 10 ms at batch 1, <= 40 ms at 16",
         "",
         "| stage | batch | CUDA graphs | median ms | per-stream ms | split (ms) / note | peak GiB |",
         "| --- | ---: | --- | ---: | ---: | --- | ---: |",

@@ -8,8 +8,8 @@ heads (16 x 64), bf16, on CUDA. Three ways to attend:
   walking every key);
 - `math`: the same call restricted to the math backend;
 - `explicit bf16`: scores by one batched bf16 GEMM, a masked float32 softmax, one more GEMM;
-- `explicit fp32`: the same in float32 throughout, the probabilities and values too (tried in
-  the twenty-ninth session as a one-session, >= 1024-key graph's attention; not kept).
+- `explicit fp32`: the same in float32 throughout, the probabilities and values too (tried as
+  the attention of a one-session graph at >= 1024 keys; not kept).
 Each time is the median device microseconds per call over replays of a CUDA graph of 24 calls
 (a pass's layers), `bench_gemv.graph_us`; the outputs are checked against `efficient`.
 

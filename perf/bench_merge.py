@@ -3,9 +3,10 @@
     python -m perf.bench_merge part_a.json part_b.json --name duplex_h200 --out perf/results \
         --title "Duplex realtime benchmark, 1x H200, full-random"
 
-A device call is limited in time, so a sweep over C can run as several calls, each writing
-its own JSON; this puts their levels together, sorted by C (a C present twice keeps the later
-part), and keeps every part's command, commit, device and start time.
+A sweep over C can run as several parts (each its own server start, short enough for a
+time-limited GPU job), each writing its own JSON; this puts their levels together, sorted by C
+(a C present twice keeps the later part), and keeps every part's command, commit, device and
+start time.
 """
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """The duplex benchmark's report: raw JSON, and a markdown page with the reference table.
 
 Everything renders from the JSON form of the levels (`LevelResult.to_json`), so runs made in
-parts (one device call per part) merge into one report (perf/bench_merge.py).
+parts (one server start per part) merge into one report (perf/bench_merge.py).
 
 The reference is vLLM-Omni's published MiniCPM-o 4.5 table (1x H200, Seed-TTS duplex realtime
 benchmark, 4 turns per session, num_prompts = 2 x C), V1 -> MRv2; our headline TTFP is the

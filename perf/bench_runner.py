@@ -18,9 +18,11 @@ sampling, chain graphs), per batch: the wall ms of one single step; per chain le
 wall ms of one chain / K and its device ms (graph replay, restaged each time) / K; the wall ms
 of 25 decode draws single-stepped and chained as the engine chains them (8 + 8 + 8 + 1 for K 8, 12 + 12 + 1 for the served K 12).
 
-Also writes per-kernel device-time profiles (`profile_*.txt`) of three configurations to DIR.
+Writes DIR/runner_h200.md (DIR defaults to perf/out; perf/results/runner_h200.md is a page
+assembled by hand from this and the kernel sweeps, so DIR may not be perf/results) and
+per-kernel device-time profiles (`profile_*.txt`) of three configurations.
 
-Usage: python perf/bench_runner.py --out DIR [--commit SHA] [--quick]
+Usage: python perf/bench_runner.py [--out DIR] [--commit SHA] [--quick]
        [--chain-lengths 8[,4,...]] [--talker-only]
 (the decoders' matmuls run on the Triton skinny GEMM with its norm / SwiGLU prologues, as
 served; `--talker-only` skips the Thinker, the long part.)
@@ -74,6 +76,9 @@ TALKER_CONTEXT = 256
 APPEND_SESSIONS, APPEND_ROWS, APPEND_CONTEXT = 16, 13, 1024
 CHAIN_LENGTHS = [(8,)]  # RunnerConfig.decode_chain_lengths of the Talker, set from --chain-lengths
 FRAMES = 25  # decode draws of one steady Talker chunk
+ROOT = Path(__file__).resolve().parents[1]
+OUT_DIR = ROOT / "perf" / "out"
+RESULTS_DIR = ROOT / "perf" / "results"  # hand-made pages: never written here
 
 
 @dataclass(frozen=True, slots=True)
@@ -458,13 +463,15 @@ def markdown(
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, required=True, help="folder for runner_h200.md")
+    parser.add_argument("--out", type=Path, default=OUT_DIR, help="folder for runner_h200.md")
     parser.add_argument("--commit", default="unknown", help="git commit of the tree measured")
     parser.add_argument("--quick", action="store_true", help="fewer timed iterations")
     parser.add_argument("--chain-lengths", default="8",
                         help="Talker decode-chain lengths to measure, comma-separated (>= 2)")
     parser.add_argument("--talker-only", action="store_true", help="skip the Thinker")
     args = parser.parse_args()
+    if args.out.resolve() == RESULTS_DIR:
+        parser.error("--out perf/results would overwrite the hand-made runner_h200.md: use perf/out")
     CHAIN_LENGTHS[0] = tuple(int(n) for n in args.chain_lengths.split(","))
     iters = 5 if args.quick else 20
     torch.manual_seed(0)

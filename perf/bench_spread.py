@@ -1,6 +1,6 @@
 """How far duplex benchmark results move between runs (server starts) of the same code.
 
-    python -m perf.bench_spread perf/results/duplex_h200_run11.json perf/results/duplex_h200_run12.json ...
+    python -m perf.bench_spread perf/out/start_a/duplex_a.json perf/out/start_b/duplex_a.json ...
 
 Per concurrency C present in every run: the server TTFP mean of each run and their min /
 median / max, each run's TTFP P99, RTF median and underrun turns. A change smaller than the

@@ -3,13 +3,14 @@
     python -m perf.duplex_bench --profile cpu --concurrency 1,2            # starts its own server
     python -m perf.duplex_bench --url 127.0.0.1:8001 --metrics-url http://127.0.0.1:8002/metrics
 
-The Seed-TTS duplex realtime benchmark of vLLM-Omni (minicpmo45_facts.md 5.1) on our `duplex`
-model: each turn is its own session opened with a bundled English sentence as
-`initial_user_text` and a bundled voice as REF_AUDIO; the client streams 16 kHz silence in
-real time in 200 ms appends until `response.done`; 4 turns per group; at concurrency C,
-2 x C groups with C in flight. Reply shape (random weights): 4-6 speaking units of 4 text
-tokens by default. Writes <out>/<name>.json (raw, every turn), .md (tables) and .png (TTFP and
-RTF against C; next to vLLM-Omni's published numbers for the full-model GPU profiles).
+The Seed-TTS duplex realtime benchmark of vLLM-Omni
+(docs/metrics.md#the-duplex-realtime-benchmark) on our `duplex` model: each turn is its own
+session opened with a bundled English sentence as `initial_user_text` and a bundled voice as
+REF_AUDIO; the client streams 16 kHz silence in real time in 200 ms appends until `response.done`;
+4 turns per group; at concurrency C, 2 x C groups with C in flight. Reply shape (random weights):
+4-6 speaking units of 4 text tokens by default. Writes <out>/<name>.json (raw, every turn), .md
+(tables) and .png (TTFP and RTF against C; next to vLLM-Omni's published numbers for the
+full-model GPU profiles).
 """
 from __future__ import annotations
 

@@ -1,12 +1,12 @@
 """Run one concurrency level of the duplex benchmark: C groups in flight, 2 x C groups in all.
 
-C worker threads share one queue of groups; a worker runs its group's turns back to back
-(each turn its own session) and takes the next group, so exactly C sessions are live at any
-time once all workers started. Worker i starts `i * stagger_s` late, so the sessions do not
-all prefill in the same instant (duplex_anchors.md 4). An optional wall-clock budget stops
-workers from starting new turns once it is spent (device time is rationed); turns not started
-are reported as skipped, apart from failures. Around the level: GPU memory is sampled and the
-server's metrics are scraped before and after.
+C worker threads share one queue of groups; a worker runs its group's turns back to back (each
+turn its own session) and takes the next group, so exactly C sessions are live at any time once
+all workers started. Worker i starts `i * stagger_s` late, so the sessions do not all prefill in
+the same instant (docs/metrics.md#the-duplex-realtime-benchmark). An optional wall-clock budget
+stops workers from starting new turns once it is spent (so a level fits a bounded GPU run); turns
+not started are reported as skipped, apart from failures. Around the level: GPU memory is sampled
+and the server's metrics are scraped before and after.
 """
 from __future__ import annotations
 

@@ -1,12 +1,12 @@
 """First-response and inter-response latencies from a perf_analyzer `--profile-export-file`.
 
-perf_analyzer's own latency for decoupled models runs to the last response (triton_notes.md
-0.10), so the streaming numbers come from the export: per request, `timestamp` (sent, ns),
-`response_timestamps` (ns) and `response_outputs`. The responses with outputs are the data: a
-stage puts its last result on the FINAL response, and a request without data (a stage `stop`, a
-duplex uplink ack) is answered by an empty FINAL alone and counts in `acks`, not in the
-latencies. An export read by scanning its text has no outputs: there every response counts as
-data, a `stop`'s answer too.
+perf_analyzer's own latency for decoupled models runs to the last response
+(docs/triton_behaviours.md#perf_analyzer-and-decoupled-models), so the streaming numbers come from
+the export: per request, `timestamp` (sent, ns), `response_timestamps` (ns) and
+`response_outputs`. The responses with outputs are the data: a stage puts its last result on the
+FINAL response, and a request without data (a stage `stop`, a duplex uplink ack) is answered by an
+empty FINAL alone and counts in `acks`, not in the latencies. An export read by scanning its text
+has no outputs: there every response counts as data, a `stop`'s answer too.
 
 For `duplex`, the START request carries the whole downlink: its `EVENT` outputs say which
 response is the first audio (TTFP from START), and the audio deltas give the inter-chunk gaps;

@@ -3,19 +3,18 @@ around each graphed part of `Token2Wav.decode` (encoder, CFM solve, HiFT).
 
     PYTHONPATH=$PWD python3 perf/window_timeline.py --batches 1,16 [--windows 8] [--idle-s 1] [--out t.md]
 
-Per batch size, the median over the timed windows of: when the host entered and left each
-part, when the device began and ended that part's work (CUDA events recorded as the part is
-entered and left), and the window's wall time, all in ms from the window's start (its codes
-drawn, then `decode`). A part
-whose device start comes well after the previous part's device end waited for the host; the
-time before the encoder's device start is host work with nothing queued. The torch profiler
-stretches host time 2-3x (cudaGraphLaunch most), which hides exactly this; CUDA events and
-host clocks do not. Full dimensions with random weights, bf16 flow, pooled caches and CUDA
+Per batch size, the median over the timed windows of: when the host entered and left each part,
+when the device began and ended that part's work (CUDA events recorded as the part is entered and
+left), and the window's wall time, all in ms from the window's start (its codes drawn, then
+`decode`). A part whose device start comes well after the previous part's device end waited for
+the host; the time before the encoder's device start is host work with nothing queued. The torch
+profiler stretches host time 2-3x (cudaGraphLaunch most), which hides exactly this; CUDA events
+and host clocks do not. Full dimensions with random weights, bf16 flow, pooled caches and CUDA
 graphs, as served; `--tiny` on CPU shows the host columns only (tests). `--idle-s S`: each timed
 window starts after the device and this thread idled S seconds, as one served stream's windows
-(~1 s apart) do. A window costs ~0.3-0.4 ms more then, and the columns say where: on an H100
-every part took the same time on the GPU and the host reached the encoder's graph ~0.3 ms later
-(audio_tail_h200.md, thirty-second session).
+(~1 s apart) do. A window costs ~0.3-0.4 ms more then, and the columns say where: on an H100 every
+part took the same time on the GPU and the host reached the encoder's graph ~0.3 ms later
+(perf/results/stages_h200.md).
 """
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
 """What the duplex benchmark sends: groups of turns built from bundled prompts and voices.
 
-Mirrors the Seed-TTS duplex benchmark (minicpmo45_facts.md 5.1): one benchmark request is a
-group of `turns_per_group` consecutive prompt rows after a seeded shuffle; the group's voice
-(its first row's prompt wav) is the reference for every turn of the group. Each turn is sent
-as `initial_user_text` of its own session, with REF_AUDIO = the group's voice.
+Mirrors the Seed-TTS duplex benchmark (docs/metrics.md#the-duplex-realtime-benchmark): one
+benchmark request is a group of `turns_per_group` consecutive prompt rows after a seeded shuffle;
+the group's voice (its first row's prompt wav) is the reference for every turn of the group. Each
+turn is sent as `initial_user_text` of its own session, with REF_AUDIO = the group's voice.
 
 Reply shape: random weights make the listen/speak policy meaningless, so every turn forces
 a reply of `reply_units` speak units (drawn per turn in [min_units, max_units]) of

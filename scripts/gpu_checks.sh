@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# Every GPU test and GPU benchmark in one device call (on the GPU machine, from the repo root).
+# Every GPU test and GPU benchmark in one run (on the GPU machine, from the repo root).
 #
 #   COMMIT=$(git rev-parse HEAD) scripts/gpu_checks.sh [OUT_DIR]
 #
-# Logs and result files go to OUT_DIR (default: $OUT on the device machine, else perf/out).
+# Logs and result files go to OUT_DIR (default: $OUT when set, else perf/out).
 # To add a check, append one `check NAME COMMAND...` line below; a failing check is reported
 # and the others still run; the exit status is non-zero if any check failed.
 set -uo pipefail

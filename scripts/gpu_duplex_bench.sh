@@ -2,13 +2,16 @@
 # The duplex realtime benchmark on one H200: `gpu` profile (full-random MiniCPM-o 4.5, the real
 # dimensions with random weights drawn on the GPU), tritonserver from the carried Triton bundle.
 #
-# Here, once (fills the git-ignored .devcarry/, about 45 MB: Triton bundle for Python 3.12,
-# tritonclient 2.51 + its protobuf/rapidjson wheels, libcudart 12 and libb64 for perf_analyzer):
+# On the workstation, once (fills the git-ignored .devcarry/, about 45 MB: Triton bundle for
+# Python 3.12, tritonclient 2.51 + its protobuf/rapidjson wheels, libcudart 12 and libb64 for
+# perf_analyzer):
 #   bash scripts/gpu_duplex_bench.sh prepare
-# The carry and the working tree together must stay under 64 MiB: the tritonclient wheel goes
-# without its binaries (data/bin, ~39 MB unpacked) and perf_analyzer alone, xz-compressed (~5 MB).
-# On the device, through the `run` tool with carry [".devcarry"] (each part starts its own
-# server and stays inside one 10-minute call; COMMIT is recorded in the results):
+# It travels to the GPU machine with the working tree, so it is kept small (under 64 MiB with the
+# tree): the tritonclient wheel goes without its binaries (data/bin, ~39 MB unpacked) and
+# perf_analyzer alone, xz-compressed (~5 MB).
+# On the GPU machine, from a copy of the working tree with .devcarry/ beside it (each part
+# starts its own server and takes under 10 minutes; COMMIT is recorded in the results; OUT
+# names the folder for results and logs):
 #   COMMIT=<sha> LEVEL_BUDGET_S=90 bash scripts/gpu_duplex_bench.sh bench 1,2,4,8 a
 #   COMMIT=<sha> LEVEL_BUDGET_S=150 bash scripts/gpu_duplex_bench.sh bench 16,32 b
 #   COMMIT=<sha> bash scripts/gpu_duplex_bench.sh pa          # optional: perf_analyzer, all models
@@ -19,33 +22,35 @@
 #   MPS=off ... bench ...           # the stage processes time-slice the GPU (default auto: MPS on)
 #   SERVER_SETS="max_sessions=20 ..." ... bench ...  # profile variables (`--set`) for every server; on
 #                                   # an H100 (80 GB) the `gpu` profile's 32 sessions do not fit:
-#                                   # SERVER_SETS=h100 (H100_SETS below) holds C <= 16 (A/B only:
-#                                   # issue 6 is measured on an H200)
-# On two H200s (kind nvidia-h200-x2), issue 9's placements: (a) `bench` as above (one GPU),
+#                                   # SERVER_SETS=h100 (H100_SETS below) holds C <= 16 (for
+#                                   # before/after comparisons; the headline runs are on H200s)
+# On a machine of two H200s, the placements: (a) `bench` as above (one GPU),
 #   (b) COMMIT=<sha> bash scripts/gpu_duplex_bench.sh bench-split 4,8,16,32 split
 #   (c) COMMIT=<sha> bash scripts/gpu_duplex_bench.sh bench-replicas 4,8,16,32 replicas
-# Each part writes $OUT/duplex_<part>.{json,md,png} (after every level, so a part cut
-# short keeps what it measured) and the server log. Then, here, the current page (one part or
-# several; on an H100 with SERVER_SETS=h100: --name duplex_h100, "1x H100 80 GB, ..."):
+# Each part writes $OUT/duplex_<part>.{json,md,png} (after every level, so a part cut short
+# keeps what it measured) and the server log. Then, on the workstation, the current page (one
+# part or several; on an H100 with SERVER_SETS=h100: --name duplex_h100, "1x H100 80 GB, ..."):
 #   .venv/bin/python -m perf.bench_merge A/duplex_a.json B/duplex_b.json --name duplex_h200 \
 #       --out perf/results --title "Duplex realtime benchmark, 1x H200, full-random (gpu profile)"
 set -euo pipefail
 cd "$(dirname "$0")/.."
 CARRY=.devcarry
 BASE=${PORT_BASE:-8000}
-# http = BASE, grpc = BASE + 1, metrics = BASE + 2 (a second replica: BASE + 10...); the machine is ours alone
+# http = BASE, grpc = BASE + 1, metrics = BASE + 2 (a second replica: BASE + 10...); the ports must be free
 # Dry run of the flow on a workstation: PROFILE=cpu CHECKPOINT=tiny PYTHON=.venv/bin/python
 # SKIP_DEVICE_ENV=1 PORT_BASE=18300 OUT=/tmp/x bash scripts/gpu_duplex_bench.sh bench 1 a
 PROFILE=${PROFILE:-gpu}
 CHECKPOINT=${CHECKPOINT:-full-random}
 PYTHON=${PYTHON:-python3}
-# The `gpu` profile sized for an 80 GB card (24 sessions of 4096 Thinker tokens; served C <= 16 on
-# an H100 in sessions 30-32): SERVER_SETS=h100.
+# The `gpu` profile sized for an 80 GB card (24 sessions of 4096 Thinker tokens; serves C <= 16 on
+# an H100, perf/results/duplex_h100.md): SERVER_SETS=h100.
 H100_SETS="max_sessions=24 max_context_tokens=4096 thinker_memory_fraction=0.52 talker_memory_fraction=0.12 code2wav_memory_fraction=0.28"
 
 prepare() {
   mkdir -p "$CARRY/wheels"
-  PATH="$PWD/.venv/bin:$PATH" bash ../shared/tools/triton-bundle "$CARRY/triton.tar.xz" 3.12
+  # TRITON_BUNDLE: a script that packs the tritonserver of the nvidia-pytriton wheel, with the
+  # Python backend stub built for a given Python, into one tar.xz
+  PATH="$PWD/.venv/bin:$PATH" bash "${TRITON_BUNDLE:-../shared/tools/triton-bundle}" "$CARRY/triton.tar.xz" 3.12
   .venv/bin/pip download --quiet --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
     --platform manylinux1_x86_64 -d "$CARRY/wheels" \
@@ -128,8 +133,8 @@ stop_servers() {
 SERVER_PIDS=()
 trap stop_servers EXIT
 
-# The default title names no card: an nvidia-h200 call may land on an H100, and the report's
-# device line (perf.duplex_bench's describe_device) names the one the run got.
+# The default title names no card: the same commands run on an H200 or an H100, and the
+# report's device line (perf.duplex_bench's describe_device) names the one the run got.
 bench() {  # bench LEVELS PART URLS METRICS_URLS
   local levels=${1:?levels, e.g. 1,2,4,8} part=${2:?part name, e.g. a}
   "$PYTHON" -m perf.duplex_bench --url "$3" --metrics-url "$4" \
@@ -138,7 +143,7 @@ bench() {  # bench LEVELS PART URLS METRICS_URLS
     --out "$OUT" || echo "benchmark exit status $? (failed turns are in the report)"
 }
 
-# Placements on a machine of two H200s (issue 9); each part name gets the placement's letter.
+# Placements on a machine of two H200s; each part name gets the placement's letter.
 one_server_bench() {  # everything on one GPU (profile gpu) or split over two (profile gpu-split)
   # STACK_SAMPLES=1: every stub samples its threads' Python stacks (backends/serving/stack_sampler.py)
   # into $OUT/stacks; `perf/stack_report.py $OUT/stacks` reads them.
@@ -200,7 +205,7 @@ diagnose() {  # one session against a fresh server; the stubs' Python stacks aft
   tail -n 25 "$OUT/client.log"
 }
 
-on_device() { : "${OUT:?run on the device: OUT is its output folder}"; mkdir -p "$OUT"; [ -n "${SKIP_DEVICE_ENV:-}" ] || device_env; }
+on_device() { : "${OUT:?run on the GPU machine: OUT names the output folder}"; mkdir -p "$OUT"; [ -n "${SKIP_DEVICE_ENV:-}" ] || device_env; }
 
 case "${1:-}" in
   prepare) prepare ;;
@@ -210,5 +215,5 @@ case "${1:-}" in
   bench-replicas) on_device; TITLE="2x H200, two full replicas (one per GPU)" replicas_bench "${2:-}" "${3:-}" ;;
   diag) on_device; diagnose ;;
   pa) on_device; start_server main "$BASE"; perf_analyzer_all ;;
-  *) sed -n 2,22p "$0"; exit 2 ;;
+  *) sed -n '2,/^set -euo/p' "$0" | sed '$d'; exit 2 ;;
 esac

@@ -1,4 +1,4 @@
-"""Size budgets from the style guide (style_by_example.md habits 1 and 6), enforced so the
+"""Size budgets (docs/architecture.md#code-size-budgets), enforced so the
 "thin" files stay thin: model.py <= 150 lines; backends/ files <= 300 lines
 (runner/model_runner.py <= 400); functions: median <= 10 lines, p90 <= 30, none over 60."""
 import ast

@@ -9,7 +9,7 @@ The session's encoder KV cache restarts at position 0 when it would reach the po
 (the 30th unit, then every 29 units, with the real table of 1500); the mel window slides on
 its own 30 s / 10 s schedule. Both are invisible to the caller: every unit yields 10 rows.
 
-Choices where the facts leave details open (kept simple and stated here):
+Choices where docs/model_facts.md leaves details open (kept simple and stated here):
 - The unit framing (zero left pad to 1035 ms, 80-sample carry) follows the vllm-omni worker;
   the carry never forms a unit, so units never yield more or fewer than 10 rows.
 - `encode_units` of k buffered units equals k calls of `encode_unit`: units are always encoded

@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     from backends.models.token2wav import Token2Wav, Token2WavConfig
 
 FULL_RANDOM_SEED = 0
-QWEN3_8B = MappingProxyType({  # Thinker backbone (minicpmo45_facts.md 1.2)
+QWEN3_8B = MappingProxyType({  # Thinker backbone (docs/model_facts.md#sizes)
     "hidden_size": 4096, "num_hidden_layers": 36, "num_attention_heads": 32,
     "num_key_value_heads": 8, "head_dim": 128, "intermediate_size": 12288,
     "rms_norm_eps": 1e-6, "rope_theta": 1_000_000.0, "vocab_size": 151936,
@@ -42,7 +42,8 @@ WHISPER_MEDIUM = MappingProxyType({  # audio encoder (`audio_config`)
     "d_model": 1024, "encoder_layers": 24, "encoder_attention_heads": 16,
     "encoder_ffn_dim": 4096, "num_mel_bins": 80, "max_source_positions": 1500,
 })
-TALKER = MappingProxyType({  # `tts_config` (facts 1.3): Llama backbone 20 x 768, codec vocabulary 6562
+# Talker backbone (docs/model_facts.md#sizes): `tts_config`'s Llama 20 x 768, codec vocabulary 6562
+TALKER = MappingProxyType({
     "hidden_size": 768, "intermediate_size": 3072, "num_attention_heads": 12,
     "num_key_value_heads": 12, "num_hidden_layers": 20, "max_position_embeddings": 4096,
     "num_audio_tokens": 6562, "num_vq": 1, "normalize_projected_hidden": True,

@@ -6,7 +6,7 @@ window of every cache epoch carries the session's START REF_AUDIO (16 kHz, the r
 voice prompt takes), so each of its streams speaks in that voice (none: the default voice). This
 thread is the only sender of both, so after voicing a unit whose epoch ended meanwhile it stops
 the two requests itself: a barge-in stop may have overtaken a condition or window that would
-otherwise restart them (facts edge cases 1 and 7).
+otherwise restart them (docs/architecture.md edge cases 1 and 7).
 """
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Errors the orchestrator reports to clients, with stable codes (ARCHITECTURE.md section 4)."""
+"""Errors the orchestrator reports to clients, with stable codes
+(docs/duplex_contract.md#errors)."""
 from __future__ import annotations
 
 INVALID_ARGUMENT = "invalid_argument"

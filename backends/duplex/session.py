@@ -7,10 +7,10 @@ Every emission is fenced by the epoch: after a barge-in (`cancel`) or a close, n
 old epoch reaches the client. `force_finish` (the audio loop's exit) runs once and is the only
 place that sends `session.closed` and the downlink FINAL.
 
-Stage requests of an old epoch are stopped when the epoch ends (StageStops), and again by the
-loop that called a stage if its epoch went stale meanwhile: that stop may have overtaken the
-call (facts edge case 1), and each loop is the only sender of its stages' requests. A close
-aborts once; a loop stuck in a stage call shows in `stall` (the reaper acts on both).
+Stage requests of an old epoch are stopped when the epoch ends (StageStops), and again by the loop
+that called a stage if its epoch went stale meanwhile: that stop may have overtaken the call
+(docs/architecture.md edge case 1), and each loop is the only sender of its stages' requests. A
+close aborts once; a loop stuck in a stage call shows in `stall` (the reaper acts on both).
 """
 from __future__ import annotations
 

@@ -1,15 +1,15 @@
 """Sessions by sequence id: routing of uplink requests, admission, and the reaper.
 
-Triton never tells a model about idle sequences (triton_notes.md section 3), so the reaper
-here closes a session that sent nothing for `idle_timeout_s` with `session.closed` reason
-`idle`, before Triton's own (longer) sequence timeout frees the slot. A session that sent END
-is finishing its last audio and gets `CLOSING_GRACE` times as long. The same sweep, every
+Triton never tells a model about idle sequences (docs/triton_behaviours.md#sequence-batcher), so
+the reaper here closes a session that sent nothing for `idle_timeout_s` with `session.closed`
+reason `idle`, before Triton's own (longer) sequence timeout frees the slot. A session that sent
+END is finishing its last audio and gets `CLOSING_GRACE` times as long. The same sweep, every
 `REAP_PERIOD_S`, closes the sessions whose client is gone (the START request's stream was
-cancelled: the client stopped its stream or disconnected) with reason `client_gone`; closes
-with `error` `stage_timeout` a session that waited `stage_timeout_s` on a stage without an
-answer; finishes the sessions still stuck `STUCK_CLOSE_S` after their close (their threads,
-blocked in a call that never returns, count as `stranded_threads`), and hands `stats()` to an
-optional observer (the resource gauges: this thread is the only one that updates them).
+cancelled: the client stopped its stream or disconnected) with reason `client_gone`; closes with
+`error` `stage_timeout` a session that waited `stage_timeout_s` on a stage without an answer;
+finishes the sessions still stuck `STUCK_CLOSE_S` after their close (their threads, blocked in a
+call that never returns, count as `stranded_threads`), and hands `stats()` to an optional observer
+(the resource gauges: this thread is the only one that updates them).
 """
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Validate one uplink request of the `duplex` model (ARCHITECTURE.md section 4).
+"""Validate one uplink request of the `duplex` model (docs/duplex_contract.md#uplink-every-request).
 
 Everything a client controls is checked here, before any state changes: dtype and rank of
 AUDIO/REF_AUDIO, append size, the sample_rate parameter, the action, and the type and range

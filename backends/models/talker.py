@@ -1,4 +1,5 @@
-"""The Talker: a Llama codec LM conditioned on Thinker tokens + hidden states (facts 1.3).
+"""The Talker: a Llama codec LM conditioned on Thinker tokens + hidden states
+(docs/model_facts.md#talker-chunks).
 
 Parameter names equal the checkpoint's `tts.*` keys with the prefix stripped: `model.*` (the
 Llama backbone, whose own 32000-row token table is never used), `emb_text`, `emb_code.0`,

@@ -2,11 +2,11 @@
 
 Each Thinker unit appends one condition to the Talker request and the Talker then samples one
 chunk of codec frames ending in EOS. The budget depends on where the unit sits in the turn
-(facts 1.3): a mid-turn chunk is exactly 25 frames + a forced EOS; a turn-start chunk may stop
-early; a turn-end chunk may run to 103 frames but its EOS is masked for 5 steps after every
-25-frame boundary, because the model emits a cadence EOS every 25 frames that must not cut
-the tail of the turn. The last sample of every budget is a forced EOS, so a chunk never
-forwards more than max_samples - 1 frames.
+(docs/model_facts.md#talker-chunks): a mid-turn chunk is exactly 25 frames + a forced EOS; a
+turn-start chunk may stop early; a turn-end chunk may run to 103 frames but its EOS is masked for
+5 steps after every 25-frame boundary, because the model emits a cadence EOS every 25 frames that
+must not cut the tail of the turn. The last sample of every budget is a forced EOS, so a chunk
+never forwards more than max_samples - 1 frames.
 
 The repetition penalty is upstream's windowed frequency penalty (logit scaled by
 penalty^count over the last 16 sampled codes), not the runner's HF penalty, so the runner's

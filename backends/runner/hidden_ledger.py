@@ -3,7 +3,7 @@
 The Thinker -> Talker handoff needs, for each handed-over token, the hidden row whose INPUT was
 that token. Counting back from the tail breaks as soon as a step forwards extra rows, so rows
 are located by content: the latest run of rows whose ids equal the wanted block and whose
-positions are strictly consecutive (minicpmo45_facts.md 3.2 step 4).
+positions are strictly consecutive (docs/model_facts.md#thinker-to-talker-handoff).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The runner's contract types: sampling parameters and hooks, step inputs and results, config.
 
 These are the boundary between a stage (Thinker, Talker) and its `ModelRunner`; see
-docs/internal_contracts.md. Fields may be added, never renamed.
+docs/stage_contracts.md#the-runners-python-contract. Fields may be added, never renamed.
 """
 
 from __future__ import annotations

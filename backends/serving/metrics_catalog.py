@@ -3,7 +3,8 @@
 Every metric carries the instance labels `model` (thinker | talker | code2wav | duplex) and
 `model_instance` (Triton's instance name, e.g. `duplex_0_1`), so instances of one model never
 share a series; aggregate with `sum by (model)`. Times are in milliseconds. The table in
-deploy/README.md ("Metrics") lists the same names; a test keeps the two in step.
+docs/metrics.md ("Server metrics (Prometheus)") lists the same names in catalog order; a test
+keeps the two in step.
 `parse_samples` reads a `/metrics` page back (tests, benchmarks).
 """
 from __future__ import annotations
@@ -16,7 +17,8 @@ GAUGE = "gauge"
 HISTOGRAM = "histogram"
 INSTANCE_LABELS = ("model", "model_instance")
 
-# TTFP of a voice reply: tens of ms on an idle GPU to seconds under load (duplex_anchors.md).
+# TTFP of a voice reply: tens of ms on an idle GPU to seconds under load
+# (docs/metrics.md#server-metrics-prometheus).
 TTFP_BUCKETS_MS = (50.0, 100.0, 200.0, 300.0, 400.0, 500.0, 750.0, 1000.0, 1500.0, 2000.0, 3000.0, 5000.0,
                    10000.0)
 # Audio deltas of one response are ~1 s of speech apart when keeping up; > 100 ms beyond

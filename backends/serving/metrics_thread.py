@@ -1,10 +1,10 @@
 """The one thread per model instance that talks to Triton's custom-metric API.
 
-Triton 2.51 crashed (signal 11 in libtriton_python.so) when several threads of one process
-called the custom-metric API concurrently (triton_notes.md 0.9). So every update of an instance
-is queued here, and only this thread touches `pb_utils.MetricFamily` / `Metric`: it creates
-families and labelled metrics lazily, and at shutdown deletes the metrics before their families
-(the stub refuses a metric whose family is gone). Other metric writers of the process
+Triton 2.51 crashed (signal 11 in libtriton_python.so) when several threads of one process called
+the custom-metric API concurrently (docs/triton_behaviours.md#custom-metrics). So every update of
+an instance is queued here, and only this thread touches `pb_utils.MetricFamily` / `Metric`: it
+creates families and labelled metrics lazily, and at shutdown deletes the metrics before their
+families (the stub refuses a metric whose family is gone). Other metric writers of the process
 (backends/serving/resource_gauges.py) run their calls here through `call`.
 
 When the server runs with `--allow-metrics=false` the first family raises; the thread then

@@ -1,11 +1,10 @@
 """CUDA MPS for the stage processes that share a GPU.
 
-Every Triton Python-backend model instance is its own process with its own CUDA context.
-Without MPS the GPU time-slices between those contexts, so a Thinker decode step waits behind
-a Code2Wav window of another process even though the two would fit on the GPU together (H200
-probe: an in-process Thinker unit at one session took 27 ms alone, 56 ms beside a busy
-Code2Wav process, 38 ms with MPS: perf/results/thinker_engine_h200.md; served, duplex_h200.md
-runs 9-10). An MPS control daemon lets the kernels of all stage processes run concurrently.
+Every Triton Python-backend model instance is its own process with its own CUDA context. Without
+MPS the GPU time-slices between those contexts, so a Thinker decode step waits behind a Code2Wav
+window of another process even though the two would fit on the GPU together (on an H200, an
+in-process Thinker unit at one session took 27 ms alone, 56 ms beside a busy Code2Wav process, 38
+ms with MPS). An MPS control daemon lets the kernels of all stage processes run concurrently.
 
 The launcher starts a private daemon per server (its own pipe directory, so nothing else on the
 machine attaches to it; its log beside the server's) before tritonserver,

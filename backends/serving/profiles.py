@@ -141,15 +141,16 @@ PROFILES: dict[str, Profile] = {
     # the Talker and the vocoder (Qwen3-8B bf16 ~17 GB + 34 slots x 8k tokens x 144 KiB KV
     # ~40 GB + the encoder's caches; Code2Wav's batched windows peaked at 26 GB for 16 streams
     # with the bf16 flow). A Thinker share of 0.45 (62.9 GiB of an H200) ran out in its warm-up
-    # of 32 sessions (62.35 GiB allocated, 2026-12-06), so 0.5, taken from Code2Wav's margin.
+    # of 32 sessions (62.35 GiB allocated, perf/results/duplex_h200.md), so 0.5, taken from
+    # Code2Wav's margin.
     "gpu": Profile(
         name="gpu", instance_kind="KIND_GPU", device="cuda", dtype="bfloat16", checkpoint="full-random",
         thinker_gpus="0", talker_gpus="0", code2wav_gpus="0",
         thinker_memory_fraction=0.5, talker_memory_fraction=0.12, code2wav_memory_fraction=0.33,
         duplex_instances=2, max_sessions=32, max_context_tokens=8192,
-        # Not yet measured on the GPU with session voices: the one run with them went out of
+        # Not yet measured on the GPU with session voices: a benchmark with them ran out of
         # Code2Wav memory at C >= 16 before the 8-window cap (so did one without them); each
-        # distinct voice adds its prompt caches (perf/results/duplex_h200.md, run 3).
+        # distinct voice adds its prompt caches.
         session_voices="off",
     ),
     # Two GPUs: the Thinker alone on GPU 0, the audio tail (Talker + Code2Wav) on GPU 1.

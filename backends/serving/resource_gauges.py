@@ -7,9 +7,9 @@ on the metrics port (`curl <host>:<metrics_port>/metrics`), read by the leak tes
 operators; `pid` tells the instances of one model apart (each instance is one stub process).
 
 Triton 2.51 crashed when several threads of one process updated custom metrics
-(triton_notes.md 0.9), so one `ResourceGauges` is fed by exactly one thread (a stage's engine
-thread, the orchestrator's reaper) and creates its families lazily on that same thread. A gauge
-is set only when its value changed, which keeps the IPC off the engine's hot path.
+(docs/triton_behaviours.md#custom-metrics), so one `ResourceGauges` is fed by exactly one thread
+(a stage's engine thread, the orchestrator's reaper) and creates its families lazily on that same
+thread. A gauge is set only when its value changed, which keeps the IPC off the engine's hot path.
 """
 from __future__ import annotations
 

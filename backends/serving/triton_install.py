@@ -1,8 +1,9 @@
 """Find a tritonserver binary and prepare what it needs to run Python-backend models.
 
-Two layouts: a `tritonserver` on PATH (the NGC container, backends in /opt/tritonserver),
-or the server inside the nvidia-pytriton wheel, whose `backends/python` lacks the stub for
-our interpreter and whose libraries need LD_LIBRARY_PATH (triton_notes.md section 0.2).
+Two layouts: a `tritonserver` on PATH (the NGC container, backends in /opt/tritonserver), or the
+server inside the nvidia-pytriton wheel, whose `backends/python` lacks the stub for our
+interpreter and whose libraries need LD_LIBRARY_PATH
+(docs/triton_behaviours.md#the-python-stub-and-libpython).
 """
 from __future__ import annotations
 

@@ -1,15 +1,15 @@
 """Code2Wav engine: per-request streaming vocoder state and batched window decoding.
 
-Triton-free and single-threaded: one engine thread calls `submit`, `step` and `release`.
-Windows are validated at `submit` (`window_checks`: their content and their (cache_epoch,
-chunk_seq) sequence, facts 3.3); a rejected one is answered by an error result at the next
-`step`. `step` decodes the oldest pending window of up to `max_batch` requests in one batched
-forward, least playback slack first (`window_schedule`); a request id appears at most once per
-forward, so its later windows wait for later steps. While a reply's first window is announced
-(`expect_window`) and not yet here, windows that can wait do (`holding_s`). Every epoch's
-stream starts from the engine's prepared default voice, or, when its first window carries
-REF_AUDIO, from the voice of that reference (`voice_cache`: prepared once per distinct audio,
-used by the stream until its state is dropped); prompt caches are shared, never copied.
+Triton-free and single-threaded: one engine thread calls `submit`, `step` and `release`. Windows
+are validated at `submit` (`window_checks`: their content and their (cache_epoch, chunk_seq)
+sequence, docs/model_facts.md#code2wav-windows); a rejected one is answered by an error result at
+the next `step`. `step` decodes the oldest pending window of up to `max_batch` requests in one
+batched forward, least playback slack first (`window_schedule`); a request id appears at most once
+per forward, so its later windows wait for later steps. While a reply's first window is announced
+(`expect_window`) and not yet here, windows that can wait do (`holding_s`). Every epoch's stream
+starts from the engine's prepared default voice, or, when its first window carries REF_AUDIO, from
+the voice of that reference (`voice_cache`: prepared once per distinct audio, used by the stream
+until its state is dropped); prompt caches are shared, never copied.
 """
 
 from __future__ import annotations

@@ -6,11 +6,11 @@ pass), then runs ONE runner forward over every request with an active chunk: the
 newly started condition for some, a one-frame decode for the others; or, once every chunk is
 decoding, a decode chain of K frames each (`backends.talker.chain_plan`).
 
-Per request id (one session epoch) the engine keeps one runner request whose KV grows with
-every condition (facts 2.6): a turn start replaces the prompt, and a condition that would not
-fit with its generation reserve rolls the prompt over (`backends.talker.rollover`). Each
-request reserves its full Talker context in KV when first admitted, so the runner never has
-to preempt (facts edge case 10); a reservation that fails is `resource_exhausted`.
+Per request id (one session epoch) the engine keeps one runner request whose KV grows with every
+condition (docs/model_facts.md#talker-context-and-rollover): a turn start replaces the prompt, a
+condition that would not fit with its reserve rolls it over (`backends.talker.rollover`). Each
+request reserves its whole Talker context in KV when admitted, so the runner never preempts
+(docs/architecture.md edge case 10); a reservation that fails is `resource_exhausted`.
 
 The chunk policy runs on the device where the runner samples on the device (its fast path):
 one `TalkerPolicyTable` is the runner's logits processor and each request holds a row of it
@@ -72,7 +72,8 @@ class TalkerEngine:
                                                self._eos_id, bool(policy_factory))  # fmt: skip
         runner_config = chain_config(runner_config, chain_lengths, self._policy_table is not None)
         self._runner = ModelRunner(model, runner_config, self._policy_table)
-        # Talker context = min(runner max_model_len, tts max_position_embeddings) (facts 2.6).
+        # Talker context = min(runner max_model_len, tts max_position_embeddings)
+        # (docs/model_facts.md#talker-context-and-rollover).
         self.context = min(runner_config.max_model_len, model.config.max_position_embeddings)
         self._streams: dict[str, TalkerStream] = {}
         self._embed_codes = partial(embed_codes, model, self._device)

@@ -47,8 +47,8 @@ CODE2WAV_FINAL_FRAMES = (24,)
 # The HiFT, though, runs a final window at the window's own length (14 + 2 x new codes mel
 # frames: its convolutions see the window's end, so it cannot pad as the flow does) and its
 # graphs are sealed after the warm-up: a final length no warm-up stream ended on ran its HiFT
-# eagerly, ~16 ms of the engine thread per reply on an H200 (stack samples,
-# perf/results/duplex_h200.md, 2026-12-02) that other replies' first windows waited behind.
+# eagerly, ~16 ms of the engine thread per reply on an H200 (stack samples of a served
+# benchmark) that other replies' first windows waited behind.
 # So a lone stream per other final length: its flow replays the steady windows' graphs, its
 # final window captures that length's HiFT graph.
 CODE2WAV_LONE_FINAL_FRAMES = tuple(new for new in range(CodecWindowConfig().chunk_frames)

@@ -1,5 +1,5 @@
 """Which Code2Wav windows are accepted: their content, and their place in the request's
-(cache_epoch, chunk_seq) sequence (facts 3.3).
+(cache_epoch, chunk_seq) sequence (docs/model_facts.md#code2wav-windows).
 
 Within an epoch chunk_seq must be previous + 1; a higher epoch must start at 0 and replaces the
 request's vocoder state; a lower epoch is `stale_cache_epoch`. A rejected window never advances

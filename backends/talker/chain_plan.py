@@ -8,12 +8,13 @@ longest configured one that at least one row can use whole (no chain of pure was
 every row has room for; rows that end earlier idle to the chain's end, so a condition that
 arrives or becomes startable meanwhile waits at most one chain.
 
-Why 12 by default: a Talker chunk is 1 prefill + 25 decode draws; 12 + 12 + 1 reaches the
-25th frame after three host round trips instead of four with chains of 8 (H200, 25 frames in
-`perf/bench_audio_tail.py --stages talker`: 15.3 / 24.1 ms at batch 1 / 16, median of three
-runs, against 16.1 / 25.5, mean of two, with 8; audio_tail_h200.md), while a new condition waits at
-most 12 decode steps (~6-10 ms), small against the 25-frame group a sink receives at once
-anyway. Conditions that became startable during a chain start together in the next step.
+Why 12 by default: a Talker chunk is 1 prefill + 25 decode draws; 12 + 12 + 1 reaches the 25th
+frame after three host round trips instead of four with chains of 8 (H200, 25 frames in
+`perf/bench_audio_tail.py --stages talker`: 15.3 / 24.1 ms at batch 1 / 16, median of three runs,
+against 16.1 / 25.5, mean of two, with 8; current numbers: perf/results/stages_h200.md), while a
+new condition waits at most 12 decode steps (~6-10 ms), small against the 25-frame group a sink
+receives at once anyway. Conditions that became startable during a chain start together in the
+next step.
 """
 
 from __future__ import annotations

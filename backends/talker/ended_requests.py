@@ -1,10 +1,10 @@
 """Request ids the Talker engine has ended (stopped or failed), remembered for a while.
 
-A condition that arrives after its request was stopped (a handoff already in flight at a
-barge-in) must not quietly start a new Talker request and produce audio for a cancelled turn
-(facts edge case 7). A request id can legitimately come back (a client reusing a session id
-gets the same "<session>.e0"), and a new request always starts at condition_seq 0, so seq 0
-clears the record while any other seq is refused.
+A condition that arrives after its request was stopped (a handoff already in flight at a barge-in)
+must not quietly start a new Talker request and produce audio for a cancelled turn
+(docs/architecture.md edge case 7). A request id can legitimately come back (a client reusing a
+session id gets the same "<session>.e0"), and a new request always starts at condition_seq 0, so
+seq 0 clears the record while any other seq is refused.
 """
 
 from __future__ import annotations

@@ -104,7 +104,8 @@ def check_next_seq(stream: TalkerStream | None, request: TalkerRequest) -> None:
     """The first condition of a request may start at any seq >= 0; later ones must be +1.
 
     A skipped or repeated seq means a lost or replayed handoff, after which the KV no longer
-    matches what the Thinker said: the caller ends the request (facts 2.6).
+    matches what the Thinker said: the caller ends the request
+    (docs/model_facts.md#talker-context-and-rollover).
     """
     seq = request.condition_seq
     last = stream.last_seq if stream is not None else None

@@ -3,8 +3,9 @@
 All conditions of one request share the Talker context (4096 tokens for the checkpoint): a
 condition is appended after what is already in KV until `computed + condition + reserve` would
 overflow it. Then the prompt is rebuilt from zero as [previous condition] + [previous chunk's
-codes] + [current condition] (facts 2.6), so one chunk of acoustic context survives the cut.
-A turn start always replaces the prompt, so a rollover never crosses a turn boundary.
+codes] + [current condition] (docs/model_facts.md#talker-context-and-rollover), so one chunk of
+acoustic context survives the cut. A turn start always replaces the prompt, so a rollover never
+crosses a turn boundary.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""The Thinker's context window per session (minicpmo45_facts.md 2.6): which units stay in KV.
+"""The Thinker's context window per session: which units stay in KV
+(docs/model_facts.md#context-window).
 
 Modes (chosen per session at START, immutable afterwards):
 - `off` (default, the released checkpoint's behaviour): the session grows until its reserved

@@ -1,4 +1,5 @@
-"""The native duplex listen/speak sampling policy of the Thinker (minicpmo45_facts.md 2.3).
+"""The native duplex listen/speak sampling policy of the Thinker
+(docs/model_facts.md#listen-or-speak-the-duplex-policy).
 
 One `DuplexPolicy` per session, installed as the runner's `SamplingHook` for the session's
 request. The runner must be configured without its own repetition penalty: the boundary draw
@@ -22,11 +23,12 @@ The runner hands the policy either the whole host row (`before_sample`) or, on t
 a summary of it (`before_sample_compact`: top candidates, logsumexp, probe values); both go
 through the same rules on a `policy_rows.PolicyRow` and draw the same tokens.
 
-Policy knobs for random weights (ARCHITECTURE.md 5) are options of this same policy: with
-`reply_units` set, a turn that is open gets speak units of exactly `reply_tokens_per_unit` text
-tokens (the last unit adds `<|turn_eos|>`), and no turn open means `<|listen|>`. Since random
-weights never open a turn, the knob opens one itself where the real model would decide: at the
-first non-speech unit after user speech (or at once with `initial_user_text`).
+Policy knobs for random weights (docs/duplex_contract.md#reply-shape-knobs) are options of this
+same policy: with `reply_units` set, a turn that is open gets speak units of exactly
+`reply_tokens_per_unit` text tokens (the last unit adds `<|turn_eos|>`), and no turn open means
+`<|listen|>`. Since random weights never open a turn, the knob opens one itself where the real
+model would decide: at the first non-speech unit after user speech (or at once with
+`initial_user_text`).
 """
 
 from __future__ import annotations
@@ -108,7 +110,8 @@ class PolicyConfig:
 
 @dataclass(slots=True)
 class TurnLatches:
-    """Session state the policy reads and writes (facts 2.3 rule 8)."""
+    """Session state the policy reads and writes (rule 8 of
+    docs/model_facts.md#listen-or-speak-the-duplex-policy)."""
 
     turn_open: bool = False
     pending_speech_context: bool = False  # user speech (or initial text) awaits an answer

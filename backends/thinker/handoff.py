@@ -1,4 +1,5 @@
-"""Thinker -> Talker handoff of one finished unit (minicpmo45_facts.md 3.2, edge cases 2 and 3).
+"""Thinker -> Talker handoff of one finished unit (docs/model_facts.md#thinker-to-talker-handoff;
+edge cases 2 and 3 of docs/architecture.md#edge-cases-the-tests-hold).
 
 The slice of a unit's sampled tokens that the Talker speaks: leading `<|listen|>` decisions
 skipped, the unit's first decision token (`<|speak|>`, `<|tts_bos|>` or a first text token) not

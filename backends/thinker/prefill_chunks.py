@@ -4,8 +4,8 @@ A Thinker step batches every session's work, and on CUDA a step replays a graph 
 request brings at most the mixed graphs' query rows (32). A new session's setup (system prompt,
 reference-voice embeddings, the initial text: ~60-100 rows) or a rebuilt prompt is longer, so
 its step ran eagerly, and everyone decoding beside it waited: ~28 ms of host-bound kernel
-launches in the served 8B Thinker, once per new turn (perf/results/duplex_h200.md, sixteenth
-session). Here such an append goes in chunks of at most `limit` rows, split evenly (65 rows at
+launches in the served 8B Thinker, once per new turn (measured in a served H200
+benchmark). Here such an append goes in chunks of at most `limit` rows, split evenly (65 rows at
 32: 22 + 22 + 21), each riding in a graphed mixed step with the other sessions' decodes; only
 the last chunk samples. The rows land in KV exactly as one prefill would put them (the same
 positions, attention over the same prefix).

@@ -1,14 +1,15 @@
-"""The exact rows one append adds to a session's Thinker request (minicpmo45_facts.md 2.2).
+"""The exact rows one append adds to a session's Thinker request
+(docs/model_facts.md#what-one-unit-adds-to-the-thinker).
 
 First append: system context, then `<unit>` + 10 audio embeddings (no closing tokens before the
 first unit). Later appends: the previous unit's terminator (re-injected: the listen/speak policy
 depends on seeing its own past decisions), `</unit>`, `<unit>`, 10 audio embeddings = 13 rows.
 Units after the first in one append get `</unit>` alone before their `<unit>`.
 
-A unit starts at its `<unit>` row: the `context` window (facts 2.6) rebuilds a prompt as the
-system context (with the dropped units' text behind a "previous" marker), then every retained
-unit as `<unit>` + 10 embeddings + its sampled tokens (terminator included) + `</unit>`, then the
-new units: row for row what the session's KV held, minus the dropped units.
+A unit starts at its `<unit>` row: the `context` window (docs/model_facts.md#context-window)
+rebuilds a prompt as the system context (with the dropped units' text behind a "previous" marker),
+then every retained unit as `<unit>` + 10 embeddings + its sampled tokens (terminator included) +
+`</unit>`, then the new units: row for row what the session's KV held, minus the dropped units.
 
 The row count is exact by construction: every row here is a real token or a real embedding, so
 no padding ever reaches the KV (surplus pad rows measurably corrupt listen/speak upstream).

@@ -1,4 +1,5 @@
-"""Talker -> Code2Wav window cutting (facts 3.3, edge cases 4 and 5).
+"""Talker -> Code2Wav window cutting (docs/model_facts.md#code2wav-windows;
+docs/architecture.md edge cases 4 and 5).
 
 Strategy: exact tables for the boundary cases (24/25/26 frames, 1..4 held frames, a 103-frame
 turn end, a left-context-only drain, a duplicate terminal flush), plus a hypothesis property

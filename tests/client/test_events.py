@@ -1,9 +1,9 @@
 """Tests for client/events.py.
 
-Strategy: literal JSON payloads for every event type of the contract (ARCHITECTURE.md
-section 4) parse into the expected typed fields; every way a payload can break the contract
-(missing or mistyped field, audio on the wrong event, bad JSON) raises EventParseError naming
-the problem; unknown types survive as UnknownEvent.
+Strategy: literal JSON payloads for every event type of the contract
+(docs/duplex_contract.md#downlink-the-start-requests-responses) parse into the expected typed
+fields; every way a payload can break the contract (missing or mistyped field, audio on the wrong
+event, bad JSON) raises EventParseError naming the problem; unknown types survive as UnknownEvent.
 """
 
 import json

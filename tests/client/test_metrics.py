@@ -2,7 +2,7 @@
 
 Strategy: synthetic timelines whose times and chunk lengths are binary fractions of a second
 (0.25 s = 6000 samples at 24 kHz), so every expected value below is worked out by hand from
-the definitions in ARCHITECTURE.md section 7 and compared exactly up to float rounding.
+the definitions in docs/metrics.md#latency-of-a-turn and compared exactly up to float rounding.
 """
 
 import json

@@ -11,7 +11,7 @@ a real stage would. Fault injection: `fail_on[stage] = n` raises on that stage's
 condition_seq 0, code2wav chunk_seq 0) opens `(stage, request_id)` when it reaches the stage,
 i.e. after its gate (`gate` for the Thinker, `talker_gate` for the Talker); a stop closes it,
 and so does code2wav's last chunk. A stop that overtakes a held first request therefore leaves
-that request open, exactly the race of facts edge case 1.
+that request open, exactly the race of docs/architecture.md edge case 1.
 """
 from __future__ import annotations
 

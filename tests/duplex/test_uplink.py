@@ -1,5 +1,5 @@
-"""parse_uplink: every bad input of ARCHITECTURE.md section 4 is refused with a clear
-`invalid_argument` message, and good input is passed through unchanged."""
+"""parse_uplink: every bad input of docs/duplex_contract.md (#uplink-every-request, #errors) is
+refused with a clear `invalid_argument` message, and good input is passed through unchanged."""
 import json
 
 import numpy as np

@@ -1,4 +1,5 @@
-"""parse_uplink and the session's `sliding_window_mode` START parameter (facts 2.6).
+"""parse_uplink and the session's `sliding_window_mode` START parameter
+(docs/model_facts.md#context-window).
 
 Strategy: the mode is accepted on START only, as one of the Thinker's modes, and reaches
 SessionOptions unchanged; anything else is `invalid_argument`.

@@ -1,4 +1,5 @@
-"""Talker chunk budgets and the windowed frequency penalty (facts 1.3, edge case 5).
+"""Talker chunk budgets and the windowed frequency penalty (docs/model_facts.md#talker-chunks,
+docs/architecture.md edge case 5).
 
 Strategy: drive `TalkerChunkPolicy` through the runner's real `sample_token` with scripted
 logits that make the "model" want EOS at chosen steps (EOS logit far above the rest) or never

@@ -38,8 +38,8 @@ def test_a_level_without_ttfp_is_left_out_and_no_runs_is_an_error(tmp_path):
 
 
 def test_the_command_prints_the_table(tmp_path, capsys):
-    a = _report(tmp_path / "run1.json", {8: (100.0, 120.0, 0.6, 0)})
-    b = _report(tmp_path / "run2.json", {8: (110.0, 130.0, 0.61, 1)})
+    a = _report(tmp_path / "a.json", {8: (100.0, 120.0, 0.6, 0)})
+    b = _report(tmp_path / "b.json", {8: (110.0, 130.0, 0.61, 1)})
     assert main([str(a), str(b)]) == 0
     out = capsys.readouterr().out
-    assert out.startswith("Runs: run1, run2") and "| 8 | 100 / 110 | 100 / 105 / 110 | 10 |" in out
+    assert out.startswith("Runs: a, b") and "| 8 | 100 / 110 | 100 / 105 / 110 | 10 |" in out

@@ -1,6 +1,6 @@
 """perf/switches.py: a result file names the MINICPMO_* variables its run was under (a run with
 the stage-call diagnostics differs there), and the duplex report prints them with the run's
-other facts."""
+other details."""
 from __future__ import annotations
 
 from perf.bench_report import render_markdown

@@ -1,6 +1,7 @@
-"""The `duplex` model on a real tritonserver (cpu profile, tiny model): whole sessions through
-the client library, concurrency and seeded reproducibility, and every bad input of
-ARCHITECTURE.md section 4 followed by a valid session on the same server.
+"""The `duplex` model on a real tritonserver (cpu profile, tiny model): whole sessions through the
+client library, concurrency and seeded reproducibility, and every bad input of
+docs/duplex_contract.md (#uplink-every-request, #errors) followed by a valid session on the same
+server.
 
 Sessions stream faster than real time (SPEED) to keep CI short; the server cuts the same
 1-second units either way, and `max_units_per_append` = 1 keeps one decision per unit.
@@ -21,7 +22,7 @@ from client.wav import read_wav
 
 SPEED = 4.0
 DEMO_WAV = Path(__file__).resolve().parents[2] / "client" / "data" / "hello_16k.wav"
-FIRST_CHUNK = 20160  # 25 frames - the 3840-sample cross-fade hold (facts 1.4)
+FIRST_CHUNK = 20160  # 25 frames - the cross-fade hold (docs/model_facts.md#code2wav-windows)
 STEADY_CHUNK = 24000  # 25 frames x 960 samples
 SAMPLES_PER_FRAME = 960
 # Batched and solo forwards differ in float rounding only: the Talker's codes are the same

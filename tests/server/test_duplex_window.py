@@ -1,7 +1,8 @@
-"""The `sliding_window_mode` session parameter on a real server (facts 2.6): accepted on START
-and carried to the Thinker (its SLIDING_WINDOW_MODE input) without disturbing the session, or
-refused with a clear error. The window's behaviour itself is tested at engine level
-(tests/stages/test_thinker_window.py): reaching it here would take minutes of audio."""
+"""The `sliding_window_mode` session parameter on a real server
+(docs/model_facts.md#context-window): accepted on START and carried to the Thinker (its
+SLIDING_WINDOW_MODE input) without disturbing the session, or refused with a clear error. The
+window's behaviour itself is tested at engine level (tests/stages/test_thinker_window.py):
+reaching it here would take minutes of audio."""
 from __future__ import annotations
 
 import queue

@@ -39,7 +39,7 @@ SETTLE_S = 30.0  # a metric update trails its event by one queue hop; sessions o
 def server(tmp_path_factory):
     """A server of its own: the test compares exact counts and KV in use from an idle start,
     which sessions of earlier test modules on the shared server would disturb (in one full
-    run the shared server still showed KV in use with no session open: see the issue-7 note)."""
+    run the shared server still showed KV in use with no session open)."""
     from backends.serving.launcher import PROJECT_ROOT, ServerOptions, ServerProcess
     from backends.serving.profiles import get_profile
 

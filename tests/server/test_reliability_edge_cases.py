@@ -1,4 +1,4 @@
-"""The named edge cases of minicpmo45_facts.md section 7, on a real server.
+"""The named edge cases of docs/architecture.md#edge-cases-the-tests-hold, on a real server.
 
 Edge cases 1-7 and 10 are here; 8 (no leaks after many sessions of every fate) is
 test_reliability_leaks.py::test_edge_case_8_*, 9 (context overflow) is
@@ -30,9 +30,9 @@ from backends.contracts.messages import (
 from backends.stages.code2wav_engine import request_from_window
 
 REPLY = {"initial_user_text": "Tell me a story.", "reply_units": 3, "reply_tokens_per_unit": 2, "seed": 4}
-FRAMES = 25  # codec frames of a full Talker chunk (facts 1.3)
+FRAMES = 25  # codec frames of a full Talker chunk (docs/model_facts.md#talker-chunks)
 TURN_END_MAX_FRAMES = 103
-FIRST_WINDOW_SAMPLES = 20160  # 25 frames x 960 minus the 3840-sample cross-fade hold (facts 1.4)
+FIRST_WINDOW_SAMPLES = 20160  # 25 x 960 - 3840 held back (docs/model_facts.md#code2wav-windows)
 STEADY_WINDOW_SAMPLES = 24000
 STAGE_CAPACITY = 6  # requests whose whole context fits a stage's KV pool (reliability profile)
 

@@ -1,4 +1,5 @@
-"""No leaks after 200 sessions that end every way a session can end (facts edge case 8).
+"""No leaks after 200 sessions that end every way a session can end
+(docs/architecture.md edge case 8).
 
 Strategy: 200 tiny sessions (1-2 units, sent at once), 4 at a time, on the reliability server.
 Each draws its fate from a seeded RNG: a completed reply, a barge-in, a client that drops its

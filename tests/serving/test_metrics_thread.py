@@ -1,9 +1,9 @@
 """MetricsThread against a fake metric API that records the calling thread of every call.
 
-Strategy: hammer one MetricsThread from several threads and check that the metric API saw
-exactly one thread (the metrics thread, not a caller: triton_notes 0.9), with exact totals;
-check labels, buckets, kind checks, the disabled mode (`--allow-metrics=false`), and that
-shutdown deletes every metric before its family.
+Strategy: hammer one MetricsThread from several threads and check that the metric API saw exactly
+one thread (the metrics thread, not a caller: docs/triton_behaviours.md#custom-metrics), with
+exact totals; check labels, buckets, kind checks, the disabled mode (`--allow-metrics=false`), and
+that shutdown deletes every metric before its family.
 """
 from __future__ import annotations
 

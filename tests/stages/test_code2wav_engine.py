@@ -1,4 +1,5 @@
-"""Code2Wav engine: window validation, per-request state, batching (facts 3.3, edge cases 4, 6).
+"""Code2Wav engine: window validation, per-request state, batching
+(docs/model_facts.md#code2wav-windows; docs/architecture.md edge cases 4, 6).
 
 Strategy: feed windows cut by the real `CodecWindowBridge` into the engine over the tiny random
 vocoder. Audio is compared with a stand-alone `Token2Wav` stream decoding the same windows, so

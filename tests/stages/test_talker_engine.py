@@ -154,7 +154,7 @@ def group_sizes(sink: ListSink) -> list[int]:
 def test_mid_turn_chunk_is_exactly_25_frames_even_when_eos_is_wanted(
     eos_wanted_model: TalkerModel,
 ) -> None:
-    """Facts edge case 5: EOS is masked until the 26th sample, which is a forced EOS."""
+    """docs/architecture.md edge case 5: EOS is masked until the 26th sample, a forced EOS."""
     engine = make_engine(eos_wanted_model)
     start = submit(engine, condition("r", 0, turn_start=True))
     middle = submit(engine, condition("r", 1))
@@ -263,8 +263,9 @@ def test_turn_start_replaces_the_prompt(plain_model: TalkerModel) -> None:
 
 
 def test_rollover_keeps_producing_frames(eos_unwanted_model: TalkerModel) -> None:
-    """Facts 2.6: when condition + reserve no longer fit, the prompt is rebuilt as
-    [previous condition] + [previous codes] + [current condition] and KV starts from zero."""
+    """docs/model_facts.md#talker-context-and-rollover: when condition + reserve no longer fit,
+    the prompt is rebuilt as [previous condition] + [previous codes] + [current condition] and KV
+    starts from zero."""
     engine = make_engine(eos_unwanted_model)
     rows = 21  # 20 handed tokens + audio_bos: 46 tokens per chunk, a rollover every ~4 chunks
     previous_codes: list[int] = []
@@ -362,8 +363,8 @@ def codes_alone(model: TalkerModel, request: TalkerRequest) -> np.ndarray:
 
 
 def test_late_condition_after_stop_is_refused(plain_model: TalkerModel) -> None:
-    """Facts edge case 7: a stopped request never produces audio again, but a reused request
-    id restarting at condition_seq 0 is a new request."""
+    """docs/architecture.md edge case 7: a stopped request never produces audio again, but a
+    reused request id restarting at condition_seq 0 is a new request."""
     engine = make_engine(plain_model)
     submit(engine, condition("a", 0, turn_start=True))
     engine.step()
@@ -455,8 +456,8 @@ def test_policy_exception_fails_only_its_request(plain_model: TalkerModel) -> No
 
 
 def test_failed_kv_reservation_is_resource_exhausted(plain_model: TalkerModel) -> None:
-    """Facts edge case 10: no silent preemption; a request that cannot reserve its whole
-    context is refused, and the admitted one runs on."""
+    """docs/architecture.md edge case 10: no silent preemption; a request that cannot reserve its
+    whole context is refused, and the admitted one runs on."""
     engine = make_engine(plain_model, max_num_reqs=1)
     admitted = submit(engine, condition("a", 0, turn_start=True))
     refused = submit(engine, condition("b", 0, turn_start=True))

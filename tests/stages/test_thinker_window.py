@@ -1,4 +1,5 @@
-"""ThinkerEngine with long sessions: the context window modes of facts 2.6.
+"""ThinkerEngine with long sessions: the context window modes of
+docs/model_facts.md#context-window.
 
 Strategy: a tiny random Qwen3 with the tiny checkpoint's tokenizer and a fixed linear fake
 audio encoder (fast), driven one append at a time like the orchestrator does, with the runner
@@ -33,7 +34,8 @@ HIDDEN = 32
 UNIT = 16000
 MAX_LEN = 1024  # per-session reservation
 # 10 minutes of 1-second units. The window of 512..896 tokens holds 30..60 units, so about
-# 15 cuts happen; each needs a page-aligned unit start (facts 2.6), which 60+ candidates give.
+# 15 cuts happen; each needs a page-aligned unit start (docs/model_facts.md#context-window),
+# which 60+ candidates give.
 TEN_MINUTES = 600
 WINDOW = WindowConfig(high_tokens=896, low_tokens=512, previous_max_tokens=32, max_units=8)
 MAX_STEPS_PER_APPEND = 80  # a prefill (in chunks of 8: a restart of <= ~350 rows), <= 19 decodes

@@ -159,8 +159,8 @@ def test_device_policy_streams_the_host_policy_codes(eos_bias: float, penalty: f
     ids=["eos-wanted", "eos-unwanted"],
 )
 def test_budgets_are_exact_on_the_device(eos_bias: float, expected: list[int]) -> None:
-    """Facts edge case 5 with the device policy: EOS masked until the 26th sample of a
-    mid-turn chunk, forced there and at the turn end's 104th; early EOS where allowed."""
+    """docs/architecture.md edge case 5 with the device policy: EOS masked until the 26th sample
+    of a mid-turn chunk, forced there and at the turn end's 104th; early EOS where allowed."""
     torch.manual_seed(7)
     engine = make_engine(EosBiasedTalker(tiny_config(), eos_bias).eval(), True, 1.05)
     plan = [condition("r", 0, turn_start=True), condition("r", 1), condition("r", 2, turn_end=True)]

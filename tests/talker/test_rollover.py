@@ -98,7 +98,8 @@ def test_condition_alone_too_long_is_context_length_exceeded() -> None:
 
 
 def test_rollover_prompt_too_long_is_context_length_exceeded() -> None:
-    """Facts 2.6: an over-long rollover is a failure, never a silent truncation."""
+    """docs/model_facts.md#talker-context-and-rollover: an over-long rollover is a failure, never
+    a silent truncation."""
     last = ChunkRecord(rows(20, 2.0), tuple(range(20)))
     with pytest.raises(StageFailure) as info:
         plan(rows(10, 1.0), num_computed=CONTEXT, last_chunk=last)

@@ -1,4 +1,5 @@
-"""ContextWindow: unit bookkeeping and the window decisions of facts 2.6.
+"""ContextWindow: unit bookkeeping and the window decisions of
+docs/model_facts.md#context-window.
 
 Strategy: the window is fed AppendRows laid out by the real PromptLayout (so unit offsets and
 heads are the engine's) at chosen KV positions, then asked for cuts and drops; every expected

@@ -1,4 +1,5 @@
-"""DuplexPolicy: one test per rule of facts 2.3, plus the reply-shape knobs.
+"""DuplexPolicy: one test per rule of
+docs/model_facts.md#listen-or-speak-the-duplex-policy, plus the reply-shape knobs.
 
 Strategy: drive the hook exactly as the runner does (before_sample on a float32 logits row,
 then after_sample with the final token) with logits built to make each rule decisive, and the

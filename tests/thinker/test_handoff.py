@@ -1,4 +1,5 @@
-"""Handoff slicing and hidden-row lookup (facts 3.2; edge cases 2 and 3 of facts section 7).
+"""Handoff slicing and hidden-row lookup (docs/model_facts.md#thinker-to-talker-handoff;
+docs/architecture.md edge cases 2 and 3).
 
 Strategy: literal token segments for every slice rule with the expected slice written out;
 hidden rows recorded in a real HiddenLedger with distinct values per (token, position), so a

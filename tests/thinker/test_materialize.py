@@ -1,10 +1,10 @@
 """Building the Thinker on meta and materializing it: ThinkerModel.from_config and materialize.
 
-Strategy: the real MiniCPM-o 4.5 dimensions are built on the meta device (no memory) and
-their parameter count is checked against the count worked out from the facts; a shrunken
-config with the real structure (Qwen3 with QK-norm and a 4:1 GQA ratio, Whisper with an ffn of
-4 x d_model, the real 80 mel bins and 1500 positions) is materialized on the CPU and checked
-tensor by tensor against the init scheme and against an eagerly built model's buffers.
+Strategy: the real MiniCPM-o 4.5 dimensions are built on the meta device (no memory) and their
+parameter count is checked against the count worked out from docs/model_facts.md#sizes; a shrunken
+config with the real structure (Qwen3 with QK-norm and a 4:1 GQA ratio, Whisper with an ffn of 4 x
+d_model, the real 80 mel bins and 1500 positions) is materialized on the CPU and checked tensor by
+tensor against the init scheme and against an eagerly built model's buffers.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""PromptLayout: exact row counts and ids of every append shape (facts 2.2).
+"""PromptLayout: exact row counts and ids of every append shape
+(docs/model_facts.md#what-one-unit-adds-to-the-thinker).
 
 Strategy: build appends with the tiny tokenizer and random unit embeddings, then check the row
 count, the ledger ids row by row (decoded back to text for the system context) and that the

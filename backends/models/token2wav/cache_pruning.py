@@ -1,8 +1,8 @@
 """Bounding a stream's attention caches: the prompt span plus the newest `keep` frames.
 
-token2wav_facts.md 1.9: after every window the reference cuts any attention cache longer than
-P + 100 (P = prompt mel frames) to its first P and last 100 frames, along the cache's own
-layout. The layouts make the kept sets unintuitive, and parity needs them exactly:
+docs/model_facts.md#code2wav-windows: after every window the reference cuts any attention cache
+longer than P + 100 (P = prompt mel frames) to its first P and last 100 frames, along the cache's
+own layout. The layouts make the kept sets unintuitive, and parity needs them exactly:
 - the DiT caches hold the newest frames first, so they keep the newest P frames and the last
   100 prompt frames;
 - the reference stores the token-rate Conformer caches tiled twice along time (so they stack

@@ -1,7 +1,7 @@
 """`CausalConditionalCFM`: mel frames from noise by Euler steps of the DiT velocity.
 
-token2wav_facts.md 1.6: the time grid is t_i = 1 - cos(i / n x pi / 2); each step runs the
-estimator on 2 R rows, the conditional rows carrying (mu, speaker, cond) and the
+docs/model_facts.md#code2wav-token2wav: the time grid is t_i = 1 - cos(i / n x pi / 2); each step
+runs the estimator on 2 R rows, the conditional rows carrying (mu, speaker, cond) and the
 unconditional rows zeros for all three, and moves x by dt x ((1 + rate) v_cond - rate v_uncond).
 The start noise is a slice of one fixed noise stream (`rand_noise`, drawn once from a seeded
 generator) at the row's estimator cache length, so windows continue one stream. Every ODE step

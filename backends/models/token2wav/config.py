@@ -1,7 +1,7 @@
 """Token2wav dimensions: the flow (codes -> mel: encoder + CFM with a DiT estimator) and the
 HiFT vocoder (mel -> 24 kHz audio).
 
-Defaults are the real Step-Audio2 token2wav sizes (token2wav_facts.md 1.2, 1.5, 1.6 and 1.8);
+Defaults are the real Step-Audio2 token2wav sizes (docs/model_facts.md#code2wav-token2wav);
 `tiny()` gives the CPU test/CI profile. Field names follow flow.yaml / HiFTGenerator arguments
 so the asset file reads like the real one.
 """

@@ -1,9 +1,10 @@
 """Pre-norm Conformer layer of the token2wav encoder: rel-pos attention + FFN, no conv module.
 
 Parameter names follow the reference (`self_attn.linear_q/k/v/out`, `self_attn.linear_pos`,
-`self_attn.pos_bias_u/v`, `feed_forward.w_1/w_2`, `norm_mha`, `norm_ff`; token2wav_facts.md
-1.4 and 2.1). Attention is full and bidirectional over the cached keys plus the window, with
-Transformer-XL scores: content (q + u) . k plus position (q + v) . W_pos pe(distance).
+`self_attn.pos_bias_u/v`, `feed_forward.w_1/w_2`, `norm_mha`, `norm_ff`;
+docs/model_facts.md#code2wav-token2wav). Attention is full and bidirectional over the cached keys
+plus the window, with Transformer-XL scores: content (q + u) . k plus position (q + v) . W_pos
+pe(distance).
 
 On CUDA the attention runs in fewer kernels (`conformer_fused`, same function).
 

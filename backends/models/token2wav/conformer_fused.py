@@ -1,5 +1,5 @@
 """`RelPositionMultiHeadedAttention.forward` in fewer kernels: the CUDA path of a Conformer
-layer's attention (token2wav_facts.md 1.4).
+layer's attention (docs/model_facts.md#code2wav-token2wav).
 
 A window's encoder is ten such layers over ~25-50 frames, bound by its kernel count (about 25
 small kernels per layer in the reference form, `conformer.py`). Here:

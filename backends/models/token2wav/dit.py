@@ -1,5 +1,5 @@
-"""The CFM estimator `DiT` (Step-Audio2 "DiT-v5", token2wav_facts.md 1.5): velocity of the
-flow at time t for [x_t | mu | speaker | cond] mel-rate inputs.
+"""The CFM estimator `DiT` (Step-Audio2 "DiT-v5", docs/model_facts.md#code2wav-token2wav):
+velocity of the flow at time t for [x_t | mu | speaker | cond] mel-rate inputs.
 
 Blocks are adaLN-Zero with three residual branches in the order attention, causal conv, MLP;
 attention has per-head LayerNorm on q and k and no positional code (order comes from the

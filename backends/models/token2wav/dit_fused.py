@@ -1,8 +1,9 @@
-"""`DiT.forward_modulated` with fused kernels: the CUDA path (token2wav_facts.md 1.5).
+"""`DiT.forward_modulated` with fused kernels: the CUDA path
+(docs/model_facts.md#code2wav-token2wav).
 
 The torch path (`dit.DiTBlock`) is the reference; this one computes the same function with
 about a dozen kernels per block instead of ~55, since a window's CFM solve is bound by kernel
-count, not FLOPs (perf/results/audio_tail_h200.md):
+count, not FLOPs (perf/results/stages_h200.md):
 
 - the six GEMMs: q|k|v as one (weights concatenated once, see `packed_qkv`; the checkpoint
   keeps to_q/to_k/to_v), the output projection, both causal convs as GEMMs over their taps

@@ -2,7 +2,7 @@
 
 A window of one stream multiplies 112 rows (56 frames x conditional | unconditional), so each
 of a block's six GEMMs is a few dozen programs whose time is the latency of their K loop, not
-bandwidth or FLOPs (perf/results/audio_tail_h200.md). Two things shorten it here:
+bandwidth or FLOPs (perf/results/stages_h200.md). Two things shorten it here:
 
 - split-K: the two causal convs (K = 1536), fc2 (K = 2048) and the output projection cut their
   K range into parts whose float32 products land side by side in a `SplitSum`; the kernel that

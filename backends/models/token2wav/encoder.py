@@ -1,12 +1,12 @@
 """Streaming `UpsampleConformerEncoderV2`: code embeddings -> mel-rate features.
 
-Structure and parameter names follow the reference (token2wav_facts.md 1.4): `embed` (Linear +
-LayerNorm, x sqrt(d)) -> `pre_lookahead_layer` (conv1 consumes the 3 look-ahead codes, leaky
-ReLU 0.01, conv2 is causal with a 2-frame cache) -> token-rate `encoders` -> `up_layer` (nearest
-x2 + causal conv with a 4-frame cache) -> `up_embed` -> mel-rate `up_encoders` -> `after_norm`.
-A non-final window of N codes yields N - 3 code frames (2 (N - 3) mel frames); a final window
-is zero-padded by 3 frames after `embed` and yields all N. With empty caches and one final
-window this is the reference's whole-utterance `forward`.
+Structure and parameter names follow the reference (docs/model_facts.md#code2wav-token2wav):
+`embed` (Linear + LayerNorm, x sqrt(d)) -> `pre_lookahead_layer` (conv1 consumes the 3 look-ahead
+codes, leaky ReLU 0.01, conv2 is causal with a 2-frame cache) -> token-rate `encoders` ->
+`up_layer` (nearest x2 + causal conv with a 4-frame cache) -> `up_embed` -> mel-rate `up_encoders`
+-> `after_norm`. A non-final window of N codes yields N - 3 code frames (2 (N - 3) mel frames); a
+final window is zero-padded by 3 frames after `embed` and yields all N. With empty caches and one
+final window this is the reference's whole-utterance `forward`.
 """
 
 from __future__ import annotations

@@ -1,13 +1,13 @@
 """The DiT attention caches of all live streams in one persistent pooled tensor.
 
-Packing per-stream caches into a batch tensor each window, growing them by a cat and cutting
-them by another (cfm.pack / unpack, cache_pruning) moved every stream's whole cache (262 MB
-per bfloat16 stream at P + 100 frames) five or six times per window. Here each stream owns a
-slot of `att` [steps, depth, 2 S, H, capacity + 1, 2 head_dim] for its lifetime (pool rows 2s
-conditional, 2s + 1 unconditional): the DiT reads a row's cache in place through
-(pool row, slot positions in cache order), see `dit_attention_kernel`; after a window only
-the new frames are written, into positions the cut freed, and the cut itself (facts 1.9, the
-rule of `cache_pruning.cut`) edits the host-side position list. The cache order, the zero padding (the
+Packing per-stream caches into a batch tensor each window, growing them by a cat and cutting them
+by another (cfm.pack / unpack, cache_pruning) moved every stream's whole cache (262 MB per
+bfloat16 stream at P + 100 frames) five or six times per window. Here each stream owns a slot of
+`att` [steps, depth, 2 S, H, capacity + 1, 2 head_dim] for its lifetime (pool rows 2s conditional,
+2s + 1 unconditional): the DiT reads a row's cache in place through (pool row, slot positions in
+cache order), see `dit_attention_kernel`; after a window only the new frames are written, into
+positions the cut freed, and the cut itself (docs/model_facts.md#code2wav-windows, the rule of
+`cache_pruning.cut`) edits the host-side position list. The cache order, the zero padding (the
 last position of every row stays zero) and hence every DiT input equal the dense path's.
 """
 

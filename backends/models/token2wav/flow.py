@@ -1,6 +1,6 @@
 """The flow `CausalMaskedDiffWithXvec`: speech codes -> 80-bin mel at 2 frames per code.
 
-Names follow the reference wrapper (token2wav_facts.md 1.3): `input_embedding`,
+Names follow the reference wrapper (docs/model_facts.md#code2wav-token2wav): `input_embedding`,
 `spk_embed_affine_layer` (applied to the L2-normalised speaker), `encoder`, `encoder_proj`
 (encoder features -> `mu`) and `decoder` (the CFM with its DiT `estimator`).
 

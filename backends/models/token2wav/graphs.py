@@ -1,6 +1,6 @@
 """CUDA graphs for the fixed-shape parts of a window: the conformer encoder, the CFM's ten-step
-solve (about 11k of the ~12k kernels of a window, token2wav_facts.md 4) and the HiFT with its
-ISTFT.
+solve (about 11k of the ~12k kernels of a window, docs/model_facts.md#code2wav-windows) and the
+HiFT with its ISTFT.
 
 `GraphRunner` captures a function once per input shape and replays it: inputs are copied into
 the graph's static tensors, outputs are the graph's own tensors (valid until that graph is

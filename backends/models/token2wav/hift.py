@@ -1,11 +1,12 @@
 """HiFT vocoder (NSF + ISTFTNet): mel [80, T] -> 24 kHz audio, 480 samples per mel frame.
 
-Structure and parameter names follow the CosyVoice2-style `HiFTGenerator` (token2wav_facts.md
-1.8 and 2.2): `conv_pre` -> 3 x (leaky ReLU, transposed conv `ups.i` x8/x5/x3, plus the
-down-sampled STFT of the harmonic source through `source_downs.i` + `source_resblocks.i`, then
-the mean of `resblocks`) -> `conv_post` -> magnitude/phase -> ISTFT (n_fft 16, hop 4, x4).
-Weights are plain here: hift.pt stores the weight-normalised layers as (g, v) and the loader
-folds them (backends.models.weight_norm). The source noise is an argument (`nsf_source`).
+Structure and parameter names follow the CosyVoice2-style `HiFTGenerator`
+(docs/model_facts.md#code2wav-token2wav): `conv_pre` -> 3 x (leaky ReLU, transposed conv `ups.i`
+x8/x5/x3, plus the down-sampled STFT of the harmonic source through `source_downs.i` +
+`source_resblocks.i`, then the mean of `resblocks`) -> `conv_post` -> magnitude/phase -> ISTFT
+(n_fft 16, hop 4, x4). Weights are plain here: hift.pt stores the weight-normalised layers as (g,
+v) and the loader folds them (backends.models.weight_norm). The source noise is an argument
+(`nsf_source`).
 
 On CUDA the elementwise work between the convs (biases, Snakes, residual adds, the resblock
 mean and leaky ReLU) runs as fused `snake_kernel` passes (`fused`; the torch expressions stay

@@ -1,10 +1,10 @@
 """HiFT's excitation: an F0 predictor and a harmonic-plus-noise source (neural source-filter).
 
 Names follow the reference (`f0_predictor.condnet.{0,2,4,6,8}`, `f0_predictor.classifier`,
-`m_source.l_linear`). The source is the reference's `SourceModuleHnNSF2` (token2wav_facts.md
-1.8): harmonics f0 x [1 .. 9] of a phase that is accumulated per mel frame and linearly
-interpolated to samples, gated by voicing, plus Gaussian noise (nsf_sigma where voiced,
-nsf_alpha / 3 where not), merged by `l_linear` + tanh.
+`m_source.l_linear`). The source is the reference's `SourceModuleHnNSF2`
+(docs/model_facts.md#code2wav-token2wav): harmonics f0 x [1 .. 9] of a phase that is accumulated
+per mel frame and linearly interpolated to samples, gated by voicing, plus Gaussian noise
+(nsf_sigma where voiced, nsf_alpha / 3 where not), merged by `l_linear` + tanh.
 
 The noise is an argument (standard normal, drawn by the caller from the stream's own
 generator), so a window's audio is a pure function of its inputs and the stream's state, and

@@ -2,7 +2,7 @@
 
 In torch the write is `att[:, :, rows, :, positions] = new_kv[:, :, dit_rows, :, frames]`: the
 indexed dims sit between kept ones, so it runs as a gather into a temporary and an
-element-wise scatter, ~100 us each for one stream on an H200 (perf/results/audio_tail_h200.md).
+element-wise scatter, ~100 us each for one stream on an H200 (perf/results/stages_h200.md).
 Here one program copies one written frame of one (CFM step, DiT block): all heads' key|value
 rows, contiguous runs of 2 head_dim values, with no temporary.
 """

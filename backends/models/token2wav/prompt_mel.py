@@ -1,4 +1,4 @@
-"""The prompt mel of a voice (the flow's `cond` at setup), token2wav_facts.md 1.7.
+"""The prompt mel of a voice (the flow's `cond` at setup), docs/model_facts.md#code2wav-token2wav.
 
 24 kHz mono in; n_fft 1920, hop 480, periodic Hann window of 1920, reflect padding of 720 on
 both sides and no centring, magnitude sqrt(re^2 + im^2 + 1e-9), 80 Slaney-scale,

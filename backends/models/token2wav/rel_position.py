@@ -2,7 +2,8 @@
 
 The table row for relative distance r (query position minus key position) is the usual
 sinusoid of r; rows run from distance +(max_positions - 1) down to -(max_positions - 1), as in
-the reference's `EspnetRelPositionalEncoding` (token2wav_facts.md 1.4). It is a function of
+the reference's `EspnetRelPositionalEncoding`
+(docs/model_facts.md#code2wav-token2wav). It is a function of
 the width only, so it is a non-persistent buffer, built once.
 
 For a window of T queries whose first query sits after C cached keys (K = C + T keys in all),

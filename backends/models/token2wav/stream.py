@@ -1,11 +1,11 @@
 """One stream's vocoder state between windows, and the HiFT overlap-add that emits audio.
 
-Emission contract (token2wav_facts.md 1.9): the HiFT input of a window is the last 8 mel frames
-of the previous window followed by the new ones, so its first 3840 samples re-cover the
+Emission contract (docs/model_facts.md#code2wav-windows): the HiFT input of a window is the last 8
+mel frames of the previous window followed by the new ones, so its first 3840 samples re-cover the
 previous window's held tail; those are cross-faded with a Hamming window (halves sum to about
-1.08, as in the reference). A non-final window holds its last 3840 samples back, so with 25
-new codes per window the first emits 20160 samples, steady ones 24000, and the final one all
-it has, held tail included. Over a stream, 960 samples come out per decoded code.
+1.08, as in the reference). A non-final window holds its last 3840 samples back, so with 25 new
+codes per window the first emits 20160 samples, steady ones 24000, and the final one all it has,
+held tail included. Over a stream, 960 samples come out per decoded code.
 
 The rows of one HiFT call are emitted together (`emit_rows`: one cross-fade and one copy per
 cache for all of them) and a decode's audio reaches the host in one copy (`to_host`).

@@ -1,7 +1,7 @@
 """The voice prompt: prompt speech codes, prompt mel and speaker embedding of a reference voice.
 
-The reference (token2wav_facts.md 1.7) gets the codes from the S3 tokenizer and the speaker
-from campplus, two ONNX models that cannot run here. Their stand-ins are deterministic
+The reference (docs/model_facts.md#code2wav-token2wav) gets the codes from the S3 tokenizer and
+the speaker from campplus, two ONNX models that cannot run here. Their stand-ins are deterministic
 functions of the reference audio, documented as such:
 - codes: the 16 kHz Whisper log-mel averaged to 25 Hz, centred per utterance, hashed by 13
   seeded random hyperplanes into a 13-bit number taken modulo the 6561 codes;
@@ -12,7 +12,7 @@ An assets folder may instead carry `voice.pt` ({"speech_tokens": [P_tok] int, "s
 those are used. The prompt mel follows the reference recipe exactly (`prompt_mel`).
 
 Every prompt is cut or zero-padded to `prompt_seconds` (6 s: 150 codes, 300 mel frames), so all
-streams share one cache origin (facts 1.4).
+streams share one cache origin (docs/model_facts.md#code2wav-token2wav).
 """
 
 from __future__ import annotations

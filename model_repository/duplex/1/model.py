@@ -23,7 +23,8 @@ class TritonPythonModel:
         self._sampler = start_stack_sampler("duplex")  # off unless DUPLEX_STACK_SAMPLES_DIR is set
         self._name = args["model_name"]
         self._responses = ResponseThread(pb_utils, "duplex-responses")
-        # One thread per process calls the metric API (triton_notes 0.9): the gauges run on it too.
+        # One thread per process calls the metric API (docs/triton_behaviours.md#custom-metrics):
+        # the gauges run on it too.
         metrics = MetricsThread(pb_utils, "duplex", args.get("model_instance_name", ""))
         self._metrics = DuplexMetrics(metrics)
         gauges = ResourceGauges(pb_utils, "duplex")

@@ -1,9 +1,10 @@
 """The parity reference: stepaudio2-minicpmo 0.1.1's model modules, built at our tiny widths.
 
-The reference's package `__init__` pulls torchaudio, s3tokenizer, onnxruntime, transformers
-and hyperpyyaml; its model modules need only torch, numpy, scipy and einops (token2wav_facts.md
-3.2-3.3). So the package is registered as an empty namespace over its installed folder and
-`onnxruntime` (imported but unused by `flow_matching`) is stubbed while the modules load.
+The reference's package `__init__` pulls torchaudio, s3tokenizer, onnxruntime, transformers and
+hyperpyyaml; its model modules need only torch, numpy, scipy and einops
+(docs/model_facts.md#code2wav-token2wav). So the package is registered as an empty namespace over
+its installed folder and `onnxruntime` (imported but unused by `flow_matching`) is stubbed while
+the modules load.
 """
 
 from __future__ import annotations
@@ -162,8 +163,8 @@ def reference_noise(seed: int, num_frames: int, hop: int = 480, num_sines: int =
 
 
 def build_full_size_reference(reference: Reference) -> tuple[torch.nn.Module, torch.nn.Module]:
-    """The reference flow (flow.yaml's values, token2wav_facts.md 1.2) and `HiFTGenerator()`
-    with its defaults; call under `torch.device("meta")` to allocate nothing."""
+    """The reference flow (flow.yaml's values, docs/model_facts.md#code2wav-token2wav) and
+    `HiFTGenerator()` with its defaults; call under `torch.device("meta")` to allocate nothing."""
     encoder = reference.encoder.UpsampleConformerEncoderV2(
         input_size=512, output_size=512, pre_lookahead_len=3, num_blocks=6, num_up_blocks=4,
         up_stride=2, up_scale_factor=2, attention_heads=8, linear_units=2048,

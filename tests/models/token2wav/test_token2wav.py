@@ -1,4 +1,4 @@
-"""Token2Wav streaming (token2wav_facts.md 1.9, facts 1.4) on the tiny random model, and the
+"""Token2Wav streaming (docs/model_facts.md#code2wav-windows) on the tiny random model, and the
 whole stream against the reference's `Token2wav.stream`.
 
 Strategy:

@@ -1,12 +1,12 @@
 """The `assets/token2wav/` files: write, read back, and read the real flow.yaml layout.
 
-Strategy: write assets with a seed, load them, and require the loaded model to decode exactly
-like the in-memory random model (so flow.pt, hift.pt and flow.yaml carry everything); check the
-HiFT file stores weight-normalised layers the way the reference hift.pt does; parse a
-hand-written flow.yaml in the real hyperpyyaml layout (tags, references, unknown keys); and
-build the full-size model on the meta device to compare its key names and shapes with
-token2wav_facts.md 2 and with the reference's own full-size modules (a real flow.pt / hift.pt
-then loads strictly).
+Strategy: write assets with a seed, load them, and require the loaded model to decode exactly like
+the in-memory random model (so flow.pt, hift.pt and flow.yaml carry everything); check the HiFT
+file stores weight-normalised layers the way the reference hift.pt does; parse a hand-written
+flow.yaml in the real hyperpyyaml layout (tags, references, unknown keys); and build the full-size
+model on the meta device to compare its key names and shapes with
+docs/model_facts.md#code2wav-token2wav and with the reference's own full-size modules (a real
+flow.pt / hift.pt then loads strictly).
 """
 
 from __future__ import annotations
@@ -87,9 +87,9 @@ def test_loaded_model_decodes_like_the_written_one(assets: Path) -> None:
 
 
 def test_full_size_key_names_and_shapes_are_the_reference_ones() -> None:
-    """token2wav_facts.md 2: flow.pt holds 605 tensors (155,802,352 parameters), hift.pt 328
-    tensors in the parametrization spelling (20,821,295 parameters). Built on the meta device:
-    no memory is allocated."""
+    """docs/model_facts.md#code2wav-token2wav: flow.pt holds 605 tensors (155,802,352 parameters),
+    hift.pt 328 tensors in the parametrization spelling (20,821,295 parameters). Built on the meta
+    device: no memory is allocated."""
     with torch.device("meta"):
         model = Token2Wav(Token2WavConfig())
     flow = model.flow.state_dict()

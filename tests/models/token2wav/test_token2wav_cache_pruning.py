@@ -1,11 +1,12 @@
-"""Cache cuts (token2wav_facts.md 1.9) on labelled caches: every frame holds its own id, so the
-kept sets can be read off and compared with the facts' statements.
+"""Cache cuts (docs/model_facts.md#code2wav-windows) on labelled caches: every frame holds its own
+id, so the kept sets can be read off and compared with the documented rules.
 
 Strategy: grow caches the way streaming does (DiT: new frames first; Conformer: chronological,
 token rate at half the mel rate) with P = 300 prompt frames and 50 mel frames per window, cut
-after each window, and check the steady state the facts describe: the DiT keeps the newest P
-generated frames plus the last 100 prompt frames; the token-rate Conformer cache freezes at the
-first (P + 100) / 2 positions; the mel-rate one keeps the prompt plus the newest 100 frames.
+after each window, and check the steady state docs/model_facts.md#code2wav-windows describes: the
+DiT keeps the newest P generated frames plus the last 100 prompt frames; the token-rate Conformer
+cache freezes at the first (P + 100) / 2 positions; the mel-rate one keeps the prompt plus the
+newest 100 frames.
 """
 
 from __future__ import annotations

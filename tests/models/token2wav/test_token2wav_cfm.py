@@ -1,12 +1,12 @@
 """The CFM loop against the reference (stepaudio2-minicpmo 0.1.1), plus its batch packing.
 
-Strategy: same weights and the same `rand_noise` stream (copied from the reference, which
-draws it unseeded). Whole utterance: the reference's `forward` (noise from offset 0, full
-attention) against one window over empty caches. Window by window: the reference's
-`forward_chunk` threading its per-step caches, so the noise offset (= cache length), the
-cosine grid, the CFG combination and the per-step caches are all compared; a stream of four
-windows includes the cache cut of `Token2wav.stream`. The time grid is checked against the
-values quoted in token2wav_facts.md 1.6. Batch: streams at different offsets in one call equal
+Strategy: same weights and the same `rand_noise` stream (copied from the reference, which draws it
+unseeded). Whole utterance: the reference's `forward` (noise from offset 0, full attention)
+against one window over empty caches. Window by window: the reference's `forward_chunk` threading
+its per-step caches, so the noise offset (= cache length), the cosine grid, the CFG combination
+and the per-step caches are all compared; a stream of four windows includes the cache cut of
+`Token2wav.stream`. The time grid is checked against the values quoted in
+docs/model_facts.md#code2wav-token2wav. Batch: streams at different offsets in one call equal
 separate calls.
 """
 
@@ -25,7 +25,7 @@ PARITY_ATOL = 1e-5
 BATCH_ATOL = 2e-5
 FACTS_GRID = [0, .012312, .048943, .108993, .190983, .292893, .412215, .546009, .690983,
               .843566, 1]
-GRID_ATOL = 1e-6  # the facts quote 6 decimals
+GRID_ATOL = 1e-6  # docs/model_facts.md quotes 6 decimals
 
 
 def test_time_grid_is_the_cosine_schedule(token2wav) -> None:
