@@ -5,6 +5,5 @@ The packages form one-way layers, bottom to top; a package imports only packages
 
     contracts < runner < models < audio < checkpoint < thinker, talker < stages < duplex < serving
 
-Top-level modules (`switches`) import nothing from `backends`, so any layer may use them.
 tests/test_layers.py holds the code to this order.
 """

@@ -46,11 +46,24 @@ PYTHON=${PYTHON:-python3}
 # an H100, perf/results/duplex_h100.md): SERVER_SETS=h100.
 H100_SETS="max_sessions=24 max_context_tokens=4096 thinker_memory_fraction=0.52 talker_memory_fraction=0.12 code2wav_memory_fraction=0.28"
 
+pack_triton() {  # pack_triton OUT.tar.xz PYVER: the tritonserver of .venv's nvidia-pytriton wheel
+  # (server, backends, the Python backend stub for PYVER, vendored libraries except libpython:
+  # the stub links the GPU machine's own), laid out as in the wheel so the RPATHs resolve.
+  local out=$1 pyver=$2 site tmp
+  site=$(.venv/bin/python -c 'import os, pytriton; print(os.path.dirname(os.path.dirname(pytriton.__file__)))')
+  tmp=$(mktemp -d)
+  local server="$site/pytriton/tritonserver" dest="$tmp/pytriton/tritonserver"
+  mkdir -p "$dest/python_backend_stubs" "$tmp/nvidia_pytriton.libs"
+  cp -r "$server/bin" "$server/backends" "$server/caches" "$dest/"
+  cp -r "$server/python_backend_stubs/$pyver" "$dest/python_backend_stubs/"
+  cp "$server/python_backend_stubs/$pyver/triton_python_backend_stub" "$dest/backends/python/"
+  find "$site/nvidia_pytriton.libs" -maxdepth 1 -type f ! -name 'libpython*' -exec cp {} "$tmp/nvidia_pytriton.libs/" \;
+  tar -C "$tmp" -cJf "$out" . && rm -rf "$tmp"
+}
+
 prepare() {
   mkdir -p "$CARRY/wheels"
-  # TRITON_BUNDLE: a script that packs the tritonserver of the nvidia-pytriton wheel, with the
-  # Python backend stub built for a given Python, into one tar.xz
-  PATH="$PWD/.venv/bin:$PATH" bash "${TRITON_BUNDLE:-../shared/tools/triton-bundle}" "$CARRY/triton.tar.xz" 3.12
+  pack_triton "$CARRY/triton.tar.xz" 3.12
   .venv/bin/pip download --quiet --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
     --platform manylinux1_x86_64 -d "$CARRY/wheels" \
