@@ -155,7 +155,8 @@ def _check_together(values: dict[str, Any]) -> None:
     if (values.get("reply_units", 0) > 0) != (values.get("reply_tokens_per_unit", 0) > 0):
         raise DuplexError(INVALID_ARGUMENT, "parameters reply_units and reply_tokens_per_unit must be set together "
                                             "(both 0, or both at least 1)")
-    size = sum(len(values.get(name, "").encode("utf-8", "surrogatepass")) for name in ("instructions", "initial_user_text"))
+    texts = (values.get("instructions", ""), values.get("initial_user_text", ""))
+    size = sum(len(text.encode("utf-8", "surrogatepass")) for text in texts)
     if size > MAX_SETUP_TEXT_BYTES:
         raise DuplexError(INVALID_ARGUMENT, f"parameters instructions and initial_user_text hold {size} bytes of "
                                             f"UTF-8 together, over the limit of {MAX_SETUP_TEXT_BYTES}")

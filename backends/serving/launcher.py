@@ -97,9 +97,8 @@ class ServerProcess:
         repo = render_repository(opts.repository, opts.workdir / "repos" / f"{profile.name}-{self.grpc_port}", profile)
         self.log_file.parent.mkdir(parents=True, exist_ok=True)
         try:
-            write_secret_file(self.stage_secret_file, self.stage_secret)
-            env = {**install.environment(), **self._start_mps(), STAGE_URL_ENV: self.stage_url,
-                   SECRET_FILE_ENV: str(self.stage_secret_file)}
+            env = {**install.environment(), **self._start_mps(), **self.write_stage_secret(),
+                   STAGE_URL_ENV: self.stage_url}
             with open(self.log_file, "wb") as log:
                 self.process = subprocess.Popen(
                     self._command(install.binary, install.backend_dir, repo), stdout=log,
@@ -110,6 +109,12 @@ class ServerProcess:
             self.stop()
             raise
         return self
+
+    def write_stage_secret(self) -> dict[str, str]:
+        """Write this start's stage secret (0600; removed by `stop`); the environment entry
+        that hands its path to the model processes."""
+        write_secret_file(self.stage_secret_file, self.stage_secret)
+        return {SECRET_FILE_ENV: str(self.stage_secret_file)}
 
     def _start_mps(self) -> dict[str, str]:
         """Start this server's MPS daemon if its mode asks for one; `auto` falls back to

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import stat
+import threading
 
 import numpy as np
 import pytest
@@ -105,6 +106,13 @@ def _send(pb, adapter: StageAdapter, message, parameters: dict | None = None):
     return request.sender.sent
 
 
+def _drain(adapter: StageAdapter) -> None:
+    """Wait until the engine thread has run every command posted before."""
+    done = threading.Event()
+    adapter.engine_thread.call(done.set)
+    assert done.wait(WAIT_S)
+
+
 def _setup_request(request_id: str) -> ThinkerRequest:
     return ThinkerRequest(request_id=request_id, audio=np.zeros(0, np.float32), seq=0)
 
@@ -125,7 +133,7 @@ def test_a_request_without_the_secret_is_forbidden_before_the_engine(pb, guarded
         assert flags == pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL
         assert response.error().message().startswith("[forbidden] [thinker]")
         assert response.error().code() == pb.TritonError.INVALID_ARG
-    adapter.engine_thread.call(lambda: None)  # anything posted before has been handled
+    _drain(adapter)
     assert engine.submitted == [] and engine.stopped == []
     assert pb.value("minicpmo_errors_total", model="thinker", code="forbidden") == 2
 
@@ -139,7 +147,7 @@ def test_with_the_secret_requests_reach_the_engine(pb, guarded):
     adapter, engine = guarded
     _send(pb, adapter, _setup_request("x.e0"), {SECRET_PARAMETER: SECRET})
     _send(pb, adapter, stop_request("thinker", "x.e0"), {SECRET_PARAMETER: SECRET})
-    adapter.engine_thread.call(lambda: None)
+    _drain(adapter)
     assert engine.submitted == ["x.e0"] and engine.stopped == ["x.e0"]
 
 
@@ -148,7 +156,7 @@ def test_an_unguarded_stage_serves_anyone_and_says_so(pb):
     adapter = StageAdapter(pb, "thinker", ThinkerRequest, engine, guard=StageGuard(None))
     try:
         _send(pb, adapter, _setup_request("x.e0"))
-        adapter.engine_thread.call(lambda: None)
+        _drain(adapter)
         assert engine.submitted == ["x.e0"]
         assert any(level == "warn" and "no stage secret" in line for level, line in pb.Logger.lines)
     finally:
