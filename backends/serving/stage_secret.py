@@ -34,7 +34,7 @@ def new_secret() -> str:
 
 def write_secret_file(path: Path, secret: str) -> Path:
     """Write `secret` to `path` readable by its owner only (0600, also when it existed)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)  # a new folder: its owner's only
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as out:
         os.fchmod(out.fileno(), 0o600)
