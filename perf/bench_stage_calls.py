@@ -5,14 +5,16 @@ The `duplex` model calls the stages over gRPC streams to its own server
 answers at once (a `stop` of an unknown id: no engine work), per stage, two ways in turns:
 `kept` (the served behaviour: the stream stays open between calls) and `fresh` (the stream is
 closed after every call, so each call opens one, as the orchestrator did before). Starts its own
-cpu-profile server on the tiny checkpoint unless `--url` names a running one.
+cpu-profile server on the tiny checkpoint unless `--url` names a running one (then
+`--stage-secret-file` names its stage secret, which the stages want on every request but `health`).
 
-    python perf/bench_stage_calls.py [--calls 200] [--rounds 2] [--url HOST:PORT]
+    python perf/bench_stage_calls.py [--calls 200] [--rounds 2] [--url HOST:PORT --stage-secret-file F]
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import statistics
 import sys
 import time
@@ -26,6 +28,7 @@ from backends.contracts.messages import stop_request  # noqa: E402
 from backends.contracts.stage_clients import STAGES  # noqa: E402
 from backends.contracts.tensor_codec import to_arrays  # noqa: E402
 from backends.serving.stage_channel import StageChannel  # noqa: E402
+from backends.serving.stage_secret import read_secret_file  # noqa: E402
 
 MODES = ("fresh", "kept")
 
@@ -68,10 +71,15 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=200)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--url", default="", help="a running server's gRPC host:port (default: start one)")
+    parser.add_argument("--stage-secret-file", type=Path, default=None, help="that server's stage secret file")
     args = parser.parse_args()
     with ExitStack() as stack:
-        url = args.url or stack.enter_context(_tiny_server()).grpc_url
-        results = bench(url, args.calls, args.rounds)
+        if args.url:
+            url, secret = args.url, read_secret_file(args.stage_secret_file) if args.stage_secret_file else None
+        else:
+            server = stack.enter_context(_tiny_server())
+            url, secret = server.grpc_url, server.stage_secret
+        results = bench(url, args.calls, args.rounds, functools.partial(StageChannel, secret=secret))
     print("| stage | stream per call, ms | kept stream, ms | saved, ms |")
     print("| --- | ---: | ---: | ---: |")
     for stage, per_mode in results.items():

@@ -1,7 +1,7 @@
 """Run perf_analyzer on a stage model (streaming) or on `duplex` (sequence mode), then report
 first-response and inter-response latencies from its profile export.
 
-    python -m perf.pa_run --model thinker --url 127.0.0.1:8001 [--sessions 4]
+    python -m perf.pa_run --model thinker --url 127.0.0.1:8001 --stage-secret-file F [--sessions 4]
     python -m perf.pa_run --model talker --checkpoint full-random --url ...
     python -m perf.pa_run --model duplex --url 127.0.0.1:8001 --sequences 2 --seconds 12
 
@@ -10,6 +10,12 @@ own scripted session at concurrency 1 (their state is per request id, see pa_inp
 stage sees N concurrent sessions. `duplex`: request-rate mode at 1000 / append_ms requests per
 second per sequence (real-time appends) over `--sequences` sequences; concurrency mode cannot
 drive it, because a sequence's START request stays open for the whole session.
+
+A stage model serves only requests that carry the server's stage secret
+(backends/serving/stage_secret.py): `--stage-secret-file` names the file the launcher wrote
+(its start-up line prints the path) and every stage request carries it (perf_analyzer's
+`--request-parameter`, which puts it on perf_analyzer's command line: run it on a machine whose
+other users may see the server's internals anyway). Without it the stage answers `[forbidden]`.
 
 perf_analyzer (tritonclient[all]==2.51.0) needs `libb64-0d` (apt) and libcudart.so.12 (PyPI
 nvidia-cuda-runtime-cu12); its directory is put on LD_LIBRARY_PATH here. Writes
@@ -25,6 +31,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from backends.serving.stage_secret import SECRET_PARAMETER, read_secret_file
 from perf.pa_inputs import STAGES, StageDims, duplex_data, session_request_id, stage_data
 from perf.pa_latency import duplex_latency, load_requests, stream_latency, to_json
 
@@ -50,11 +57,20 @@ def pa_environment() -> dict[str, str]:
     return env
 
 
-def stage_command(args: argparse.Namespace, data: Path, export: Path) -> list[str]:
+def stage_secret(args: argparse.Namespace) -> str | None:
+    return read_secret_file(args.stage_secret_file) if args.stage_secret_file else None
+
+
+def secret_arguments(secret: str | None) -> list[str]:
+    """perf_analyzer's arguments that send the stage secret on every request."""
+    return ["--request-parameter", f"{SECRET_PARAMETER}:{secret}:string"] if secret else []
+
+
+def stage_command(args: argparse.Namespace, data: Path, export: Path, secret: str | None = None) -> list[str]:
     return [perf_analyzer_binary(), "-m", args.model, "-u", args.url, "-i", "grpc", "--streaming",
             "--input-data", str(data), "--concurrency-range", "1", "--measurement-mode", "count_windows",
             "--measurement-request-count", str(args.window_requests), "--max-trials", "3",
-            "--stability-percentage", "999", "--profile-export-file", str(export)]
+            "--stability-percentage", "999", "--profile-export-file", str(export), *secret_arguments(secret)]
 
 
 def duplex_command(args: argparse.Namespace, data: Path, export: Path) -> list[str]:
@@ -67,24 +83,25 @@ def duplex_command(args: argparse.Namespace, data: Path, export: Path) -> list[s
 
 def run_stage(args: argparse.Namespace) -> dict:
     dims = StageDims.for_checkpoint(args.checkpoint) if args.model == "talker" else None
+    secret = stage_secret(args)
     procs, exports = [], []
     for session in range(args.sessions):
         data, export = args.out / f"{args.model}_{session}.json", args.out / f"{args.model}_{session}_export.json"
         data.write_text(json.dumps(stage_data(args.model, session, args.units, dims)))
-        procs.append(_spawn(stage_command(args, data, export), args.out / f"{args.model}_{session}.log"))
+        procs.append(_spawn(stage_command(args, data, export, secret), args.out / f"{args.model}_{session}.log"))
         exports.append(export)
     _wait(procs, args.timeout_s)
-    stop_sessions(args.url, args.model, args.sessions)
+    stop_sessions(args.url, args.model, args.sessions, secret)
     requests = [r for export in exports if export.is_file() for r in load_requests(export)]
     return {"model": args.model, "sessions": args.sessions, **to_json(stream_latency(requests))}
 
 
-def stop_sessions(url: str, model: str, sessions: int) -> None:
+def stop_sessions(url: str, model: str, sessions: int, secret: str | None = None) -> None:
     """Stop the scripted sessions' requests: perf_analyzer ends a run wherever its window ends,
     often before a session's closing `stop`, and a stage keeps a request until it is stopped."""
     from backends.serving.grpc_stages import GrpcStageClients
 
-    stages = GrpcStageClients(url)
+    stages = GrpcStageClients(url, secret=secret)
     try:
         for session in range(sessions):
             stages.stop(model, session_request_id(model, session))
@@ -122,6 +139,8 @@ def build_parser() -> argparse.ArgumentParser:
     add = parser.add_argument
     add("--model", required=True, choices=(*STAGES, "duplex"))
     add("--url", default="127.0.0.1:8001", help="gRPC host:port")
+    add("--stage-secret-file", type=Path, default=None,
+        help="stage models: the server's stage secret file (the launcher prints its path)")
     add("--checkpoint", default="tiny", help="tiny | full-random | a directory (the talker's hidden width)")
     add("--sessions", type=int, default=1, help="stage models: parallel scripted sessions")
     add("--units", type=int, default=5, help="stage models: units per scripted session")

@@ -191,11 +191,14 @@ replicas_bench() {  # two full pipelines, one per GPU; the client splits the ses
 }
 
 perf_analyzer_all() {  # PA_MODELS: which of them (default all four)
-  local models=" ${PA_MODELS:-thinker talker code2wav duplex} "
+  local models=" ${PA_MODELS:-thinker talker code2wav duplex} " secret_file
+  # The stages serve only requests with the server's stage secret; the launcher names its file.
+  secret_file=$(sed -n 's/^tritonserver ready: .*, stage secret file //p' "$OUT/launcher_main.log")
   for model in thinker talker code2wav; do
     [[ $models == *" $model "* ]] || continue
     "$PYTHON" -m perf.pa_run --model "$model" --checkpoint "$CHECKPOINT" --url "127.0.0.1:$((BASE + 1))" \
-      --sessions 4 --timeout-s 90 --out /tmp/pa > /dev/null || echo "perf_analyzer $model failed"
+      --stage-secret-file "$secret_file" --sessions 4 --timeout-s 90 --out /tmp/pa > /dev/null \
+      || echo "perf_analyzer $model failed"
   done
   [[ $models == *" duplex "* ]] && { "$PYTHON" -m perf.pa_run --model duplex --url "127.0.0.1:$((BASE + 1))" \
     --sequences 4 --seconds 12 --timeout-s 150 --out /tmp/pa > /dev/null || echo "perf_analyzer duplex failed"; }

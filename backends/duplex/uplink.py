@@ -2,7 +2,9 @@
 
 Everything a client controls is checked here, before any state changes: dtype and rank of
 AUDIO/REF_AUDIO, append size, the sample_rate parameter, the action, and the type and range
-of every session parameter. A failure is a DuplexError with code `invalid_argument`.
+of every session parameter, each to what the stages can hold (a value that passed here must not
+fail the session later). A failure is a DuplexError with code `invalid_argument` that names the
+parameter and what it accepts.
 """
 from __future__ import annotations
 
@@ -16,9 +18,23 @@ from backends.contracts.messages import MAX_REF_AUDIO_SECONDS, MIN_REF_AUDIO_SAM
 from backends.duplex.errors import INVALID_ARGUMENT, DuplexError
 from backends.duplex.unit_buffer import SAMPLE_RATE
 from backends.thinker.context_window import WINDOW_MODES
+from backends.thinker.duplex_policy import MAX_TOKENS_PER_UNIT, REPLY_CONTROL_SLOTS
 
 ACTIONS = ("append", "commit", "cancel")
 MAX_TEXT_CHARS = 4000
+# instructions + initial_user_text as UTF-8: at most half the Thinker's default context of 8192
+# tokens (a token is at least one byte), so the setup leaves room for the conversation.
+MAX_SETUP_TEXT_BYTES = 4096
+# The orchestrator adds to the session's seed before it travels as int64: 42 for the Talker
+# (backends/duplex/audio_tail.py) and the epoch, one per barge-in, for the Thinker
+# (backends/duplex/unit_queue.py). The headroom would take 2**32 - 42 barge-ins to use up.
+SEED_HEADROOM = 2**32
+MAX_SEED = 2**63 - 1 - SEED_HEADROOM
+MAX_REPLY_UNITS = 64
+# The Thinker's limit (backends/thinker/duplex_policy.py): a forced unit's text tokens plus its control tokens.
+MAX_REPLY_TOKENS_PER_UNIT = MAX_TOKENS_PER_UNIT - REPLY_CONTROL_SLOTS
+MAX_FORCE_LISTEN_COUNT = 1000
+VOICES = ("", "default")
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,19 +78,23 @@ class Uplink:
 _START_PARAMS: dict[str, tuple[tuple[type, ...], Any]] = {
     "instructions": ((str,), lambda v: _text_limit(v)),
     "initial_user_text": ((str,), lambda v: _text_limit(v)),
-    "temperature": ((int, float), lambda v: None if 0.0 < v <= 2.0 else "must be in (0, 2]"),
-    "seed": ((int,), lambda v: None if 0 <= v < 2**63 else "must be a non-negative 63-bit integer"),
-    "reply_units": ((int,), lambda v: None if 0 <= v <= 64 else "must be in [0, 64]"),
-    "reply_tokens_per_unit": ((int,), lambda v: None if 0 <= v <= 19 else "must be in [0, 19]"),
-    "force_listen_count": ((int,), lambda v: None if 0 <= v <= 1000 else "must be in [0, 1000]"),
+    "temperature": ((int, float), lambda v: None if 0.0 < v <= 2.0 else f"must be in (0, 2], got {v!r}"),
+    "seed": ((int,), lambda v: _int_range(v, 0, MAX_SEED)),
+    "reply_units": ((int,), lambda v: _int_range(v, 0, MAX_REPLY_UNITS)),
+    "reply_tokens_per_unit": ((int,), lambda v: _int_range(v, 0, MAX_REPLY_TOKENS_PER_UNIT)),
+    "force_listen_count": ((int,), lambda v: _int_range(v, 0, MAX_FORCE_LISTEN_COUNT)),
     "sliding_window_mode": ((str,), lambda v: None if v in WINDOW_MODES else f"must be one of {list(WINDOW_MODES)}"),
-    "voice": ((str,), lambda v: None if v in ("", "default") else "only 'default' or REF_AUDIO is supported"),
+    "voice": ((str,), lambda v: None if v in VOICES else "only 'default' or REF_AUDIO is supported"),
 }
 _ANY_PARAMS = ("action", "sample_rate")
 
 
 def _text_limit(value: str) -> str | None:
     return None if len(value) <= MAX_TEXT_CHARS else f"is longer than {MAX_TEXT_CHARS} characters"
+
+
+def _int_range(value: int, low: int, high: int) -> str | None:
+    return None if low <= value <= high else f"must be an integer in [{low}, {high}], got {value}"
 
 
 def parse_uplink(raw: RawUplink, max_append_samples: int) -> Uplink:
@@ -129,6 +149,19 @@ def _pcm16(name: str, array: np.ndarray | None, max_samples: int) -> np.ndarray:
     return array
 
 
+def _check_together(values: dict[str, Any]) -> None:
+    """Rules across START parameters: the reply-shape knobs come as a pair, and the setup texts
+    share one size limit."""
+    if (values.get("reply_units", 0) > 0) != (values.get("reply_tokens_per_unit", 0) > 0):
+        raise DuplexError(INVALID_ARGUMENT, "parameters reply_units and reply_tokens_per_unit must be set together "
+                                            "(both 0, or both at least 1)")
+    texts = (values.get("instructions", ""), values.get("initial_user_text", ""))
+    size = sum(len(text.encode("utf-8", "surrogatepass")) for text in texts)
+    if size > MAX_SETUP_TEXT_BYTES:
+        raise DuplexError(INVALID_ARGUMENT, f"parameters instructions and initial_user_text hold {size} bytes of "
+                                            f"UTF-8 together, over the limit of {MAX_SETUP_TEXT_BYTES}")
+
+
 def _session_options(params: dict[str, Any], ref_audio: np.ndarray | None) -> SessionOptions:
     values: dict[str, Any] = {}
     for name, (types, check) in _START_PARAMS.items():
@@ -141,6 +174,7 @@ def _session_options(params: dict[str, Any], ref_audio: np.ndarray | None) -> Se
         if problem:
             raise DuplexError(INVALID_ARGUMENT, f"parameter {name} {problem}")
         values[name] = float(value) if name == "temperature" else value
+    _check_together(values)
     values.pop("voice", None)
     ref = _pcm16("REF_AUDIO", ref_audio, MAX_REF_AUDIO_SECONDS * SAMPLE_RATE) if ref_audio is not None else None
     if ref is not None and 0 < ref.size < MIN_REF_AUDIO_SAMPLES:

@@ -15,10 +15,12 @@ Each call runs on a pooled StageChannel (backends/serving/stage_channel.py: one 
 per stream, streams reused across calls, never cancelled). Channels are pooled per stage; a
 channel that broke is closed instead of returned, one whose early-ended call is still draining
 waits in the pool until its FINAL arrives, and a stream idle for `stream_idle_s` is closed (an
-open stream would keep the server's own gRPC frontend from shutting down).
+open stream would keep the server's own gRPC frontend from shutting down). Every request carries
+the server's stage secret (backends/serving/stage_secret.py), without which the stages refuse it.
 """
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import threading
@@ -57,10 +59,11 @@ class GrpcStageClients:
     """StageClients (backends/contracts/stage_clients.py) over pooled StageChannels."""
 
     def __init__(self, url: str, timeout_s: float = DEFAULT_TIMEOUT_S, max_idle: int = DEFAULT_MAX_IDLE,
-                 channel_factory: Callable[[str, float], StageChannel] = StageChannel,
-                 stream_idle_s: float = DEFAULT_STREAM_IDLE_S) -> None:
+                 channel_factory: Callable[[str, float], StageChannel] | None = None,
+                 stream_idle_s: float = DEFAULT_STREAM_IDLE_S, secret: str | None = None) -> None:
         self._url, self._timeout_s, self._max_idle = url, timeout_s, max_idle
-        self._new_channel = channel_factory  # tests pass a fake
+        # tests pass a fake factory; the real channels send `secret` on every request
+        self._new_channel = channel_factory or functools.partial(StageChannel, secret=secret)
         self._lock = threading.Lock()  # guards the fields below
         self._idle: dict[str, list[StageChannel]] = {}
         self._open = 0  # channels created and not closed (idle or in a call)

@@ -10,7 +10,9 @@ server, backends/serving/stage_channel.py):
 - `duplex` and the three stages must be loaded (Triton's `v2/models/<model>/ready`, HTTP);
 - each loaded stage gets a request with ACTION `health` (backends/serving/stage_health.py) and
   must answer it with an empty FINAL; a stage whose engine thread is gone answers UNAVAILABLE,
-  and one whose stub process is gone fails the request itself.
+  and one whose stub process is gone fails the request itself. `health` is the one action a
+  stage serves without the server's stage secret (backends/serving/stage_secret.py): it holds
+  nothing, so the probe needs no secret and runs from anywhere that reaches the ports.
 
     python -m backends.serving.health --url http://HOST:8000 [--grpc-url HOST:8001]
 

@@ -3,7 +3,10 @@
     minicpmo-server --profile cpu [--grpc-port 8001] [--set max_sessions=8] [--log-file F]
 
 Binds to loopback unless --address is given. Used by the README's main job, by the test
-fixtures and by the benchmarks (through `ServerProcess`).
+fixtures and by the benchmarks (through `ServerProcess`). Each start generates a new stage
+secret (backends/serving/stage_secret.py), written to a 0600 file under the workdir whose path
+the model processes get in MINICPMO_STAGE_SECRET_FILE: the stage models serve only requests
+that carry it, which `duplex` sends and outside clients do not have.
 """
 from __future__ import annotations
 
@@ -24,6 +27,7 @@ from backends.serving.metrics_stage_calls import call_metrics_enabled
 from backends.serving.mps import MODES as MPS_MODES, MpsDaemon, mps_daemon
 from backends.serving.profiles import Profile, get_profile
 from backends.serving.repository import render_repository
+from backends.serving.stage_secret import SECRET_FILE_ENV, new_secret, write_secret_file
 from backends.serving.triton_install import find_triton
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
@@ -66,6 +70,9 @@ class ServerProcess:
         self.http_port, self.grpc_port = pick(options.http_port), pick(options.grpc_port)
         self.metrics_port = pick(options.metrics_port)
         self.log_file = options.log_file or options.workdir / "logs" / f"triton-{self.grpc_port}.log"
+        # Stage requests must carry it (tools that call a stage directly take it from here).
+        self.stage_secret = new_secret()
+        self.stage_secret_file = options.workdir / "secrets" / f"stage-{self.grpc_port}"
 
     @property
     def grpc_url(self) -> str:
@@ -90,7 +97,8 @@ class ServerProcess:
         repo = render_repository(opts.repository, opts.workdir / "repos" / f"{profile.name}-{self.grpc_port}", profile)
         self.log_file.parent.mkdir(parents=True, exist_ok=True)
         try:
-            env = {**install.environment(), **self._start_mps(), STAGE_URL_ENV: self.stage_url}
+            env = {**install.environment(), **self._start_mps(), **self.write_stage_secret(),
+                   STAGE_URL_ENV: self.stage_url}
             with open(self.log_file, "wb") as log:
                 self.process = subprocess.Popen(
                     self._command(install.binary, install.backend_dir, repo), stdout=log,
@@ -101,6 +109,12 @@ class ServerProcess:
             self.stop()
             raise
         return self
+
+    def write_stage_secret(self) -> dict[str, str]:
+        """Write this start's stage secret (0600; removed by `stop`); the environment entry
+        that hands its path to the model processes."""
+        write_secret_file(self.stage_secret_file, self.stage_secret)
+        return {SECRET_FILE_ENV: str(self.stage_secret_file)}
 
     def _start_mps(self) -> dict[str, str]:
         """Start this server's MPS daemon if its mode asks for one; `auto` falls back to
@@ -176,6 +190,7 @@ class ServerProcess:
             if self.mps is not None:  # after its clients (the stage processes) are gone
                 self.mps.stop()
                 self.mps = None
+            self.stage_secret_file.unlink(missing_ok=True)
 
     def __enter__(self) -> "ServerProcess":
         return self.start()
@@ -229,7 +244,8 @@ def main(argv: list[str] | None = None) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop_requested.append(True))
     server.start()
-    print(f"tritonserver ready: grpc {server.grpc_url}, http {server.http_url}, log {server.log_file}", flush=True)
+    print(f"tritonserver ready: grpc {server.grpc_url}, http {server.http_url}, log {server.log_file}, "
+          f"stage secret file {server.stage_secret_file}", flush=True)
     while not stop_requested and server.process is not None and server.process.poll() is None:
         time.sleep(0.5)
     code = server.stop()

@@ -12,6 +12,9 @@ the request's completion (server#7368, #8034; seen once in ~7 CI runs of the 200
 test). The request runs on to its end, which the session's explicit `stop` request brings
 quickly, and the channel is `draining` until that FINAL has arrived; `ready` reports when the
 stream can carry the next call. Streams are ended by half-closing them (`half_close`).
+
+Every request carries the server's stage secret, when the channel has one
+(backends/serving/stage_secret.py): the stages refuse any other but `health`.
 """
 from __future__ import annotations
 
@@ -28,6 +31,7 @@ import tritonclient.grpc as grpcclient
 from backends.contracts.errors import StageError
 from backends.contracts.stage_clients import StageCallError
 from backends.serving.metrics_stage_calls import SENT_NS_PARAMETER, call_metrics_enabled
+from backends.serving.stage_secret import secret_parameters
 from backends.serving.triton_responses import parse_error_message
 from client.stream_close import half_close
 
@@ -55,8 +59,9 @@ def _is_final(result: Any) -> bool:
 class StageChannel:
     """`call` sends one request and yields the answers that carry outputs up to the FINAL."""
 
-    def __init__(self, url: str, timeout_s: float) -> None:
+    def __init__(self, url: str, timeout_s: float, secret: str | None = None) -> None:
         self._timeout_s = timeout_s
+        self._secret_parameters = secret_parameters(secret)
         self._client = grpcclient.InferenceServerClient(url)
         self._stamp_sends = call_metrics_enabled()  # the stages time each request's arrival from it
         self._answers: queue.SimpleQueue[tuple[Any, Any]] | None = None  # the open stream's
@@ -102,13 +107,15 @@ class StageChannel:
         answers = self._open_stream()
         try:
             self._client.async_stream_infer(model, infer_inputs(arrays), request_id=uuid.uuid4().hex,
-                                            enable_empty_final_response=True,
-                                            parameters=({SENT_NS_PARAMETER: time.monotonic_ns()}
-                                                        if self._stamp_sends else None))
+                                            enable_empty_final_response=True, parameters=self._parameters())
         except Exception:
             self.usable = False  # the stream refused the request: it is not worth another call
             raise
         return answers
+
+    def _parameters(self) -> dict[str, object] | None:
+        stamp = {SENT_NS_PARAMETER: time.monotonic_ns()} if self._stamp_sends else {}
+        return {**self._secret_parameters, **stamp} or None
 
     def ready(self) -> bool:
         """Whether the channel can carry a call: not draining, or the FINAL it waits for has

@@ -2,7 +2,8 @@
 
 A stage answers it at once, without its engine: an empty FINAL while its engine thread runs,
 UNAVAILABLE once it is gone (backends/serving/triton_stage.py). The readiness probe sends it
-(backends/serving/health.py).
+(backends/serving/health.py). It is the one action served without the server's stage secret:
+it reads whether the engine thread runs and holds nothing.
 """
 from __future__ import annotations
 

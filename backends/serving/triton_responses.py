@@ -33,6 +33,9 @@ ERROR_CODES = {
     "unavailable": "UNAVAILABLE",
     "cancelled": "CANCELLED",
     "not_found": "NOT_FOUND",
+    # A stage request without this server's secret (2.51's TritonError has no PERMISSION_DENIED;
+    # the `[forbidden]` prefix carries the reason).
+    "forbidden": "INVALID_ARG",
 }
 
 

@@ -1,6 +1,8 @@
 """The body of a stage model (thinker, talker, code2wav) behind its thin `model.py`.
 
 `execute` decodes each request into the stage contract and posts it to the engine thread;
+a request without this server's stage secret is refused with `[forbidden]` before anything
+else reads it, unless it is a `health` request (backends/serving/stage_secret.py);
 a `stop` action is answered at once, and so are a `health` action (UNAVAILABLE once the
 engine thread is gone: backends/serving/stage_health.py) and, for an engine that takes it (Code2Wav),
 an `expect` action: the announcement goes to the engine thread, nobody waits for its effect.
@@ -24,8 +26,11 @@ from backends.serving.metrics_stage_calls import call_metrics_enabled, sent_ns_o
 from backends.serving.metrics_thread import MetricsThread
 from backends.serving.resource_gauges import ResourceGauges
 from backends.serving.stage_health import ACTION_HEALTH
+from backends.serving.stage_secret import StageGuard
 from backends.serving.triton_responses import ResponseThread, TritonSink, triton_error
-from backends.serving.triton_tensors import ContractError, decode_request, encode_response
+from backends.serving.triton_tensors import ContractError, decode_request, encode_response, tensor_to_numpy
+
+FORBIDDEN = "forbidden"
 
 
 def model_parameters(args: dict[str, Any]) -> dict[str, str]:
@@ -47,14 +52,18 @@ def apply_memory_fraction(params: dict[str, str], device_id: str) -> None:
 
 class StageAdapter:
     def __init__(self, pb_utils: Any, name: str, request_cls: type, engine: SteppedEngine,
-                 params: dict[str, str] | None = None, instance: str = "") -> None:
+                 params: dict[str, str] | None = None, instance: str = "", guard: StageGuard | None = None) -> None:
         enable_stack_dump()
+        self._guard = guard if guard is not None else StageGuard.from_environment()  # refuses to load on a bad file
         self._sampler = start_stack_sampler(name)
         self._pb = pb_utils
         self._name = name
         self._request_cls = request_cls
         if install_fault_hook(engine, name, (params or {}).get("fault_injection", "off")):
             pb_utils.Logger.log_warn(f"[{name}] fault_injection=on: requests marked 'fault-{name}' will fail")
+        if not self._guard.enabled:
+            pb_utils.Logger.log_warn(f"[{name}] no stage secret configured: this stage serves any client of the "
+                                     "server's ports; expose only the duplex model (deploy/README.md)")
         self._metrics = StageMetrics(MetricsThread(pb_utils, name, instance), ResourceGauges(pb_utils, name))
         self._time_hops = call_metrics_enabled()  # arrival and send of every request (diagnostics)
         self._responses = ResponseThread(pb_utils, f"{name}-responses",
@@ -83,9 +92,14 @@ class StageAdapter:
         return None
 
     def _accept(self, request: Any) -> None:
-        if self._time_hops and (sent_ns := sent_ns_of(request.parameters())) is not None:
-            self._metrics.on_arrival(time.monotonic_ns() - sent_ns)
         sender = request.get_response_sender()
+        parameters = request.parameters()
+        if not self._guard.allows(parameters) and self._action_of(request) != ACTION_HEALTH:
+            self._fail(sender, StageError(FORBIDDEN, f"[{self._name}] stage models serve this server's own "
+                                                     "orchestrator only: send sessions to the duplex model"))
+            return
+        if self._time_hops and (sent_ns := sent_ns_of(parameters)) is not None:
+            self._metrics.on_arrival(time.monotonic_ns() - sent_ns)
         try:
             parsed = decode_request(self._pb, request, self._request_cls)
             if parsed.action not in self._actions:
@@ -107,6 +121,17 @@ class StageAdapter:
         sink = self._metrics.sink(
             TritonSink(self._pb, sender, self._responses, lambda result: encode_response(self._pb, result)))
         self.engine_thread.submit(parsed, sink)
+
+    def _action_of(self, request: Any) -> str | None:
+        """The ACTION of a request that has not been decoded (None when absent or not text):
+        only `health` is served without the secret."""
+        tensor = self._pb.get_input_tensor_by_name(request, "ACTION")
+        if tensor is None:
+            return None
+        array = tensor_to_numpy(tensor)
+        if array.dtype != "uint8" or array.ndim != 1:
+            return None
+        return array.tobytes().decode("utf-8", "replace")
 
     def _answer_health(self, sender: Any) -> None:
         if self.engine_thread.is_alive():

@@ -6,7 +6,9 @@ import numpy as np
 import pytest
 
 from backends.duplex.errors import DuplexError
-from backends.duplex.uplink import RawUplink, parse_uplink
+from backends.duplex.uplink import (
+    MAX_REPLY_TOKENS_PER_UNIT, MAX_SEED, MAX_SETUP_TEXT_BYTES, RawUplink, parse_uplink,
+)
 
 MAX = 16000 * 10
 
@@ -17,7 +19,8 @@ def _raw(start=False, audio=None, ref=None, **params):
 
 def test_start_with_options_and_ref_audio():
     up = parse_uplink(_raw(True, np.zeros(3200, np.int16), np.full(1600, 16384, np.int16),
-                           initial_user_text="hi", temperature=0.7, seed=3, reply_units=4), MAX)
+                           initial_user_text="hi", temperature=0.7, seed=3, reply_units=4,
+                           reply_tokens_per_unit=2), MAX)
     assert up.is_start and up.action == "append" and up.audio.size == 3200
     assert up.options.initial_user_text == "hi" and up.options.seed == 3 and up.options.reply_units == 4
     assert up.options.ref_audio.dtype == np.float32 and up.options.ref_audio.max() == 0.5
@@ -56,3 +59,53 @@ def test_triton_parameters_are_ignored_and_empty_audio_is_fine():
     raw = RawUplink("s1", False, True, None, None, json.dumps({"triton_enable_empty_final_response": True}))
     up = parse_uplink(raw, MAX)
     assert up.is_end and up.audio.size == 0 and up.options is None
+
+
+@pytest.mark.parametrize("params,match", [
+    (dict(seed=MAX_SEED + 1), rf"parameter seed must be an integer in \[0, {MAX_SEED}\]"),
+    (dict(seed=2**63 - 1), r"parameter seed .*\[0, "),
+    (dict(seed=2**64), r"parameter seed .*\[0, "),
+    (dict(seed=-1), r"parameter seed .*\[0, "),
+    (dict(seed=1.5), "parameter seed has the wrong type"),
+    (dict(temperature=0.0), r"temperature must be in \(0, 2\]"),
+    (dict(temperature=float("nan")), r"temperature must be in \(0, 2\]"),
+    (dict(temperature=float("inf")), r"temperature must be in \(0, 2\]"),
+    (dict(reply_units=65, reply_tokens_per_unit=2), r"reply_units must be an integer in \[0, 64\]"),
+    (dict(reply_units=2, reply_tokens_per_unit=MAX_REPLY_TOKENS_PER_UNIT + 1),
+     rf"reply_tokens_per_unit must be an integer in \[0, {MAX_REPLY_TOKENS_PER_UNIT}\]"),
+    (dict(reply_units=2), "reply_units and reply_tokens_per_unit must be set together"),
+    (dict(reply_tokens_per_unit=3), "reply_units and reply_tokens_per_unit must be set together"),
+    (dict(force_listen_count=1001), r"force_listen_count must be an integer in \[0, 1000\]"),
+    (dict(force_listen_count=-1), r"force_listen_count must be an integer in \[0, 1000\]"),
+    (dict(voice="alloy"), "parameter voice only 'default' or REF_AUDIO"),
+    (dict(instructions="x" * 4001), "parameter instructions is longer than 4000 characters"),
+    (dict(instructions="ü" * 2049), r"instructions and initial_user_text hold 4098 bytes .* limit of 4096"),
+    (dict(instructions="x" * 3000, initial_user_text="y" * 1097), "hold 4097 bytes"),
+])
+def test_start_parameters_out_of_range_name_the_parameter_and_range(params, match):
+    with pytest.raises(DuplexError, match=match) as info:
+        parse_uplink(_raw(True, **params), MAX)
+    assert info.value.code == "invalid_argument"
+
+
+def test_start_parameters_at_their_limits_are_accepted():
+    options = parse_uplink(_raw(True, seed=MAX_SEED, temperature=2, reply_units=64,
+                                reply_tokens_per_unit=MAX_REPLY_TOKENS_PER_UNIT, force_listen_count=1000,
+                                voice="default", instructions="x" * 3000, initial_user_text="y" * 1096), MAX).options
+    assert options.seed == MAX_SEED and options.temperature == 2.0 and options.reply_units == 64
+    assert len(options.instructions.encode()) + len(options.initial_user_text.encode()) == MAX_SETUP_TEXT_BYTES
+
+
+def test_the_largest_seed_survives_what_the_orchestrator_adds():
+    """The Talker's +42 and a Thinker epoch far past any session's barge-ins still fit int64."""
+    for offset in (42, 10**6):
+        assert np.array([MAX_SEED + offset], np.int64)[0] == MAX_SEED + offset
+
+
+def test_the_reply_token_limit_is_the_thinkers():
+    """What START accepts, the Thinker's policy accepts: a larger value fails only there."""
+    from backends.thinker.duplex_policy import PolicyConfig
+
+    PolicyConfig(reply_units=1, reply_tokens_per_unit=MAX_REPLY_TOKENS_PER_UNIT)
+    with pytest.raises(ValueError):
+        PolicyConfig(reply_units=1, reply_tokens_per_unit=MAX_REPLY_TOKENS_PER_UNIT + 1)

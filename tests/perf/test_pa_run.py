@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 import perf.pa_run as pa_run
-from perf.pa_run import build_parser, duplex_command, stage_command
+from backends.serving.stage_secret import write_secret_file
+from perf.pa_run import build_parser, duplex_command, stage_command, stage_secret
 
 
 @pytest.fixture(autouse=True)
@@ -23,6 +24,14 @@ def test_stage_command_streams_one_session_in_order(tmp_path):
     assert "--streaming" in command and _flag(command, "-i") == "grpc"
     assert _flag(command, "--concurrency-range") == "1"  # order within the session matters
     assert _flag(command, "--profile-export-file") == str(tmp_path / "e.json")
+    assert "--request-parameter" not in command  # no secret file: a server without one
+
+
+def test_stage_command_sends_the_stage_secret_from_its_file(tmp_path):
+    secret_file = write_secret_file(tmp_path / "secret", "abc123")
+    args = build_parser().parse_args(["--model", "thinker", "--stage-secret-file", str(secret_file)])
+    command = stage_command(args, tmp_path / "d.json", tmp_path / "e.json", stage_secret(args))
+    assert _flag(command, "--request-parameter") == "minicpmo_stage_secret:abc123:string"
 
 
 def test_duplex_command_paces_every_sequence_in_real_time(tmp_path):

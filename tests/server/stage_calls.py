@@ -4,7 +4,8 @@ A request is a contract dataclass (backends/contracts/messages.py) encoded by th
 `to_arrays` the orchestrator uses; each call gets its own gRPC stream, because tritonclient
 2.51 drops the request id of in-band errors (a stream with one request in flight needs none).
 Answers are decoded back into the contract's result class. `StageCall` reads a stream
-incrementally (a test can act between two results); `call` waits for the FINAL.
+incrementally (a test can act between two results); `call` waits for the FINAL. Every request
+carries the server's stage secret (`StageEndpoint.of(server)`), as the orchestrator's do.
 """
 from __future__ import annotations
 
@@ -18,8 +19,21 @@ import tritonclient.grpc as grpcclient
 from backends.contracts.messages import stop_request
 from backends.contracts.tensor_codec import from_arrays, to_arrays
 from backends.serving.stage_channel import infer_inputs
+from backends.serving.stage_secret import secret_parameters
 
 ANSWER_TIMEOUT_S = 60.0
+
+
+@dataclass(frozen=True)
+class StageEndpoint:
+    """Where the stages of a test server answer, and the secret they want."""
+
+    url: str
+    secret: str | None
+
+    @staticmethod
+    def of(server: Any) -> "StageEndpoint":
+        return StageEndpoint(server.grpc_url, server.stage_secret)
 
 
 @dataclass
@@ -33,15 +47,16 @@ class Answer:
 class StageCall:
     """One request in flight on its own stream."""
 
-    def __init__(self, url: str, model: str, request: Any, result_cls: type | None) -> None:
+    def __init__(self, stages: StageEndpoint, model: str, request: Any, result_cls: type | None) -> None:
         self._result_cls = result_cls
         self._items: queue.Queue = queue.Queue()
-        self._client = grpcclient.InferenceServerClient(url)
+        self._client = grpcclient.InferenceServerClient(stages.url)
         self._client.start_stream(callback=lambda result, error: self._items.put((result, error)))
         self.answer = Answer()
         self.done = False
         self._client.async_stream_infer(model, infer_inputs(to_arrays(request)), request_id=f"sc-{uuid.uuid4().hex[:8]}",
-                                        enable_empty_final_response=True)
+                                        enable_empty_final_response=True,
+                                        parameters=secret_parameters(stages.secret) or None)
 
     def next_result(self, timeout_s: float = ANSWER_TIMEOUT_S) -> Any | None:
         """The next decoded result; None once the request ended (with or without an error)."""
@@ -73,10 +88,10 @@ class StageCall:
             self._client = None
 
 
-def call(url: str, model: str, request: Any, result_cls: type | None = None) -> Answer:
-    return StageCall(url, model, request, result_cls).wait()
+def call(stages: StageEndpoint, model: str, request: Any, result_cls: type | None = None) -> Answer:
+    return StageCall(stages, model, request, result_cls).wait()
 
 
-def stop(url: str, model: str, request_id: str) -> None:
-    answer = call(url, model, stop_request(model, request_id))
+def stop(stages: StageEndpoint, model: str, request_id: str) -> None:
+    answer = call(stages, model, stop_request(model, request_id))
     assert answer.error is None, f"stop of {model} {request_id}: {answer.error}"

@@ -79,7 +79,7 @@ def test_perf_analyzer_on_the_thinker(server, tmp_path):
     if not _perf_analyzer_runs():
         pytest.skip("perf_analyzer cannot start here (needs libb64-0d and libcudart.so.12)")
     code = pa_main(["--model", "thinker", "--url", server.grpc_url, "--units", "3", "--window-requests", "4",
-                    "--timeout-s", "60", "--out", str(tmp_path)])
+                    "--timeout-s", "60", "--out", str(tmp_path), "--stage-secret-file", str(server.stage_secret_file)])
     assert code == 0
     result = json.loads((tmp_path / "thinker_latency.json").read_text())
     assert result["requests"] > 0 and result["acks"] > 0  # unit results, and the stop requests

@@ -21,6 +21,7 @@ import tritonclient.grpc as grpcclient
 from backends.contracts.tensor_codec import encode_text
 from backends.serving.health import probe
 from backends.serving.metrics_catalog import parse_samples, sample_sum
+from backends.serving.stage_secret import secret_parameters
 from backends.stages.factory import SLOT_MARGIN
 from client.events import AudioDelta, DuplexEvent, ResponseDone, ResponseListen, ResponseSpeak
 from client.params import SessionParams
@@ -158,7 +159,7 @@ def test_errors_count_by_code_and_channel(server, stream):
     rid = session.send(np.zeros(1600, np.int16), sample_rate=8000)  # the uplink must be 16 kHz
     [reply] = session.collect_until_final(rid)
     assert reply.error is not None and "invalid_argument" in reply.error
-    _bad_stage_request(server.grpc_url)
+    _bad_stage_request(server.grpc_url, server.stage_secret)
 
     def errors(s: dict, **labels: str) -> float:
         return _value(s, "minicpmo_errors_total", **labels) - _value(before, "minicpmo_errors_total", **labels)
@@ -171,8 +172,8 @@ def test_errors_count_by_code_and_channel(server, stream):
     assert errors(after) == 3
 
 
-def _bad_stage_request(url: str) -> None:
-    """A thinker request with an unknown ACTION, straight to the stage: INVALID_ARG."""
+def _bad_stage_request(url: str, secret: str) -> None:
+    """A thinker request with an unknown ACTION, straight to the stage with its secret: INVALID_ARG."""
     results: list = []
     client = grpcclient.InferenceServerClient(url)
     client.start_stream(callback=lambda result, error: results.append(error))
@@ -183,7 +184,7 @@ def _bad_stage_request(url: str) -> None:
         tensor = grpcclient.InferInput(name, list(value.shape), dtype)
         tensor.set_data_from_numpy(value)
         inputs.append(tensor)
-    client.async_stream_infer("thinker", inputs, request_id="metrics-bad")
+    client.async_stream_infer("thinker", inputs, request_id="metrics-bad", parameters=secret_parameters(secret))
     deadline = time.monotonic() + 30
     while not results and time.monotonic() < deadline:
         time.sleep(0.02)

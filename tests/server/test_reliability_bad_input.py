@@ -6,8 +6,10 @@ Property: every request is answered (an error or a normal answer, always ending 
 every error is clear (a message, never the `internal` code that marks a bug of ours); the
 server keeps all its stub processes; afterwards the stage tables are back at their baseline
 and a valid session still works. Stage requests are mutations of a valid contract request, so
-they reach past Triton's own dtype/shape checks into our decoding and engine validation; the
-ids they use are stopped at the end (a valid-by-chance request may open engine state).
+they reach past Triton's own dtype/shape checks into our decoding and engine validation (they
+carry the server's stage secret, as the orchestrator's requests do: without it a stage refuses
+them before decoding, tests/server/test_stage_guard.py); the ids they use are stopped at the end
+(a valid-by-chance request may open engine state).
 Examples are bounded and derandomized so that the module stays well under two minutes.
 """
 from __future__ import annotations
@@ -29,6 +31,7 @@ from tritonclient.utils import InferenceServerException
 from backends.checkpoint.tiny_config import TINY_HIDDEN
 from backends.contracts.messages import Code2WavRequest, TalkerRequest, ThinkerRequest, stop_request
 from backends.contracts.tensor_codec import to_arrays
+from backends.serving.stage_secret import secret_parameters
 from client.stream_close import stop_stream
 
 ANSWER_TIMEOUT_S = 30.0
@@ -56,8 +59,9 @@ class Answer:
 class AnswerStream:
     """One gRPC stream; answers are read per request id, up to that request's FINAL."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, stage_secret: str | None = None) -> None:
         self.client = grpcclient.InferenceServerClient(url)
+        self.stage_parameters = secret_parameters(stage_secret) or None  # what stage requests carry
         self._items: queue.Queue = queue.Queue()
         self.client.start_stream(callback=lambda result, error: self._items.put((result, error)))
 
@@ -118,7 +122,7 @@ DUPLEX_TENSORS = st.lists(st.tuples(st.sampled_from(["AUDIO", "REF_AUDIO", "EVEN
 
 @pytest.fixture(scope="module")
 def answers(reliability_server):
-    stream = AnswerStream(reliability_server.grpc_url)
+    stream = AnswerStream(reliability_server.grpc_url, reliability_server.stage_secret)
     yield stream
     stream.close()
 
@@ -215,7 +219,8 @@ def _stage_example(stream: AnswerStream, used: set[str], stage: str, mutations: 
     request_id = _text(arrays.get("REQUEST_ID"))
     if request_id is not None:
         used.add(request_id)
-    return stream.answer(stream.send(stage, [_input(name, array) for name, array in arrays.items()]))
+    inputs = [_input(name, array) for name, array in arrays.items()]
+    return stream.answer(stream.send(stage, inputs, parameters=stream.stage_parameters))
 
 
 @pytest.mark.parametrize("stage", ["thinker", "talker", "code2wav"])
@@ -230,8 +235,8 @@ def test_stages_answer_every_bad_request_clearly(answers, baseline, used_ids, st
 def test_after_the_bad_input_nothing_is_held_and_a_session_works(reliability_server, answers, baseline, used_ids):
     for stage, request_ids in used_ids.items():
         for request_id in request_ids:
-            answer = answers.answer(answers.send(stage, [_input(name, array) for name, array
-                                                         in to_arrays(stop_request(stage, request_id)).items()]))
+            inputs = [_input(name, array) for name, array in to_arrays(stop_request(stage, request_id)).items()]
+            answer = answers.answer(answers.send(stage, inputs, parameters=answers.stage_parameters))
             assert answer.error is None, answer
     after = settled(reliability_server, baseline)
     assert after.tracked() == baseline.tracked()

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from server_resources import ServerResources, settled, wait_for_gauges
 from session_probe import silence_units
-from stage_calls import call, stop
+from stage_calls import StageEndpoint, call, stop
 
 from backends.audio.codec_windows import CodecWindowBridge
 from backends.checkpoint.tiny_config import TINY_HIDDEN
@@ -55,22 +55,22 @@ def test_each_stage_sends_its_last_result_on_the_final(reliability_server, basel
     carries the last result and the FINAL flag, not a data response and then an empty FINAL:
     the orchestrator plays a window's audio once its call has ended, so a separate FINAL would
     add a message round to every reply's first audio."""
-    url = reliability_server.grpc_url
+    stages = StageEndpoint.of(reliability_server)
     hidden = np.random.default_rng(0).standard_normal((4, TINY_HIDDEN)).astype(np.float32)
     window = CodecWindowBridge().push(np.random.default_rng(1).integers(0, 6561, 25).tolist())[0]
     try:
         answers = {
-            "thinker": call(url, "thinker", ThinkerRequest(
+            "thinker": call(stages, "thinker", ThinkerRequest(
                 request_id="fin-t.e0", audio=np.zeros(16000, np.float32), seq=0, initial_user_text="Hello.",
                 reply_units=1, reply_tokens_per_unit=2), ThinkerUnitResult),
-            "talker": call(url, "talker", TalkerRequest(
+            "talker": call(stages, "talker", TalkerRequest(
                 request_id="fin-k.e0", condition_seq=0, token_ids=np.arange(5, 9, dtype=np.int32), hidden=hidden,
                 turn_start=True, turn_end=True, seed=1), TalkerCodes),
-            "code2wav": call(url, "code2wav", request_from_window("fin-c.e0", window), Code2WavAudio),
+            "code2wav": call(stages, "code2wav", request_from_window("fin-c.e0", window), Code2WavAudio),
         }
     finally:
         for model, request_id in (("thinker", "fin-t.e0"), ("talker", "fin-k.e0"), ("code2wav", "fin-c.e0")):
-            stop(url, model, request_id)
+            stop(stages, model, request_id)
     for model, answer in answers.items():
         assert answer.error is None and answer.results, (model, answer)
         assert answer.final_carried_result, (model, answer.responses)
@@ -82,20 +82,20 @@ def test_code2wav_answers_an_expect_at_once_and_then_decodes_the_announced_windo
     """The orchestrator's announcement of a reply's first window (`expect`): Code2Wav answers it
     with one empty FINAL and decodes the window when it comes; the Talker, which takes no
     announcements, refuses one as invalid input and goes on serving."""
-    url = reliability_server.grpc_url
+    stages = StageEndpoint.of(reliability_server)
     window = CodecWindowBridge().push(np.random.default_rng(2).integers(0, 6561, 25).tolist())[0]
     hidden = np.zeros((1, TINY_HIDDEN), np.float32)
     try:
-        announced = call(url, "code2wav", expect_request("exp-c.e0"))
+        announced = call(stages, "code2wav", expect_request("exp-c.e0"))
         assert announced.error is None and announced.responses == 1 and not announced.final_carried_result
-        audio = call(url, "code2wav", request_from_window("exp-c.e0", window), Code2WavAudio)
+        audio = call(stages, "code2wav", request_from_window("exp-c.e0", window), Code2WavAudio)
         assert audio.error is None and audio.results and audio.results[0].audio.size > 0
-        refused = call(url, "talker", TalkerRequest(
+        refused = call(stages, "talker", TalkerRequest(
             request_id="exp-k.e0", condition_seq=0, token_ids=np.arange(5, 6, dtype=np.int32), hidden=hidden,
             action=ACTION_EXPECT))
         assert refused.error is not None and "ACTION must be one of" in refused.error, refused
     finally:
-        stop(url, "code2wav", "exp-c.e0")
+        stop(stages, "code2wav", "exp-c.e0")
     assert settled(reliability_server, baseline).tracked() == baseline.tracked()
 
 
@@ -145,7 +145,7 @@ def _abandon_calls(clients: GrpcStageClients, worker: int, errors: list[str]) ->
 
 def test_abandoned_stage_calls_drain_without_a_cancel_and_leave_nothing(reliability_server, baseline, probes,
                                                                         live_cancels):
-    clients = GrpcStageClients(reliability_server.grpc_url)
+    clients = GrpcStageClients(reliability_server.grpc_url, secret=reliability_server.stage_secret)
     errors: list[str] = []
     try:
         workers = [threading.Thread(target=_abandon_calls, args=(clients, w, errors)) for w in range(WORKERS)]

@@ -25,3 +25,20 @@ def test_the_launcher_refuses_bad_settings_in_one_line_before_starting_anything(
     assert launcher.main(argv) == 2
     err = capsys.readouterr().err
     assert err.startswith("minicpmo launcher: ") and message in err and "Traceback" not in err
+
+
+def test_each_server_start_gets_its_own_private_stage_secret(tmp_path):
+    import stat
+
+    from backends.serving.launcher import ServerOptions, ServerProcess
+    from backends.serving.profiles import get_profile
+    from backends.serving.stage_secret import SECRET_FILE_ENV, configured_secret
+
+    first, second = (ServerProcess(ServerOptions(get_profile("cpu"), workdir=tmp_path)) for _ in range(2))
+    environ = first.write_stage_secret()
+    second.write_stage_secret()
+    assert configured_secret(environ) == first.stage_secret != second.stage_secret
+    assert stat.S_IMODE(first.stage_secret_file.stat().st_mode) == 0o600
+    assert str(first.stage_secret_file).startswith(str(tmp_path)) and SECRET_FILE_ENV in environ
+    first.stop()  # nothing started: the secret goes anyway
+    assert not first.stage_secret_file.exists() and second.stage_secret_file.exists()

@@ -13,6 +13,7 @@ from backends.serving.metrics_thread import MetricsThread
 from backends.serving.resource_gauges import ResourceGauges
 from backends.serving.stack_dump import enable_stack_dump
 from backends.serving.stack_sampler import start_stack_sampler
+from backends.serving.stage_secret import configured_secret
 from backends.serving.triton_responses import ResponseThread
 from backends.serving.triton_stage import model_parameters
 
@@ -29,7 +30,8 @@ class TritonPythonModel:
         self._metrics = DuplexMetrics(metrics)
         gauges = ResourceGauges(pb_utils, "duplex")
         params = model_parameters(args)
-        self._stages = GrpcStageClients(stage_url(params))
+        # Every stage request carries the server's stage secret (MINICPMO_STAGE_SECRET_FILE).
+        self._stages = GrpcStageClients(stage_url(params), secret=configured_secret())
         stages = with_call_metrics(self._stages, metrics)  # off unless MINICPMO_STAGE_CALL_METRICS=1
         self._manager = SessionManager(manager_config(params), stages, observer=lambda counts: metrics.call(
             gauges.publish, {**counts, **self._stages.pool_gauges()}))
