@@ -135,6 +135,7 @@ def test_a_request_without_the_secret_is_forbidden_before_the_engine(pb, guarded
         assert response.error().code() == pb.TritonError.INVALID_ARG
     _drain(adapter)
     assert engine.submitted == [] and engine.stopped == []
+    adapter.finalize()  # flushes the metrics thread, which counts the refusals after the FINALs
     assert pb.value("minicpmo_errors_total", model="thinker", code="forbidden") == 2
 
 
