@@ -153,6 +153,7 @@ def test_drain_times_out_when_the_downlink_never_closes(fake_client_factory):
 
 def test_events_until_returns_at_the_deadline(session, fake):
     session.start()
+    fake.flush()  # session.created has arrived, however late the fake's thread ran
     events = session.events_until(session.started_s + SHORT_WAIT_S)
     assert [type(event) for event in events] == [SessionCreated]
 
