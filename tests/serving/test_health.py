@@ -24,7 +24,7 @@ from backends.serving.triton_stage import StageAdapter
 from backends.stages.contracts import TalkerRequest
 from backends.stages.tensor_codec import to_arrays
 
-WAIT_S = 5.0
+WAIT_S = 30.0  # a bound for what happens at once
 
 
 class EngineDeath(BaseException):
