@@ -35,7 +35,7 @@ TRACKED = (
     ("requests", "code2wav"), ("codec_states", "code2wav"), ("codec_sequences", "code2wav"),
     ("codec_pending", "code2wav"), ("voice_users", "code2wav"),
 )
-SETTLE_TIMEOUT_S = 20.0
+SETTLE_TIMEOUT_S = 60.0  # a bound for gauges on their way back, not a timing: a leak never settles
 STABLE_GAP_S = 0.6  # longer than the orchestrator's reaper period (0.5 s) between two looks
 
 
