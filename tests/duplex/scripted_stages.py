@@ -201,6 +201,14 @@ class ReaperSweeps:
                 raise AssertionError(f"the reaper did not sweep {sweeps} times in {WAIT_S} s")
 
 
+def wait_finished(manager, downlink: RecordingDownlink, what: str) -> None:
+    """The session's downlink FINAL, then the session gone from the manager: a session sends
+    its FINAL first and frees its transport and admission slot just after, so a check of those
+    right after the FINAL would race the session's own thread."""
+    wait_for(downlink.closed.is_set, what)
+    wait_for(lambda: manager.num_sessions == 0, f"{what}: the session forgotten")
+
+
 def wait_for(predicate, what):
     deadline = time.monotonic() + WAIT_S
     while time.monotonic() < deadline:

@@ -13,7 +13,7 @@ import time
 
 import numpy as np
 from scripted_stages import (
-    ManualClock, ReaperSweeps, RecordingDownlink, RecordingReply, ScriptedStages, send, wait_for,
+    ManualClock, ReaperSweeps, RecordingDownlink, RecordingReply, ScriptedStages, send, wait_finished, wait_for,
 )
 
 from backends.duplex.session_manager import CLOSING_GRACE, ManagerConfig, SessionManager
@@ -71,7 +71,7 @@ def _one_reply(stages: ScriptedStages) -> SessionManager:
         send(manager, "s", 16000)
     wait_for(lambda: "response.done" in down.types(), "reply done")
     send(manager, "s", end=True)
-    wait_for(down.closed.is_set, "session closed")
+    wait_finished(manager, down, "session closed")
     return manager
 
 
@@ -88,7 +88,7 @@ def test_client_gone_closes_the_session_and_frees_its_transport():
     send(manager, "s", 16000 * 2)
     wait_for(lambda: "response.audio.delta" in down.types(), "audio")
     down.cancelled.set()  # the client stopped its stream: no END will come
-    wait_for(down.closed.is_set, "client-gone close")
+    wait_finished(manager, down, "client-gone close")
     assert _closed_reason(down) == "client_gone" and down.abandoned
     assert stages.open == set() and manager.num_sessions == 0
 
@@ -100,7 +100,7 @@ def test_an_error_close_frees_the_transport():
     manager = SessionManager(ManagerConfig(), stages)
     down, _ = send(manager, "s", start=True)
     send(manager, "s", 16000)
-    wait_for(down.closed.is_set, "error close")
+    wait_finished(manager, down, "error close")
     assert _closed_reason(down) == "error" and down.abandoned
 
 
@@ -112,7 +112,7 @@ def test_a_talker_stream_that_ends_before_its_last_frames_fails_the_session():
     manager = SessionManager(ManagerConfig(), stages)
     down, _ = send(manager, "s", start=True)
     send(manager, "s", 16000)
-    wait_for(down.closed.is_set, "error close")
+    wait_finished(manager, down, "error close")
     error = next(e for e in down.events if e.type == "error")
     assert error.fields["code"] == "stage_failed" and "ended before its last frames" in error.fields["message"]
     assert _closed_reason(down) == "error" and stages.open == set() and manager.num_sessions == 0
@@ -146,7 +146,7 @@ def test_idle_reap_abandons_but_a_flushing_session_gets_a_grace():
     sweeps.wait_more(2)  # sweeps that saw the flushing session at the same idle time
     assert not [stop for stop in stages.stops if stop[1].startswith("busy.")], "the flushing session was reaped"
     stages.gate.set()
-    wait_for(flushing.closed.is_set, "the flushed close")
+    wait_finished(manager, flushing, "the flushed close")
     assert _closed_reason(silent) == "idle" and silent.abandoned
     assert _closed_reason(flushing) == "client" and "response.audio.delta" in flushing.types()
 
@@ -200,7 +200,7 @@ def test_a_session_stuck_in_a_stage_call_is_finished_by_the_reaper(monkeypatch):
     send(manager, "s", 16000)
     wait_for(lambda: stages.calls["thinker"] == 1, "the call in flight")
     down.cancelled.set()
-    wait_for(down.closed.is_set, "forced finish")
+    wait_finished(manager, down, "forced finish")
     assert _closed_reason(down) == "client_gone" and manager.num_sessions == 0
     wait_for(lambda: manager.stats()["stranded_threads"] >= 1, "stranded thread counted")
     stops_before = len(stages.stops)
@@ -224,7 +224,7 @@ def test_a_stage_that_never_answers_fails_the_session_with_stage_timeout(monkeyp
     for _ in range(10):  # an active client: the idle reaper never fires
         send(manager, "s", 1600)
         time.sleep(0.1)
-    wait_for(down.closed.is_set, "stage timeout close")
+    wait_finished(manager, down, "stage timeout close")
     error = next(e for e in down.events if e.type == "error")
     assert error.fields["code"] == "stage_timeout" and _closed_reason(down) == "error"
     assert manager.num_sessions == 0
