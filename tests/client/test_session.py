@@ -18,7 +18,7 @@ from client.events import AudioDelta, RequestFailed, ResponseDone, SessionClosed
 from client.params import SessionParams
 from client.session import DuplexSession
 
-WAIT_S = 5.0  # generous bound for events the fake has already queued
+WAIT_S = 30.0  # generous bound for events the fake has already queued
 SHORT_WAIT_S = 0.05  # for waits that must time out
 
 
