@@ -1,8 +1,8 @@
 """First-response and inter-response latencies from a perf_analyzer `--profile-export-file`.
 
-perf_analyzer's own latency for decoupled models runs to the last response (triton_notes.md
-0.10), so the streaming numbers come from the export: per request, `timestamp` (sent, ns),
-`response_timestamps` (ns) and `response_outputs`. A stage puts its last result on the FINAL
+perf_analyzer's own latency for decoupled models runs to the last response, so the streaming
+numbers come from the export: per request, `timestamp` (sent, ns), `response_timestamps` (ns)
+and `response_outputs`. A stage puts its last result on the FINAL
 response, and a request without data (a stage `stop`, a duplex uplink ack) is answered by an
 empty FINAL alone and counts in `acks`, not in the latencies. perf_analyzer 2.51 exports an
 entry under every output name for an empty response too, filled with whatever its buffers held,
