@@ -35,6 +35,7 @@ UNIT_SAMPLES = 16000
 CODEC_VOCAB = 6561  # speech codes 0..6560 (the EOS 6561 never reaches Code2Wav)
 FRAMES_PER_UNIT = 25
 STAGES = ("thinker", "talker", "code2wav")
+STOP_BYTES = list(ACTION_STOP.encode())  # ACTION "stop" as data files and exports hold it: UTF-8 bytes
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -135,7 +136,7 @@ def duplex_data(speech: np.ndarray, seconds: float, num_sequences: int, append_m
 
 
 def is_stop(request: dict[str, Any]) -> bool:
-    return request.get("ACTION", {}).get("content") == list(ACTION_STOP.encode())  # text travels as UTF-8 bytes
+    return request.get("ACTION", {}).get("content") == STOP_BYTES
 
 
 def _need(dims: StageDims | None) -> StageDims:

@@ -1,12 +1,16 @@
 """First-response and inter-response latencies from a perf_analyzer `--profile-export-file`.
 
 perf_analyzer's own latency for decoupled models runs to the last response
-(docs/triton_behaviours.md#perf_analyzer-and-decoupled-models), so the streaming numbers come from
-the export: per request, `timestamp` (sent, ns), `response_timestamps` (ns) and
-`response_outputs`. The responses with outputs are the data: a stage puts its last result on the
-FINAL response, and a request without data (a stage `stop`, a duplex uplink ack) is answered by an
-empty FINAL alone and counts in `acks`, not in the latencies. An export read by scanning its text
-has no outputs: there every response counts as data, a `stop`'s answer too.
+(docs/triton_behaviours.md#perf_analyzer-and-decoupled-models), so the streaming
+numbers come from the export: per request, `timestamp` (sent, ns), `response_timestamps` (ns)
+and `response_outputs`. A stage puts its last result on the FINAL
+response, and a request without data (a stage `stop`, a duplex uplink ack) is answered by an
+empty FINAL alone and counts in `acks`, not in the latencies. perf_analyzer 2.51 exports an
+entry under every output name for an empty response too, filled with whatever its buffers held,
+so outputs alone cannot tell data from an empty FINAL: a stage response is data when its
+REQUEST_ID output is the request's own id (every stage result names its request), and a `stop`
+request is an ack whatever its outputs say. An export read by scanning its text has no outputs:
+there a `stop` (its ACTION input is still read) is an ack and every other response is data.
 
 For `duplex`, the START request carries the whole downlink: its `EVENT` outputs say which
 response is the first audio (TTFP from START), and the audio deltas give the inter-chunk gaps;
@@ -22,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from perf.bench_stats import Distribution
+from perf.pa_inputs import STOP_BYTES
 
 NS_PER_MS = 1e6
 
@@ -60,20 +65,29 @@ def load_requests(path: Path) -> list[dict[str, Any]]:
 
 _TIMESTAMP = re.compile(r'"timestamp"\s*:\s*(\d+)')
 _RESPONSE_TIMESTAMPS = re.compile(r'"response_timestamps"\s*:\s*\[([\d,\s]*)\]')
+_ACTION = re.compile(r'"ACTION"\s*:\s*\[([\d,\s]*)\]')
 
 
 def timestamps_only(text: str) -> list[dict[str, Any]]:
     """Requests read by scanning the export's text: each `response_timestamps` list with the
-    `timestamp` that precedes it most closely (a request's own, as perf_analyzer writes them)."""
+    `timestamp` that precedes it most closely (a request's own, as perf_analyzer writes them),
+    and the ACTION input written between the two, if any."""
     sent = [(m.start(), int(m.group(1))) for m in _TIMESTAMP.finditer(text)]
     requests, i = [], -1
     for match in _RESPONSE_TIMESTAMPS.finditer(text):
         while i + 1 < len(sent) and sent[i + 1][0] < match.start():
             i += 1
         if i >= 0:
-            times = [int(t) for t in match.group(1).replace(" ", "").split(",") if t.strip()]
-            requests.append({"timestamp": sent[i][1], "response_timestamps": times})
+            request: dict[str, Any] = {"timestamp": sent[i][1], "response_timestamps": _ints(match.group(1))}
+            action = _ACTION.search(text, sent[i][0], match.start())
+            if action is not None:
+                request["request_inputs"] = {"ACTION": _ints(action.group(1))}
+            requests.append(request)
     return requests
+
+
+def _ints(listed: str) -> list[int]:
+    return [int(t) for t in listed.replace(" ", "").split(",") if t.strip()]
 
 
 def stream_latency(requests: Iterable[dict[str, Any]]) -> StreamLatency:
@@ -118,11 +132,24 @@ def _offsets_ms(request: dict[str, Any]) -> list[float]:
 
 
 def _data_offsets_ms(request: dict[str, Any]) -> list[float]:
-    """The offsets of the responses that carried outputs (all of them when the export gave
-    no outputs: a text-scanned one)."""
+    """The offsets of the responses that carried data: none for a `stop`; else those whose
+    outputs name the request (all of them when the export gave no outputs: a text-scanned one)."""
+    inputs = request.get("request_inputs", {})
+    if inputs.get("ACTION") == STOP_BYTES:
+        return []
     outputs = request.get("response_outputs")
     offsets = _offsets_ms(request)
-    return offsets if outputs is None else [t for t, out in zip(offsets, outputs) if out]
+    if outputs is None:
+        return offsets
+    return [t for t, out in zip(offsets, outputs) if _carries_data(out, inputs.get("REQUEST_ID"))]
+
+
+def _carries_data(output: Any, request_id: Any) -> bool:
+    """A response with outputs, and with the request's own REQUEST_ID when the request sent one
+    (an empty FINAL's exported outputs are leftover bytes, never the request's id)."""
+    if not output:
+        return False
+    return request_id is None or (isinstance(output, dict) and output.get("REQUEST_ID") == request_id)
 
 
 def _events(request: dict[str, Any]) -> list[tuple[float, dict[str, Any]]]:

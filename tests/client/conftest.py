@@ -38,7 +38,7 @@ START_PARAMETERS = {
     "force_listen_count": "int64_param",
 }
 ACTIONS = ("append", "commit", "cancel")
-_THREAD_JOIN_S = 5.0  # the delivery thread only forwards queued items; seconds are plenty
+_THREAD_JOIN_S = 30.0  # the delivery thread only forwards queued items: a bound, not a timing
 
 
 class FakeContractViolation(Exception):
@@ -92,6 +92,9 @@ class FakeTritonClient:
         self.session_id: str | int | None = None
         self._callback: Callable[..., None] | None = None
         self._outbox: queue.Queue[tuple[Any, Any] | None] = queue.Queue()
+        self._handed = threading.Condition()  # guards the two counts below
+        self._num_queued = 0
+        self._num_handed = 0  # responses the delivery thread gave to the callback
         self._thread: threading.Thread | None = None
         self._closed = False
         self._downlink_id: str | None = None  # START's request id while the downlink is open
@@ -193,12 +196,25 @@ class FakeTritonClient:
         self._broken = True
 
     def deliver(self, result: InferResult | None = None, error: Any = None) -> None:
+        with self._handed:
+            self._num_queued += 1
         self._outbox.put((result, error))
+
+    def flush(self) -> None:
+        """Wait until the delivery thread has handed every queued response to the callback. A
+        script that calls it answers before the request returns, however late a loaded machine
+        runs the delivery thread."""
+        with self._handed:
+            if not self._handed.wait_for(lambda: self._num_handed == self._num_queued, _THREAD_JOIN_S):
+                raise FakeContractViolation("queued responses never reached the callback")
 
     def _deliver_loop(self) -> None:
         while (item := self._outbox.get()) is not None:
             result, error = item
             self._callback(result=result, error=error)
+            with self._handed:
+                self._num_handed += 1
+                self._handed.notify_all()
 
     def _check_not_closed(self) -> None:
         if self._closed:

@@ -28,6 +28,7 @@ def reply_on_first_append(fake, request):
     fake.emit({"type": "response.audio.delta", "response_id": "r1", "turn_id": 0, "text": "hi",
                "audio_ms": 200, "ttfp_ms": 90}, CHUNK)
     fake.emit({"type": "response.done", "response_id": "r1", "status": "completed"})
+    fake.flush()  # answered before the append returns: no silence follows, whatever the load
 
 
 @pytest.fixture

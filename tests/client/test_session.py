@@ -18,7 +18,7 @@ from client.events import AudioDelta, RequestFailed, ResponseDone, SessionClosed
 from client.params import SessionParams
 from client.session import DuplexSession
 
-WAIT_S = 5.0  # generous bound for events the fake has already queued
+WAIT_S = 30.0  # generous bound for events the fake has already queued
 SHORT_WAIT_S = 0.05  # for waits that must time out
 
 
@@ -153,6 +153,7 @@ def test_drain_times_out_when_the_downlink_never_closes(fake_client_factory):
 
 def test_events_until_returns_at_the_deadline(session, fake):
     session.start()
+    fake.flush()  # session.created has arrived, however late the fake's thread ran
     events = session.events_until(session.started_s + SHORT_WAIT_S)
     assert [type(event) for event in events] == [SessionCreated]
 

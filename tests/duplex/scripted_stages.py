@@ -161,6 +161,54 @@ def send(manager, sid, samples=0, start=False, end=False, downlink=None, **param
     return downlink, reply
 
 
+class ManualClock:
+    """A session clock that moves only when the test moves it: idle, grace and stall limits
+    then follow the test's steps, not how fast a loaded machine runs the threads."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+        self._lock = threading.Lock()
+
+    def __call__(self) -> float:
+        with self._lock:
+            return self.now
+
+    def advance(self, seconds: float) -> None:
+        with self._lock:
+            self.now += seconds
+
+
+class ReaperSweeps:
+    """A SessionManager observer: the manager calls it after each reaper sweep, so a test can
+    wait for sweeps to have happened instead of sleeping for a guess of their period."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.last: dict[str, int] | None = None
+        self._changed = threading.Condition()
+
+    def __call__(self, stats: dict[str, int]) -> None:
+        with self._changed:
+            self.count += 1
+            self.last = stats
+            self._changed.notify_all()
+
+    def wait_more(self, sweeps: int = 2) -> None:
+        """Wait for `sweeps` more sweeps to end; the second of two began after this call."""
+        with self._changed:
+            target = self.count + sweeps
+            if not self._changed.wait_for(lambda: self.count >= target, WAIT_S):
+                raise AssertionError(f"the reaper did not sweep {sweeps} times in {WAIT_S} s")
+
+
+def wait_finished(manager, downlink: RecordingDownlink, what: str) -> None:
+    """The session's downlink FINAL, then the session gone from the manager: a session sends
+    its FINAL first and frees its transport and admission slot just after, so a check of those
+    right after the FINAL would race the session's own thread."""
+    wait_for(downlink.closed.is_set, what)
+    wait_for(lambda: manager.num_sessions == 0, f"{what}: the session forgotten")
+
+
 def wait_for(predicate, what):
     deadline = time.monotonic() + WAIT_S
     while time.monotonic() < deadline:

@@ -12,9 +12,11 @@ import threading
 import time
 
 import numpy as np
-from scripted_stages import RecordingDownlink, RecordingReply, ScriptedStages, send, wait_for
+from scripted_stages import (
+    ManualClock, ReaperSweeps, RecordingDownlink, RecordingReply, ScriptedStages, send, wait_finished, wait_for,
+)
 
-from backends.duplex.session_manager import ManagerConfig, SessionManager
+from backends.duplex.session_manager import CLOSING_GRACE, ManagerConfig, SessionManager
 from backends.duplex.uplink import RawUplink
 
 
@@ -69,7 +71,7 @@ def _one_reply(stages: ScriptedStages) -> SessionManager:
         send(manager, "s", 16000)
     wait_for(lambda: "response.done" in down.types(), "reply done")
     send(manager, "s", end=True)
-    wait_for(down.closed.is_set, "session closed")
+    wait_finished(manager, down, "session closed")
     return manager
 
 
@@ -86,7 +88,7 @@ def test_client_gone_closes_the_session_and_frees_its_transport():
     send(manager, "s", 16000 * 2)
     wait_for(lambda: "response.audio.delta" in down.types(), "audio")
     down.cancelled.set()  # the client stopped its stream: no END will come
-    wait_for(down.closed.is_set, "client-gone close")
+    wait_finished(manager, down, "client-gone close")
     assert _closed_reason(down) == "client_gone" and down.abandoned
     assert stages.open == set() and manager.num_sessions == 0
 
@@ -98,7 +100,7 @@ def test_an_error_close_frees_the_transport():
     manager = SessionManager(ManagerConfig(), stages)
     down, _ = send(manager, "s", start=True)
     send(manager, "s", 16000)
-    wait_for(down.closed.is_set, "error close")
+    wait_finished(manager, down, "error close")
     assert _closed_reason(down) == "error" and down.abandoned
 
 
@@ -111,7 +113,7 @@ def test_a_talker_stream_that_ends_before_its_last_frames_fails_the_session():
     manager = SessionManager(ManagerConfig(), stages)
     down, _ = send(manager, "s", start=True)
     send(manager, "s", 16000)
-    wait_for(down.closed.is_set, "error close")
+    wait_finished(manager, down, "error close")
     error = next(e for e in down.events if e.type == "error")
     assert error.fields["code"] == "stage_failed" and "ended before its last frames" in error.fields["message"]
     assert _closed_reason(down) == "error" and stages.open == set() and manager.num_sessions == 0
@@ -130,16 +132,22 @@ def test_client_end_keeps_the_transport():
 
 def test_idle_reap_abandons_but_a_flushing_session_gets_a_grace():
     """A session that sent END is finishing its audio: a short idle timeout must not cut it
-    (it would drop the tail of the reply), while a silent open session is reaped."""
+    (it would drop the tail of the reply), while a silent open session is reaped. The clock
+    moves by hand, so the reaper sees exactly "past the idle timeout, within the grace"."""
+    idle_s, clock, sweeps = 0.4, ManualClock(), ReaperSweeps()
+    assert CLOSING_GRACE > 1.5, "the step below must land within the grace"
     stages = ScriptedStages(speak_from=0, reply_units=1)
-    manager = SessionManager(ManagerConfig(idle_timeout_s=0.4), stages)
+    manager = SessionManager(ManagerConfig(idle_timeout_s=idle_s), stages, clock=clock, observer=sweeps)
     silent, _ = send(manager, "quiet", start=True)
     flushing, _ = send(manager, "busy", start=True)
     stages.gate.clear()
     send(manager, "busy", 16000, end=True)
-    time.sleep(0.6)  # past the idle timeout, within the grace
+    clock.advance(1.5 * idle_s)  # past the idle timeout, within the grace
+    wait_for(silent.closed.is_set, "the idle close")
+    sweeps.wait_more(2)  # sweeps that saw the flushing session at the same idle time
+    assert not [stop for stop in stages.stops if stop[1].startswith("busy.")], "the flushing session was reaped"
     stages.gate.set()
-    wait_for(lambda: silent.closed.is_set() and flushing.closed.is_set(), "both closed")
+    wait_finished(manager, flushing, "the flushed close")
     assert _closed_reason(silent) == "idle" and silent.abandoned
     assert _closed_reason(flushing) == "client" and "response.audio.delta" in flushing.types()
 
@@ -157,9 +165,16 @@ def test_shutdown_closes_sessions_without_calling_the_stages():
     assert stages.stops == []
 
 
+def _session_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name.startswith(("thinker-", "audio-"))]
+
+
 def test_stats_and_observer_follow_the_sessions():
     seen: list[dict[str, int]] = []
     manager = SessionManager(ManagerConfig(), ScriptedStages(), observer=seen.append)
+    # Sessions of earlier tests may still be ending their threads (a close is announced before
+    # its loops return): the process's count is only steady once they are gone.
+    wait_for(lambda: not _session_threads(), "the threads of earlier sessions ended")
     threads_before = threading.active_count()
     down, _ = send(manager, "s", start=True)
     assert manager.stats() == {"sessions": 1, "session_threads": 2, "stranded_threads": 0,
@@ -179,18 +194,19 @@ def test_a_session_stuck_in_a_stage_call_is_finished_by_the_reaper(monkeypatch):
     import backends.duplex.session_manager as session_manager
 
     monkeypatch.setattr(session_manager, "STUCK_CLOSE_S", 0.3)
+    sweeps = ReaperSweeps()
     stages = ScriptedStages(speak_from=99)
     stages.gate.clear()  # the Thinker call never answers
-    manager = SessionManager(ManagerConfig(), stages)
+    manager = SessionManager(ManagerConfig(), stages, observer=sweeps)
     down, _ = send(manager, "s", start=True)
     send(manager, "s", 16000)
     wait_for(lambda: stages.calls["thinker"] == 1, "the call in flight")
     down.cancelled.set()
-    wait_for(down.closed.is_set, "forced finish")
+    wait_finished(manager, down, "forced finish")
     assert _closed_reason(down) == "client_gone" and manager.num_sessions == 0
     wait_for(lambda: manager.stats()["stranded_threads"] >= 1, "stranded thread counted")
     stops_before = len(stages.stops)
-    time.sleep(0.6)  # more reaper sweeps: the closed session is neither closed again nor re-stopped
+    sweeps.wait_more(2)  # more reaper sweeps: the closed session is neither closed again nor re-stopped
     assert len(stages.stops) == stops_before
     stages.gate.set()
     wait_for(lambda: manager.stats()["stranded_threads"] == 0, "stranded thread returned")
@@ -210,7 +226,7 @@ def test_a_stage_that_never_answers_fails_the_session_with_stage_timeout(monkeyp
     for _ in range(10):  # an active client: the idle reaper never fires
         send(manager, "s", 1600)
         time.sleep(0.1)
-    wait_for(down.closed.is_set, "stage timeout close")
+    wait_finished(manager, down, "stage timeout close")
     error = next(e for e in down.events if e.type == "error")
     assert error.fields["code"] == "stage_timeout" and _closed_reason(down) == "error"
     assert manager.num_sessions == 0

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from scripted_stages import ScriptedStages, send, wait_for
+from scripted_stages import ScriptedStages, send, wait_finished, wait_for
 
 from backends.duplex.session_manager import ManagerConfig, SessionManager
 
@@ -25,9 +25,16 @@ def _converse(manager, sid, units=4):
     return down
 
 
+def _converse_alone(manager, sid, units=4):
+    """A whole conversation on a manager with no other session, until the manager forgets it."""
+    down = _converse(manager, sid, units)
+    wait_finished(manager, down, "downlink FINAL")
+    return down
+
+
 def test_conversation_events_in_order_and_one_final(stages):
     manager = SessionManager(ManagerConfig(), stages)
-    down = _converse(manager, "s1")
+    down = _converse_alone(manager, "s1")
     types = down.types()
     assert types[0] == "session.created" and types[-1] == "session.closed"
     assert types.count("response.done") == 1 and types.count("session.closed") == 1
@@ -47,7 +54,7 @@ def test_admission_limit_refuses_at_start_and_frees_on_close(stages):
     refused, _ = send(manager, "b", start=True)
     assert refused.closed.is_set() and refused.events[0].fields["code"] == "resource_exhausted"
     send(manager, "a", end=True)
-    wait_for(first.closed.is_set, "first session closed")
+    wait_finished(manager, first, "first session closed")
     again, _ = send(manager, "b", start=True)
     assert not again.closed.is_set() and again.types() == ["session.created"]
 
@@ -105,7 +112,7 @@ def test_cancel_ends_the_response_and_fences_old_audio():
 def test_idle_session_is_reaped_with_reason_idle(stages):
     manager = SessionManager(ManagerConfig(idle_timeout_s=0.3), stages)
     down, _ = send(manager, "s", start=True)
-    wait_for(down.closed.is_set, "idle reap")
+    wait_finished(manager, down, "idle reap")
     assert down.events[-1].type == "session.closed" and down.events[-1].fields["reason"] == "idle"
     assert manager.num_sessions == 0 and ("thinker", "s.e0") in stages.stops
 

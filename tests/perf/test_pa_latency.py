@@ -1,20 +1,23 @@
 """perf/pa_latency.py on hand-written perf_analyzer exports: first / inter-response times
 count the responses that carry outputs (a stage's last result rides on its FINAL; an older
-empty FINAL is no data), FINAL-only requests are acks, duplex events give TTFP and gaps."""
+empty FINAL is no data, and neither is the leftover-filled one perf_analyzer 2.51 exports),
+FINAL-only requests and stops are acks, duplex events give TTFP and gaps."""
 from __future__ import annotations
 
 import json
 
 import pytest
 
+from perf.pa_inputs import STOP_BYTES
 from perf.pa_latency import duplex_latency, load_requests, stream_latency
 
 MS = 1_000_000  # ns
 EXACT = 1e-9
 
 
-def request(sent_ms, responses_ms, outputs=None):
-    return {"timestamp": sent_ms * MS, "response_timestamps": [t * MS for t in responses_ms],
+def request(sent_ms, responses_ms, outputs=None, inputs=None):
+    return {"timestamp": sent_ms * MS, "request_inputs": inputs or {},
+            "response_timestamps": [t * MS for t in responses_ms],
             "response_outputs": outputs or [{} for _ in responses_ms]}
 
 
@@ -31,6 +34,36 @@ def test_stream_latency_counts_the_responses_with_outputs_and_the_acks():
     assert result.inter_response_ms.count == 2
     assert result.inter_response_ms.mean == pytest.approx(10.5, abs=EXACT)  # 20 and 1
     assert result.last_response_ms.max == pytest.approx(30.0, abs=EXACT)
+
+
+RID = [112, 97, 45, 48]  # "pa-0" as the UINT8 values perf_analyzer exports
+
+
+def test_a_stage_response_is_data_only_when_it_names_its_request():
+    """What perf_analyzer 2.51 exported for a Thinker run: a stop's empty FINAL comes with every
+    output name, holding leftover bytes; only the unit results carry the request's id."""
+    unit = {"REQUEST_ID": RID, "SEQ": 1, "TTS_HIDDEN": [0.5, -1.0]}
+    leftover = {"REQUEST_ID": 132, "SEQ": 140204379839237, "TTS_HIDDEN": 1.65e-24}
+    requests = [request(0, [20], [unit], {"REQUEST_ID": RID}),
+                request(20, [21], [leftover], {"REQUEST_ID": RID, "ACTION": STOP_BYTES}),
+                request(30, [40, 45], [unit, leftover], {"REQUEST_ID": RID})]  # a result, then an empty FINAL
+    result = stream_latency(requests)
+    assert (result.requests, result.acks) == (2, 1)
+    assert result.first_response_ms.mean == pytest.approx(15.0, abs=EXACT)  # 20 and 10
+    assert result.inter_response_ms.count == 0
+
+
+def test_a_stop_is_an_ack_in_a_text_scanned_export(tmp_path):
+    """Unreadable JSON keeps the timestamps and each request's ACTION: the stop stays an ack."""
+    unit = request(0, [20], [{"REQUEST_ID": RID}], {"REQUEST_ID": RID})
+    stop = request(20, [21], [{"REQUEST_ID": 7}], {"REQUEST_ID": RID, "ACTION": STOP_BYTES})
+    text = json.dumps({"experiments": [{"requests": [unit, stop, unit]}]}) + '{"broken'
+    export = tmp_path / "export.json"
+    export.write_text(text)
+    loaded = load_requests(export)
+    assert [r.get("request_inputs") for r in loaded] == [None, {"ACTION": STOP_BYTES}, None]
+    result = stream_latency(loaded)
+    assert (result.requests, result.acks) == (2, 1)
 
 
 def test_duplex_latency_reads_the_downlink_events(tmp_path):

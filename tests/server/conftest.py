@@ -31,11 +31,12 @@ def server(tmp_path_factory):
         yield proc
 
 
-# The reliability tests (tests/server/test_reliability_*.py) run on their own server: a 6 s idle
-# timeout (the shared server's 20 s would make the idle test wait 20 s), a 320-token Thinker
-# context (overflow after ~20 units instead of ~500) and fault injection on. Both would break or
-# slow down the tests that need production-like settings on the shared server.
-RELIABILITY_OVERRIDES = {"idle_timeout_s": "6", "max_context_tokens": "320", "fault_injection": "on"}
+# The reliability tests (tests/server/test_reliability_*.py) run on their own server: a 10 s idle
+# timeout (the shared server's 20 s would make the idle test wait 20 s; a client-gone close, which
+# must free a session before idle reaping could, took up to 4.5 s under load), a 320-token
+# Thinker context (overflow after ~20 units instead of ~500) and fault injection on. Both would
+# break or slow down the tests that need production-like settings on the shared server.
+RELIABILITY_OVERRIDES = {"idle_timeout_s": "10", "max_context_tokens": "320", "fault_injection": "on"}
 
 
 @pytest.fixture(scope="session")

@@ -6,7 +6,9 @@ gauges are back at a baseline (they are published asynchronously: a stage after 
 round, the orchestrator every reaper period) and returns the last snapshot either way.
 `warm_baseline(server)` runs one short conversation first: a stage publishes its gauges only
 once it has handled a request, and the first session may grow the shared-memory pools; the
-baseline is taken once the orchestrator's pooled stage streams have closed.
+baseline is taken once every count that is zero on an idle server is zero (sessions, their
+threads, stage requests, codec state, the orchestrator's pooled stage streams) and two looks a
+reaper period apart agree.
 `orphan_segments(before)` lists the files that appeared in /dev/shm since `dev_shm()` was
 taken and that no process maps: segments somebody created and never unlinked (other servers
 on the machine may come and go meanwhile; theirs are mapped while they live).
@@ -35,7 +37,9 @@ TRACKED = (
     ("requests", "code2wav"), ("codec_states", "code2wav"), ("codec_sequences", "code2wav"),
     ("codec_pending", "code2wav"), ("voice_users", "code2wav"),
 )
-SETTLE_TIMEOUT_S = 20.0
+# The tracked counts that are zero on an idle server (the others: process threads, free KV blocks).
+ZERO_WHEN_IDLE = tuple(key for key in TRACKED if key[0] not in ("threads", "kv_free_blocks"))
+SETTLE_TIMEOUT_S = 60.0  # a bound for gauges on their way back, not a timing: a leak never settles
 STABLE_GAP_S = 0.6  # longer than the orchestrator's reaper period (0.5 s) between two looks
 
 
@@ -72,7 +76,7 @@ def warm_baseline(server) -> ServerResources:
         time.sleep(STABLE_GAP_S)
         now = ServerResources.take(server)
         tracked = now.tracked()
-        idle = None not in tracked.values() and tracked[("stage_idle_streams", "duplex")] == 0
+        idle = None not in tracked.values() and all(tracked[key] == 0 for key in ZERO_WHEN_IDLE)
         if (idle and tracked == previous.tracked()) or time.monotonic() > deadline:
             return now
         previous = now

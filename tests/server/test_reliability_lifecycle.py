@@ -1,7 +1,7 @@
 """Session lifecycle on a real server: barge-in, a client that goes away, idle reaping, admission.
 
 Strategy: raw sessions (tests/server/session_probe.py) on the reliability server (conftest:
-6 s idle timeout, fault injection on). What the stages hold is read from the resource gauges
+10 s idle timeout, fault injection on). What the stages hold is read from the resource gauges
 on the metrics port (tests/server/server_resources.py), so "stopped and freed" is checked on
 the stage engines themselves, not inferred from the events. Replies are forced with the
 policy knobs (random weights); audio is sent faster than real time.
@@ -16,21 +16,19 @@ import time
 import uuid
 
 import pytest
-from server_resources import settled, wait_for_gauges
+from conftest import RELIABILITY_OVERRIDES
+from server_resources import ServerResources, wait_for_gauges
 from session_probe import SessionProbe, silence_units, speech_units
 
+from backends.duplex.session_manager import CLOSING_GRACE
+
 REPLY = {"initial_user_text": "Tell me a story.", "reply_units": 4, "reply_tokens_per_unit": 2, "seed": 3}
-# A refused START touches no stage: its answer is one round trip through `execute`.
-REFUSAL_MAX_S = 1.0
 # TTFP of admitted sessions under a START storm vs. without it. Both runs share a loaded 2-core
 # box (timings vary by ~2x between runs there), so the bound only catches a storm that stalls
 # the admitted sessions (refusals queued behind stage work would add seconds).
 TTFP_STORM_FACTOR = 2.5
 TTFP_STORM_SLACK_MS = 500.0
-IDLE_TIMEOUT_S = 6.0  # conftest RELIABILITY_OVERRIDES
-# The reaper checks for a cancelled stream every 0.5 s; the close and its stops take well under
-# a second. Below the idle timeout, so a pass cannot come from idle reaping.
-CLIENT_GONE_MAX_S = 5.0
+IDLE_TIMEOUT_S = float(RELIABILITY_OVERRIDES["idle_timeout_s"])
 STAGE_IDLE = {("requests", "thinker"): 0.0, ("requests", "talker"): 0.0, ("codec_states", "code2wav"): 0.0}
 WHOLE_KV = (("kv_free_blocks", "thinker"), ("kv_free_blocks", "talker"))
 SESSION_KV_BLOCKS = 320 // 16  # the reliability server's max_context_tokens / KV block size
@@ -98,36 +96,55 @@ def _killed_mid_response(url: str, session_id: str) -> None:
         client.wait()
 
 
+def _freed_before(server, baseline, deadline: float) -> bool:
+    """Whether every tracked gauge was back at `baseline` in a snapshot read before `deadline`
+    (time.monotonic()): a snapshot's values are at least as old as the moment its reading ended."""
+    while True:
+        snapshot = ServerResources.take(server)
+        read_by = time.monotonic()
+        if snapshot.tracked() == baseline.tracked():
+            return read_by < deadline
+        if read_by >= deadline:
+            return False
+        time.sleep(0.25)
+
+
 @pytest.mark.parametrize("how", ["cancel", "kill"])
 def test_client_gone_mid_response_is_reaped_and_freed(reliability_server, baseline, probes, how):
     """The client cancels its stream (`cancel`) or its process dies (`kill`) while the model
-    speaks: the reaper closes the session well before the idle timeout could, and every stage
-    request, KV block and codec state goes back."""
+    speaks: the reaper closes the session before the idle timeout could, and every stage
+    request, KV block and codec state goes back. The session's last activity is its last
+    request, sent after `last_send`: idle reaping cannot free it before last_send + the idle
+    timeout, so everything freed before then was freed by the client-gone close."""
     session_id = f"gone-{how}-{uuid.uuid4().hex[:6]}"
+    last_send = time.monotonic()
     if how == "kill":
         _killed_mid_response(reliability_server.grpc_url, session_id)
     else:
         probe = probes(session_id)
         probe.start(**REPLY)
+        last_send = time.monotonic()
         probe.append(silence_units(4))
         _first_audio(probe)
         probe.drop()
-    after = settled(reliability_server, baseline, timeout_s=CLIENT_GONE_MAX_S)
-    assert after.tracked() == baseline.tracked(), "not reaped before the idle timeout could do it"
+    freed = _freed_before(reliability_server, baseline, last_send + IDLE_TIMEOUT_S)
+    assert freed, "not reaped before the idle timeout could do it"
     again = probes(session_id)  # the id is free again, and so is its sequence slot
     again.start()
     assert again.wait_type("session.created")["session_id"] == session_id
 
 
 def test_idle_session_is_reaped_with_reason_idle(probes):
+    """Reaped once the idle timeout has passed, by the open session's limit: well before the
+    longer limit of a session that is closing (CLOSING_GRACE times the timeout)."""
     probe = probes()
     started = time.monotonic()
     probe.start()
-    closed = probe.wait_type("session.closed", timeout_s=IDLE_TIMEOUT_S + 10)
+    closed = probe.wait_type("session.closed", timeout_s=IDLE_TIMEOUT_S * CLOSING_GRACE)
     waited = time.monotonic() - started
     assert closed["reason"] == "idle"
-    assert IDLE_TIMEOUT_S <= waited <= IDLE_TIMEOUT_S + 5, waited
-    probe.wait_closed(timeout_s=5)
+    assert IDLE_TIMEOUT_S <= waited < IDLE_TIMEOUT_S * CLOSING_GRACE, waited
+    probe.wait_closed(timeout_s=30)
 
 
 def _admitted_run(url: str, storm: bool) -> tuple[list[float], list[float]]:
@@ -170,6 +187,8 @@ def test_admission_refuses_at_once_and_admitted_sessions_keep_their_latency(reli
     calm, _ = _admitted_run(reliability_server.grpc_url, storm=False)
     stormy, refusals = _admitted_run(reliability_server.grpc_url, storm=True)
     assert len(refusals) >= 4, "the storm never ran"
-    assert max(refusals) < REFUSAL_MAX_S, refusals
+    # A refused START touches no stage: it is answered sooner than an admitted session's first
+    # audio (stage work) measured under the same load, at the same time.
+    assert 1000.0 * statistics.median(refusals) < statistics.median(stormy), (refusals, stormy)
     bound = TTFP_STORM_FACTOR * statistics.median(calm) + TTFP_STORM_SLACK_MS
     assert statistics.median(stormy) <= bound, (calm, stormy)

@@ -46,7 +46,7 @@ def test_calls_leave_streams_open_and_idle_ones_close(reliability_server, probes
     assert _wait_for_open_streams(reliability_server, SEEN_WITHIN_S) >= 1.0, "no stage stream stayed open"
     probe.close()
     # closed within the idle time, the closer's period and a gauge publication (0.5 s)
-    closed = wait_for_gauges(reliability_server, {IDLE_STREAMS: 0.0}, timeout_s=DEFAULT_STREAM_IDLE_S + 8.0)
+    closed = wait_for_gauges(reliability_server, {IDLE_STREAMS: 0.0}, timeout_s=DEFAULT_STREAM_IDLE_S + 30.0)
     assert closed == {IDLE_STREAMS: 0.0}
 
 
@@ -154,7 +154,7 @@ def test_abandoned_stage_calls_drain_without_a_cancel_and_leave_nothing(reliabil
         for worker in workers:
             worker.join(120.0)
         assert errors == [] and not any(w.is_alive() for w in workers)
-        deadline = time.monotonic() + 10.0
+        deadline = time.monotonic() + 30.0  # a bound for FINALs on their way, not a timing
         while clients.draining_streams() and time.monotonic() < deadline:
             clients.close_idle_streams(idle_s=60.0)  # reads the late FINALs of pooled channels
             time.sleep(0.05)

@@ -11,7 +11,7 @@ import threading
 
 from backends.serving.engine_thread import EngineThread
 
-WAIT_S = 5.0
+WAIT_S = 30.0  # a bound for what happens at once
 
 
 class DrainingEngine:

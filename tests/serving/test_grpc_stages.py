@@ -186,13 +186,14 @@ def test_the_closer_thread_ends_idle_streams_on_its_own_and_stops_with_close():
     FakeChannel.made, FakeChannel.script = [], [[[_codes(0, True)]]]
     clients = GrpcStageClients("host:1", channel_factory=FakeChannel, stream_idle_s=0.05)
     list(clients.talker(REQUEST))
-    deadline = time.monotonic() + 5.0
-    while clients.idle_streams() and time.monotonic() < deadline:
+    channel = FakeChannel.made[0]
+    deadline = time.monotonic() + 30.0  # the closer looks every few hundredths of a second
+    while not channel.streams_ended and time.monotonic() < deadline:  # it unpools the channel first
         time.sleep(0.01)
-    assert clients.idle_streams() == 0 and FakeChannel.made[0].streams_ended == 1
+    assert clients.idle_streams() == 0 and channel.streams_ended == 1
     clients.close()
     assert not any(t.name == "stage-stream-closer" and t.is_alive() for t in threading.enumerate())
-    assert FakeChannel.made[0].closed
+    assert channel.closed
 
 
 def test_stage_url_comes_from_the_parameter_then_the_environment(monkeypatch):

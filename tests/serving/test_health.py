@@ -32,7 +32,7 @@ from backends.contracts.tensor_codec import to_arrays
 
 REPOSITORY = Path(__file__).resolve().parents[2] / "model_repository"
 
-WAIT_S = 5.0
+WAIT_S = 30.0  # a bound for what happens at once
 
 
 class EngineDeath(BaseException):

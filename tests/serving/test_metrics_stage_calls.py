@@ -156,15 +156,18 @@ def _stop_request(pb, parameters: dict) -> object:
 def test_a_stage_times_a_request_s_arrival_and_its_response_s_send(pb, monkeypatch, switch):
     monkeypatch.setenv(CALL_METRICS_ENV, switch)
     adapter = StageAdapter(pb, "talker", TalkerRequest, AnswerAtOnce())
-    sent = [_stop_request(pb, {SENT_NS_PARAMETER: time.monotonic_ns() - int(AGO_MS * 1e6)}),
+    started_ns = time.monotonic_ns()
+    sent_ns = started_ns - int(AGO_MS * 1e6)
+    sent = [_stop_request(pb, {SENT_NS_PARAMETER: sent_ns}),
             _stop_request(pb, {})]  # a client other than the orchestrator: no send time
     adapter.execute(sent)
-    assert all(request.sender.done.wait(5) for request in sent)
+    assert all(request.sender.done.wait(30) for request in sent)
     adapter.finalize()  # flushes the metrics thread
+    ended_ns = time.monotonic_ns()  # everything measured happened before this
     assert [r.sender.sent for r in sent] == [[(None, pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)]] * 2
     arrivals, sends = pb.observed(STAGE_ARRIVAL.name, model="talker"), pb.observed(STAGE_SEND.name, model="talker")
     if switch == "0":
         assert arrivals == [] and sends == []
         return
-    assert len(arrivals) == 1 and AGO_MS <= arrivals[0] < AGO_MS + 5000, arrivals
-    assert len(sends) == 2 and all(0 <= ms < 5000 for ms in sends), sends
+    assert len(arrivals) == 1 and AGO_MS <= arrivals[0] <= (ended_ns - sent_ns) / 1e6, arrivals
+    assert len(sends) == 2 and all(0 <= ms <= (ended_ns - started_ns) / 1e6 for ms in sends), sends

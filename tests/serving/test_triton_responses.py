@@ -8,6 +8,7 @@ records what would reach the server.
 """
 from __future__ import annotations
 
+import threading
 import time
 
 import pytest
@@ -30,8 +31,11 @@ def _sink(pb, responses, sender) -> TritonSink:
     return TritonSink(pb, sender, responses, lambda result: pb.InferenceResponse())
 
 
+WAIT_S = 30.0  # a bound for what happens at once
+
+
 def _sent(sender) -> list[tuple[str, int]]:
-    assert sender.done.wait(5), "no FINAL"
+    assert sender.done.wait(WAIT_S), "no FINAL"
     kinds = {True: "error", False: "data"}
     return [("none" if r is None else kinds[r.has_error()], flags) for r, flags in sender.sent]
 
@@ -109,12 +113,14 @@ def test_a_refused_last_result_still_ends_the_request(pb, responses):
 
 
 class SlowSender:
-    """The server takes SLOW_S to accept each response."""
+    """The server takes SLOW_S to accept each response, and accepts none before `open`."""
 
     def __init__(self, pb) -> None:
         self.inner = pb.Sender()
+        self.open = threading.Event()
 
     def send(self, response=None, flags: int = 0) -> None:
+        assert self.open.wait(WAIT_S)
         time.sleep(SLOW_S)
         self.inner.send(response, flags)
 
@@ -129,7 +135,8 @@ def test_each_response_s_send_time_is_reported(pb):
     sink = TritonSink(pb, sender, thread, lambda result: pb.InferenceResponse())
     sink.send(object())
     sink.finish(object())
+    sender.open.set()  # both are queued before the first send starts
     assert _sent(sender.inner) == [("data", 0), ("data", FINAL)]
     thread.shutdown()
-    assert len(seconds) == 2 and seconds[0] >= SLOW_S and seconds[1] >= SLOW_S, seconds
-    assert seconds[1] >= seconds[0], "the second waited behind the first"
+    assert len(seconds) == 2 and seconds[0] >= SLOW_S, seconds
+    assert seconds[1] >= 2 * SLOW_S, "the second waited behind the first"
