@@ -1,7 +1,11 @@
 """Sessions by sequence id: routing of uplink requests, admission, and the reaper.
 
-Triton never tells a model about idle sequences, so the reaper
-here closes a session that sent nothing for `idle_timeout_s` with `session.closed` reason
+Admission refuses a START over `max_sessions` at once; every refused START frees its Triton
+sequence before it is answered (refusals.py). Each append passes the session's uplink bound
+(uplink_pace.py) or fails alone, the session going on.
+
+Triton never tells a model about idle sequences, so the reaper here closes a session that
+sent nothing for `idle_timeout_s` with `session.closed` reason
 `idle`, before Triton's own (longer) sequence timeout frees the slot. A session that sent END
 is finishing its last audio and gets `CLOSING_GRACE` times as long. The same sweep, every
 `REAP_PERIOD_S`, closes the sessions whose client is gone (the START request's stream was
