@@ -137,7 +137,7 @@ class SessionManager:
                 open_downlink: Callable[[], Downlink]) -> None:
         message = f"session {raw.session_id!r}: {exc.message}"
         if raw.is_start:
-            self._refuse_start(open_downlink, raw.session_id, exc.code, message)
+            self._refuse_start(open_downlink, raw.session_id, raw.is_end, exc.code, message)
             return
         reply.fail(DuplexError(exc.code, message))
         session = self._get(raw.session_id)
@@ -146,13 +146,14 @@ class SessionManager:
             if raw.is_end:  # Triton ended the sequence with this request, failed or not
                 session.end()
 
-    def _refuse_start(self, open_downlink: Callable[[], Downlink], sid: str, code: str, message: str) -> None:
+    def _refuse_start(self, open_downlink: Callable[[], Downlink], sid: str, is_end: bool, code: str,
+                      message: str) -> None:
         """`error` + FINAL on the START's downlink. The sequence the START opened is freed first
-        (refusals.py), unless it is an open session's: a START for a sequence in progress joins
-        it in Triton, and ending it would cut that session off."""
+        (refusals.py), unless the START also carried END (that ended it) or the sequence is an
+        open session's: a START for a sequence in progress joins it in Triton."""
         with self._lock:
             session = self._sessions.get(sid)
-            release = session is None or not session.sequence_open
+            release = not is_end and (session is None or not session.sequence_open)
         event = ev.ServerEvent(ev.ERROR, sid, {"code": code, "message": message})
         self._refusals.refuse(Refusal(open_downlink(), event, release))
 
@@ -166,7 +167,7 @@ class SessionManager:
                                   self._forget, self._clock)
                 self._sessions[sid] = session
         if refusal is not None:
-            self._refuse_start(open_downlink, sid, *refusal)
+            self._refuse_start(open_downlink, sid, uplink.is_end, *refusal)
             return
         session.start()
         try:

@@ -55,6 +55,13 @@ def test_a_refused_start_frees_its_sequence_before_the_answer(manager, params, c
     assert refused.events[0].fields["code"] == code
 
 
+def test_a_refused_start_that_carries_end_is_not_released_again(manager):
+    send(manager, "open", start=True)
+    refused = OrderedDownlink()
+    send(manager, "other", start=True, end=True, downlink=refused)  # Triton ended it with this request
+    assert refused.calls == ["send:error", "close"]
+
+
 def test_the_uplink_thread_does_not_wait_for_the_release(manager):
     send(manager, "open", start=True)
     refused = OrderedDownlink()
