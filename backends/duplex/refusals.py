@@ -36,22 +36,28 @@ class Refusal:
 class Refusals:
     def __init__(self, workers: int = WORKERS) -> None:
         self._queue: queue.SimpleQueue[Refusal | None] = queue.SimpleQueue()
+        self._lock = threading.Lock()  # a refusal is queued before the workers' stop, or answered here
+        self._stopped = False
         self._threads = [threading.Thread(target=self._work, name=f"duplex-refusals-{i}", daemon=True)
                          for i in range(workers)]
         for thread in self._threads:
             thread.start()
 
     def refuse(self, refusal: Refusal) -> None:
-        """Answer now when nothing is to be released, else on a worker after the release."""
-        if refusal.release:
-            self._queue.put(refusal)
-        else:
-            _answer(refusal)
+        """Answer now when nothing is to be released (or the workers are gone), else on a
+        worker after the release."""
+        with self._lock:
+            if refusal.release and not self._stopped:
+                self._queue.put(refusal)
+                return
+        _answer(refusal)
 
     def shutdown(self, timeout_s: float = 5.0) -> None:
         """Answer what is queued, then stop the workers."""
-        for _ in self._threads:
-            self._queue.put(None)
+        with self._lock:
+            self._stopped = True
+            for _ in self._threads:
+                self._queue.put(None)
         for thread in self._threads:
             thread.join(timeout_s)
 

@@ -126,3 +126,11 @@ def test_shutdown_answers_the_refusals_still_queued():
     threading.Timer(0.2, refused.release_gate.set).start()
     manager.shutdown()
     assert refused.closed.is_set() and refused.calls == ["abandon", "send:error", "close"]
+
+
+def test_a_start_after_shutdown_is_still_answered():
+    manager = SessionManager(ManagerConfig(), ScriptedStages())
+    manager.shutdown()
+    late = OrderedDownlink()
+    send(manager, "late", start=True, downlink=late)
+    assert late.calls == ["send:error", "close"] and late.events[0].fields["code"] == "resource_exhausted"
