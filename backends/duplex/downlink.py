@@ -16,5 +16,6 @@ class Downlink(Protocol):
         ...
 
     def abandon(self) -> None:
-        """The session ended without the client's END: free what the transport holds for it."""
+        """The session ended without the client's END, or its START was refused: free what the
+        transport holds for it. Blocking; never called on the thread that handles uplinks."""
         ...

@@ -33,9 +33,9 @@ from backends.duplex.responses import EpochIds, ResponseState, SpeakWork, UnitWo
 from backends.duplex.stage_stops import StageStops
 from backends.duplex.stall_watch import StallWatch, WatchedStages
 from backends.duplex.thinker_call import call_thinker
-from backends.duplex.unit_buffer import UnitBuffer
-from backends.duplex.unit_queue import SessionConfig, UnitQueue, setup_request, thinker_request
+from backends.duplex.unit_queue import SessionConfig, setup_request, thinker_request
 from backends.duplex.uplink import SessionOptions
+from backends.duplex.uplink_intake import UplinkIntake
 
 log = logging.getLogger(__name__)
 
@@ -52,15 +52,14 @@ class Session:
         self._on_finished, self._clock = on_finished, clock
         self._lock = threading.Lock()  # guards every field below; held only for state, never for I/O
         self._ids = EpochIds(session_id, 0)
-        self._buffer = UnitBuffer()
-        self._units = UnitQueue(config.max_units_per_append)
+        self.intake = UplinkIntake(config, clock)  # the uplink audio the Thinker has not taken
+        self._units = self.intake.units
+        self.sequence_open = True  # no END (the client's or our own) has ended Triton's sequence
         self._speak: queue.SimpleQueue[SpeakWork | None] = queue.SimpleQueue()
         self._open: dict[str, ResponseState] = {}  # response_id -> response not yet done
         self._thinker_response: ResponseState | None = None  # the response new speak units join
-        self._turn_counter = 0
-        self._units_in_epoch = 0
-        self._closing = False
-        self._close_reason = why.CLIENT
+        self._turn_counter, self._units_in_epoch = 0, 0
+        self._closing, self._close_reason = False, why.CLIENT
         self.aborted_at: float | None = None  # clock() of the close that aborted the session
         self._finished = False
         self.last_activity = clock()
@@ -76,14 +75,12 @@ class Session:
             thread.start()
 
     def append(self, pcm16: np.ndarray, commit: bool = False) -> None:
+        """Queue the audio's whole units; past the uplink bound, raise DuplexError instead."""
         with self._lock:
             self.last_activity = self._clock()
             if self._closing:
                 return
-            units = self._buffer.push(pcm16)
-            if commit and (residual := self._buffer.flush_padded()) is not None:
-                units.append(residual)
-            for samples in units:
+            for samples in self.intake.cut(pcm16, commit):
                 self._units.put(UnitWork(self._ids.epoch, samples, self.last_activity, self._force_listen()))
 
     def _force_listen(self) -> bool:
@@ -98,11 +95,13 @@ class Session:
                 return
             old = self._new_epoch()
         self._stop_stage_requests(old)
+        self._units.clear()  # the old epoch's units: never decided, no longer held
         self._units.wake()  # the new epoch's setup goes out before its first unit
 
     def end(self) -> None:
         """END: finish the queued units and their audio, then close."""
         with self._lock:
+            self.sequence_open = False  # Triton ended the sequence with the END request
             self.last_activity = self._clock()
             if self._closing:
                 return
@@ -123,9 +122,9 @@ class Session:
             if error is not None:
                 self.emit(ev.ERROR, code=error.code, message=error.message)
             old = self._new_epoch(status=ev.STATUS_FAILED if error else ev.STATUS_CANCELLED, reason=reason)
+            self.intake.drop()  # frees the audio now, END's sentinel included
         self._stop_stage_requests(old)
-        if not already_closing:
-            self._units.put(None)
+        self._units.put(None)
 
     # ---- state changes (lock held) ---------------------------------------------------------
 
@@ -292,7 +291,8 @@ class Session:
             self.emit(ev.SESSION_CLOSED, reason=self._close_reason)
         self._stop_stage_requests(old)
         self._downlink.close()
-        if why.frees_transport(self._close_reason):
+        if why.frees_transport(self._close_reason) and self.sequence_open:
+            self.sequence_open = False  # before the END goes out: a START meanwhile is refused alone
             try:
                 self._downlink.abandon()
             except Exception as exc:  # the slot then waits for Triton's own idle timer

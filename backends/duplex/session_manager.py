@@ -1,9 +1,13 @@
 """Sessions by sequence id: routing of uplink requests, admission, and the reaper.
 
+Admission refuses a START over `max_sessions` at once; every refused START frees its Triton
+sequence before it is answered (refusals.py). Each append passes the session's uplink bound
+(uplink_pace.py) or fails alone, the session going on.
+
 Triton never tells a model about idle sequences (docs/triton_behaviours.md#sequence-batcher), so
 the reaper here closes a session that sent nothing for `idle_timeout_s` with `session.closed`
-reason `idle`, before Triton's own (longer) sequence timeout frees the slot. A session that sent
-END is finishing its last audio and gets `CLOSING_GRACE` times as long. The same sweep, every
+reason `idle`, before Triton's own (longer) sequence timeout frees the slot. A session that sent END
+is finishing its last audio and gets `CLOSING_GRACE` times as long. The same sweep, every
 `REAP_PERIOD_S`, closes the sessions whose client is gone (the START request's stream was
 cancelled: the client stopped its stream or disconnected) with reason `client_gone`; closes with
 `error` `stage_timeout` a session that waited `stage_timeout_s` on a stage without an answer;
@@ -25,6 +29,7 @@ from backends.duplex import close_reasons as why
 from backends.duplex import events as ev
 from backends.duplex.errors import INTERNAL, NOT_FOUND, RESOURCE_EXHAUSTED, SESSION_EXISTS, DuplexError
 from backends.duplex.downlink import Downlink
+from backends.duplex.refusals import Refusal, Refusals
 from backends.duplex.session import Session, SessionConfig
 from backends.duplex.unit_buffer import SAMPLE_RATE
 from backends.duplex.uplink import RawUplink, Uplink, parse_uplink
@@ -77,6 +82,7 @@ class SessionManager:
         self._sessions: dict[str, Session] = {}
         self._stranded: list[Session] = []  # force-finished, a thread still in a stage call
         self._stopping = threading.Event()
+        self._refusals = Refusals()
         self._reaper = threading.Thread(target=self._reap_loop, name="duplex-reaper", daemon=True)
         self._reaper.start()
 
@@ -87,13 +93,16 @@ class SessionManager:
 
     def stats(self) -> dict[str, int]:
         """What the orchestrator holds: open sessions, their live worker threads (two each),
-        the threads of force-finished sessions still blocked in a stage call, and all threads
-        of the process (stage streams and other machinery included)."""
+        the threads of force-finished sessions still blocked in a stage call, all threads of
+        the process (stage streams and other machinery included), and the uplink audio (ms)
+        the open sessions hold that the Thinker has not taken yet."""
         with self._lock:
+            held = sum(s.intake.held_samples for s in self._sessions.values())
             return {"sessions": len(self._sessions),
                     "session_threads": sum(s.live_threads() for s in self._sessions.values()),
                     "stranded_threads": sum(s.live_threads() for s in self._stranded),
-                    "threads": threading.active_count()}
+                    "threads": threading.active_count(),
+                    "uplink_audio_ms": held * 1000 // SAMPLE_RATE}
 
     def handle(self, raw: RawUplink, reply: UplinkReply, open_downlink: Callable[[], Downlink]) -> None:
         """Route one uplink request. START requests become the session downlink."""
@@ -117,19 +126,36 @@ class SessionManager:
             reply.fail(DuplexError(NOT_FOUND, f"session {uplink.session_id!r} is not open: a session starts with "
                                               "a START request (it may have been closed or reaped)"))
             return
-        self._apply(session, uplink)
+        try:
+            self._apply(session, uplink)
+        except DuplexError as exc:  # past the uplink bound
+            self._reject(raw, exc, reply, open_downlink)
+            return
         reply.ok()
 
     def _reject(self, raw: RawUplink, exc: DuplexError, reply: UplinkReply,
                 open_downlink: Callable[[], Downlink]) -> None:
         message = f"session {raw.session_id!r}: {exc.message}"
         if raw.is_start:
-            _refuse_start(open_downlink(), raw.session_id, exc.code, message)
+            self._refuse_start(open_downlink, raw.session_id, raw.is_end, exc.code, message)
             return
         reply.fail(DuplexError(exc.code, message))
         session = self._get(raw.session_id)
         if session is not None:  # the session lives on; its downlink hears why a request failed
             session.emit(ev.ERROR, code=exc.code, message=message)
+            if raw.is_end:  # Triton ended the sequence with this request, failed or not
+                session.end()
+
+    def _refuse_start(self, open_downlink: Callable[[], Downlink], sid: str, is_end: bool, code: str,
+                      message: str) -> None:
+        """`error` + FINAL on the START's downlink. The sequence the START opened is freed first
+        (refusals.py), unless the START also carried END (that ended it) or the sequence is an
+        open session's: a START for a sequence in progress joins it in Triton."""
+        with self._lock:
+            session = self._sessions.get(sid)
+            release = not is_end and (session is None or not session.sequence_open)
+        event = ev.ServerEvent(ev.ERROR, sid, {"code": code, "message": message})
+        self._refusals.refuse(Refusal(open_downlink(), event, release))
 
     def _start(self, uplink: Uplink, open_downlink: Callable[[], Downlink]) -> None:
         sid = uplink.session_id
@@ -141,10 +167,13 @@ class SessionManager:
                                   self._forget, self._clock)
                 self._sessions[sid] = session
         if refusal is not None:
-            _refuse_start(open_downlink(), sid, *refusal)
+            self._refuse_start(open_downlink, sid, uplink.is_end, *refusal)
             return
         session.start()
-        self._apply(session, uplink)
+        try:
+            self._apply(session, uplink)
+        except DuplexError as exc:  # START audio past the uplink bound: the session goes on without it
+            session.emit(ev.ERROR, code=exc.code, message=f"session {sid!r}: {exc.message}")
 
     def _admission_refusal(self, sid: str) -> tuple[str, str] | None:
         if self._stopping.is_set():
@@ -157,11 +186,14 @@ class SessionManager:
         return None
 
     def _apply(self, session: Session, uplink: Uplink) -> None:
+        """Raises DuplexError when the audio is past the uplink bound; an END ends anyway."""
         if uplink.action == "cancel":
             session.cancel()
-        session.append(uplink.audio, commit=uplink.action == "commit")
-        if uplink.is_end:
-            session.end()
+        try:
+            session.append(uplink.audio, commit=uplink.action == "commit")
+        finally:
+            if uplink.is_end:
+                session.end()
 
     def _get(self, sid: str) -> Session | None:
         with self._lock:
@@ -220,11 +252,7 @@ class SessionManager:
             sessions = list(self._sessions.values())
         for session in sessions:
             session.close(why.SHUTDOWN)
+        self._refusals.shutdown()
         self._reaper.join(5.0)
-
-
-def _refuse_start(downlink: Downlink, sid: str, code: str, message: str) -> None:
-    downlink.send(ev.ServerEvent(ev.ERROR, sid, {"code": code, "message": message}))
-    downlink.close()
 
 

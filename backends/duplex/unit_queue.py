@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import queue
+import threading
 from dataclasses import dataclass
 
 import numpy as np
@@ -20,10 +21,14 @@ class SessionConfig:
     # Units per Thinker append when the uplink is ahead of the Thinker. A multi-unit append
     # is decided once (on its last unit), so >1 trades decisions for catching up under load.
     max_units_per_append: int = 1
+    # How far (s) the uplink may run ahead of real time and of the model (uplink_pace.py).
+    max_uplink_ahead_s: float = 5.0
 
     def __post_init__(self) -> None:
         if self.max_units_per_append < 1:
             raise ValueError(f"max_units_per_append must be >= 1, got {self.max_units_per_append}")
+        if not self.max_uplink_ahead_s > 0:
+            raise ValueError(f"max_uplink_ahead_s must be positive, got {self.max_uplink_ahead_s}")
 
 
 class UnitQueue:
@@ -31,15 +36,40 @@ class UnitQueue:
 
     A `None` is the end sentinel. A batch takes queued units that share the first one's
     force_listen flag, up to `max_units`; the unit that breaks a batch is held for the next.
+    `waiting_samples` counts the audio of the units not yet handed to the reader (the uplink
+    bound weighs it).
     """
 
     def __init__(self, max_units: int) -> None:
         self._max_units = max_units
         self._queue: queue.SimpleQueue[UnitWork | None] = queue.SimpleQueue()
         self._held: UnitWork | None | object = _NOTHING  # owner: the reader
+        self._count_lock = threading.Lock()  # guards _waiting
+        self._waiting = 0
+
+    @property
+    def waiting_samples(self) -> int:
+        return self._waiting
 
     def put(self, work: UnitWork | None) -> None:
+        if work is not None:
+            self._count(work.samples.size)
         self._queue.put(work)
+
+    def clear(self) -> None:
+        """Drop every queued unit (a close or a barge-in); the caller then puts the sentinel or
+        a `wake`, which also ends a reader's wait that the emptied queue would prolong."""
+        while True:
+            try:
+                work = self._queue.get_nowait()
+            except queue.Empty:
+                return
+            if isinstance(work, UnitWork):
+                self._count(-work.samples.size)
+
+    def _count(self, samples: int) -> None:
+        with self._count_lock:
+            self._waiting += samples
 
     def wake(self) -> None:
         """Make the reader's wait return (an empty batch): a new epoch wants its setup sent."""
@@ -59,6 +89,7 @@ class UnitQueue:
                 self._held = nxt  # the sentinel or the first unit of the next append
                 break
             batch.append(nxt)
+        self._count(-sum(work.samples.size for work in batch))
         return batch
 
     def _next(self) -> UnitWork | None:

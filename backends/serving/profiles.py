@@ -22,6 +22,10 @@ KINDS = ("KIND_CPU", "KIND_GPU")
 STAGES = ("thinker", "talker", "code2wav")
 # Per-GPU share of the stage caps: the rest is CUDA contexts and allocator slack.
 MAX_GPU_SHARE = 0.95
+# Sequence slots of each `duplex` instance beyond its sessions: STARTs being refused at once.
+# A refusal frees its slot within a round trip (backends/duplex/refusals.py), so a START past
+# all slots waits in Triton's backlog only that long; never for a session to end.
+REFUSAL_SLOTS = 28
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,6 +45,7 @@ class Profile:
     max_sessions: int = 4  # sessions of the whole server (admission limit; stage engines are sized for it)
     idle_timeout_s: int = 60  # a session with no uplink request for this long is reaped
     max_append_ms: int = 10000  # largest accepted AUDIO append
+    max_uplink_ahead_s: int = 5  # uplink audio a session may run ahead of real time and of the model
     max_context_tokens: int = 8192  # Thinker KV reserved per session (window off)
     talker_context_tokens: int = 4096
     fault_injection: str = "off"  # test-only: `on` makes stage requests marked fault-<stage> fail
@@ -65,8 +70,8 @@ class Profile:
             raise ValueError(f"fault_injection must be one of {FAULT_SETTINGS}, got {self.fault_injection!r}")
         if not 0 <= self.code2wav_first_hold_ms <= 1000:
             raise ValueError(f"code2wav_first_hold_ms must lie in [0, 1000], got {self.code2wav_first_hold_ms}")
-        for name in ("duplex_instances", "max_sessions", "idle_timeout_s", "max_append_ms", "max_context_tokens",
-                     "talker_context_tokens"):
+        for name in ("duplex_instances", "max_sessions", "idle_timeout_s", "max_append_ms", "max_uplink_ahead_s",
+                     "max_context_tokens", "talker_context_tokens"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
         if self.max_sessions % self.duplex_instances:
@@ -113,10 +118,10 @@ class Profile:
         per_instance = self.sessions_per_duplex_instance
         values["duplex_max_sessions"] = str(per_instance)
         # More sequence slots than sessions: a START over the limit must reach our admission
-        # check (and be refused at once) instead of waiting in Triton's silent backlog.
-        # Triton hands new sequences to the lowest free slot number across instances, so
-        # the instances fill evenly.
-        values["sequence_slots"] = str(4 * per_instance + 16)
+        # check (and be refused at once, its slot freed) instead of waiting in Triton's silent
+        # backlog. Triton hands new sequences to the lowest free slot number across instances,
+        # so the instances fill evenly.
+        values["sequence_slots"] = str(per_instance + REFUSAL_SLOTS)
         # Triton's own idle reaper must fire after ours, which answers the client.
         values["sequence_idle_us"] = str((self.idle_timeout_s + 30) * 1_000_000)
         return values

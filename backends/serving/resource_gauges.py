@@ -37,6 +37,7 @@ DESCRIPTIONS = {
     "threads": "Python threads of the model process",
     "session_threads": "worker threads of open duplex sessions (two per session)",
     "stranded_threads": "threads of force-finished sessions still blocked in a stage call",
+    "uplink_audio_ms": "uplink audio (ms) the open duplex sessions hold that the Thinker has not taken yet",
     "stage_channels": "gRPC channels of the orchestrator to the stages (pooled or in a call)",
     "stage_idle_streams": "open gRPC streams of pooled stage channels (closed after a few idle seconds)",
     "stage_draining_streams": "pooled stage streams whose abandoned request has not sent its FINAL yet",

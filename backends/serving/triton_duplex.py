@@ -9,8 +9,10 @@ own idle timer fires, and until then counts the sequence in flight (a server sto
 idle, error), the downlink therefore sends the orchestrator itself an END for that sequence
 (`abandon`), marked with `RELEASE_PARAMETER` so that `execute` answers it without touching any
 session. A later request of that client meets Triton's "must specify the START flag" error.
-A refused START is left to the client's END (our client always sends one): releasing it here
-could end a retried START with the same id.
+A refused START is released the same way, before its refusal is sent (backends/duplex/refusals.py):
+Triton forgets the correlation id as soon as that END is queued, so a START retried with the
+same id after the answer opens a new sequence, which the release cannot end. A START refused
+because its id is an open session's is not released: Triton joined it to that session's sequence.
 
 That END is a BLS request, the one BLS call left, and it is not a stage call: it carries no
 tensor either way (its answer is one empty FINAL), so neither 2.51 BLS defect that moved the
@@ -28,6 +30,7 @@ import numpy as np
 
 from backends.duplex.errors import DuplexError
 from backends.duplex.events import ServerEvent
+from backends.duplex.session import SessionConfig
 from backends.duplex.session_manager import ManagerConfig
 from backends.duplex.uplink import RawUplink
 from backends.serving.triton_responses import ResponseThread
@@ -136,4 +139,5 @@ class TritonUplinkReply:
 
 def manager_config(params: dict[str, str]) -> ManagerConfig:
     return ManagerConfig(max_sessions=int(params["max_sessions"]), idle_timeout_s=float(params["idle_timeout_s"]),
-                         max_append_ms=int(params["max_append_ms"]))
+                         max_append_ms=int(params["max_append_ms"]),
+                         session=SessionConfig(max_uplink_ahead_s=float(params["max_uplink_ahead_s"])))

@@ -178,12 +178,12 @@ def test_stats_and_observer_follow_the_sessions():
     threads_before = threading.active_count()
     down, _ = send(manager, "s", start=True)
     assert manager.stats() == {"sessions": 1, "session_threads": 2, "stranded_threads": 0,
-                               "threads": threads_before + 2}
+                               "threads": threads_before + 2, "uplink_audio_ms": 0}
     wait_for(lambda: seen and seen[-1]["sessions"] == 1, "observer saw the session")
     send(manager, "s", end=True)
     wait_for(down.closed.is_set, "closed")
     wait_for(lambda: manager.stats() == {"sessions": 0, "session_threads": 0, "stranded_threads": 0,
-                                      "threads": threads_before}, "threads gone")
+                                      "threads": threads_before, "uplink_audio_ms": 0}, "threads gone")
     wait_for(lambda: seen[-1]["sessions"] == 0 and seen[-1]["threads"] == threads_before, "observer saw the close")
 
 

@@ -52,7 +52,8 @@ def test_admission_limit_refuses_at_start_and_frees_on_close(stages):
     manager = SessionManager(ManagerConfig(max_sessions=1), stages)
     first, _ = send(manager, "a", start=True)
     refused, _ = send(manager, "b", start=True)
-    assert refused.closed.is_set() and refused.events[0].fields["code"] == "resource_exhausted"
+    wait_for(refused.closed.is_set, "the refusal")
+    assert refused.events[0].fields["code"] == "resource_exhausted" and refused.abandoned
     send(manager, "a", end=True)
     wait_finished(manager, first, "first session closed")
     again, _ = send(manager, "b", start=True)
@@ -135,7 +136,9 @@ def test_multi_unit_appends_when_allowed_and_force_listen_never_mixes():
 
     stages = ScriptedStages(speak_from=99)
     stages.gate.clear()  # hold the Thinker so that units queue up
-    manager = SessionManager(ManagerConfig(session=SessionConfig(max_units_per_append=4)), stages)
+    # Six seconds queue ahead of the held Thinker: past the default uplink bound of 5 s.
+    manager = SessionManager(ManagerConfig(session=SessionConfig(max_units_per_append=4, max_uplink_ahead_s=6)),
+                             stages)
     down, _ = send(manager, "s", start=True, force_listen_count=2)
     for _ in range(6):
         send(manager, "s", 16000)

@@ -91,6 +91,7 @@ class RawStream:
         self._lock = threading.Lock()
         self.start_request_id: str | None = None
         self.ended = False
+        self.created = False  # session.created arrived: the session holds its sequence until an END
 
     def _on_response(self, result, error) -> None:
         if error is not None:
@@ -104,6 +105,7 @@ class RawStream:
             raw = result.as_numpy("EVENT")
             event = json.loads(raw[0]) if raw is not None else None
             audio = result.as_numpy("AUDIO_OUT")
+            self.created = self.created or (event or {}).get("type") == "session.created"
         self.received.put(Received(resp.id, final, event, audio))
 
     def send(self, audio=None, start=False, end=False, inputs=None, **params) -> str:
@@ -140,8 +142,9 @@ class RawStream:
                 self.received.put(item)
 
     def close(self) -> None:
-        """END an open session (so it frees its admission slot now), then close the stream."""
-        if self.start_request_id is not None and not self.ended:
+        """END an open session (so it frees its admission slot now), then close the stream. A
+        refused START needs no END: the server freed its sequence, and Triton would refuse one."""
+        if self.created and not self.ended:
             try:
                 self.send(end=True)
                 self.collect_until_final(self.start_request_id, timeout_s=15)

@@ -30,7 +30,7 @@ from backends.serving.resource_gauges import parse_gauges
 # and all of its threads (a stage call's stream that leaves a thread behind: client/stream_close.py;
 # the pooled channels' streams, which close after a few idle seconds: backends/serving/grpc_stages.py).
 TRACKED = (
-    ("sessions", "duplex"), ("session_threads", "duplex"), ("threads", "duplex"),
+    ("sessions", "duplex"), ("session_threads", "duplex"), ("threads", "duplex"), ("uplink_audio_ms", "duplex"),
     ("stage_idle_streams", "duplex"), ("stage_draining_streams", "duplex"),
     ("requests", "thinker"), ("runner_requests", "thinker"), ("kv_free_blocks", "thinker"),
     ("requests", "talker"), ("runner_requests", "talker"), ("kv_free_blocks", "talker"),

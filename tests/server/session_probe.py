@@ -60,11 +60,12 @@ class SessionProbe:
         self.stream.client.close()
 
     def close(self) -> None:
-        """END if still open, wait for every FINAL, then release the client (test teardown)."""
+        """END if still open, wait for every FINAL, then release the client (test teardown).
+        No END after a refused START: the server freed its sequence before the refusal."""
         if self._dropped:
             return
-        if self.stream.start_request_id is not None and not self.stream.ended:
-            self.end()  # also after a refused START: only an END frees Triton's sequence slot
+        if self.stream.start_request_id is not None and not self.stream.ended and self._was_created():
+            self.end()
         deadline = time.monotonic() + 15
         try:
             while not self.downlink_closed or self._unanswered:
@@ -72,6 +73,19 @@ class SessionProbe:
         except AssertionError:
             pass
         self.drop()
+
+    def _was_created(self) -> bool:
+        try:
+            first = self.wait_for(lambda e: True, "the answer to START", timeout_s=15)
+        except AssertionError:
+            return False
+        return first["type"] == "session.created"
+
+    def wait_answered(self, timeout_s: float = WAIT_S) -> None:
+        """Until every uplink request sent so far has its FINAL (errors land in `failures`)."""
+        deadline = time.monotonic() + timeout_s
+        while self._unanswered:
+            self._pump(deadline, "the uplink FINALs")
 
     def wait_for(self, test: EventTest, what: str, timeout_s: float = WAIT_S) -> dict:
         """The first event (already received or arriving) that passes `test`."""

@@ -55,13 +55,15 @@ def test_non_start_request_of_unknown_session_is_refused(stream):
     assert "must specify the START flag" in answer[0].error  # Triton's sequence batcher
 
 
-def test_request_after_a_refused_start_names_the_closed_session(stream):
+def test_a_refused_start_frees_its_sequence_and_a_retry_with_the_same_id_works(stream):
     s = stream()
     start = s.send(ONE_UNIT[:1600], start=True, reply_units=-1)
     assert s.collect_until_final(start)[0].event["type"] == "error"
-    rid = s.send(ONE_UNIT[:1600])  # Triton still routes the sequence; the session is gone
-    answer = s.collect_until_final(rid)
-    assert "session_not_found" in answer[0].error and s.session_id in answer[0].error
+    rid = s.send(ONE_UNIT[:1600])  # the refusal ended the sequence before it was sent
+    assert "must specify the START flag" in s.collect_until_final(rid)[0].error
+    retry = s.send(ONE_UNIT[:1600], start=True)
+    first = s.received.get(timeout=10)
+    assert first.request_id == retry and first.event["type"] == "session.created", first
 
 
 @pytest.mark.parametrize("params,needle", [

@@ -21,6 +21,7 @@ from backends.serving.fault_injection import fault_marker
 
 REPLY = {"initial_user_text": "Say something.", "reply_units": 2, "reply_tokens_per_unit": 2}
 OVERFLOW_UNITS = 40  # far past 320 tokens at ~14 tokens per forced-listen unit
+OVERFLOW_STEP = 4  # units per append, sent once the Thinker took the previous ones (the uplink bound is 5 s)
 
 
 def _converse(probe: SessionProbe, seed: int) -> None:
@@ -58,8 +59,12 @@ def test_the_stages_serve_on_after_faults(probes):
 def test_edge_case_9_context_overflow_reaches_the_client_and_frees_the_request_once(reliability_server, baseline, probes):
     probe = probes()
     probe.start(force_listen_count=OVERFLOW_UNITS)  # every unit a one-token listen: steady growth
-    for _ in range(OVERFLOW_UNITS // 10):
-        probe.append(silence_units(10))
+    for sent in range(OVERFLOW_STEP, OVERFLOW_UNITS + 1, OVERFLOW_STEP):
+        probe.append(silence_units(OVERFLOW_STEP))
+        event = probe.wait_for(lambda e: e["type"] == "error" or probe.types().count("response.listen") >= sent,
+                               f"{sent} units decided")
+        if event["type"] == "error":
+            break
     error = probe.wait_type("error")
     assert error["code"] == "context_length_exceeded", error
     assert "context" in error["message"] and probe.session_id in error["message"]

@@ -180,7 +180,7 @@ def _storm(url: str, stop: threading.Event, refusals: list[float]) -> None:
         event = probe.wait_type("error", timeout_s=10)
         refusals.append(time.monotonic() - started)
         assert event["code"] == "resource_exhausted", event
-        probe.close()  # ENDs: only that frees Triton's sequence slot of a refused START
+        probe.close()  # no END: the refusal freed the sequence slot itself
 
 
 def test_admission_refuses_at_once_and_admitted_sessions_keep_their_latency(reliability_server):

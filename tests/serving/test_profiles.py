@@ -48,7 +48,7 @@ def test_gpu_split_puts_the_thinker_and_the_audio_tail_on_different_gpus(tmp_pat
         ["0.9", "0.45", "0.45"]
     assert _instance_group(configs["duplex"]) == "count: 4 kind: KIND_CPU"
     assert _param(configs["duplex"], "max_sessions") == "16", "64 sessions over 4 orchestrator instances"
-    assert "max_candidate_sequences: 80" in configs["duplex"]
+    assert "max_candidate_sequences: 44" in configs["duplex"], "16 sessions + 28 refusal slots per instance"
     assert all(_param(configs[s], "max_sessions") == "64" for s in ("thinker", "talker", "code2wav"))
     assert sorted(configs) == ["code2wav", "duplex", "talker", "thinker"]
 
