@@ -21,7 +21,7 @@ from tritonclient.utils import InferenceServerException
 
 from client.demux import DOWNLINK_REQUEST_ID, Arrival, DownlinkDemux
 from client.errors import DuplexStateError, DuplexStreamError, DuplexTimeout
-from client.events import AudioDelta, DuplexEvent
+from client.events import AudioDelta, DuplexEvent, ErrorEvent, SessionCreated
 from client.params import SessionParams
 from client.stream_close import stop_stream
 
@@ -75,6 +75,8 @@ class DuplexSession:
         self._demux = DownlinkDemux(session_id)
         self._phase = _Phase.NEW
         self._num_uplink = 0
+        self._admitted = False  # session.created arrived
+        self._refused = False  # START answered without session.created
         self._chunks: list[tuple[str, np.ndarray]] = []  # (response_id, [n] int16 24 kHz)
 
     @classmethod
@@ -134,9 +136,15 @@ class DuplexSession:
         self._require(_Phase.OPEN, "cancel")
         return self._send(_EMPTY_PCM, {"action": "cancel"})
 
-    def end(self) -> float:
-        """Send END; the server flushes the last audio and closes the downlink."""
+    def end(self) -> float | None:
+        """Send END; the server flushes the last audio and closes the downlink. Returns the send
+        time, or None when the START was refused: the server ended that sequence itself, and
+        Triton would answer an END with "must specify the START flag" (and Triton 2.51 then
+        counts it in flight for good, so a server stop waits out its whole exit timeout)."""
         self._require(_Phase.OPEN, "end")
+        if self._refused:
+            self._phase = _Phase.ENDED
+            return None
         sent_s = self._send(_EMPTY_PCM, {}, end=True)
         self._phase = _Phase.ENDED
         return sent_s
@@ -187,6 +195,12 @@ class DuplexSession:
     @property
     def downlink_open(self) -> bool:
         return self._demux.downlink_open
+
+    @property
+    def start_refused(self) -> bool:
+        """True once the server answered START without `session.created` (an `error` event or
+        the downlink's end came first): there is no session, and no END is to be sent."""
+        return self._refused
 
     @property
     def is_settled(self) -> bool:
@@ -247,7 +261,18 @@ class DuplexSession:
         event = self._demux.process(arrival)
         if isinstance(event, AudioDelta):
             self._chunks.append((event.response_id, event.audio))
+        self._note_admission(event)
         return event
+
+    def _note_admission(self, event: DuplexEvent | None) -> None:
+        # The server frees a refused START's sequence before it sends the `error`, so either
+        # one before `session.created` means the sequence is over.
+        if self._admitted or self._refused:
+            return
+        if isinstance(event, SessionCreated):
+            self._admitted = True
+        elif isinstance(event, ErrorEvent) or not self._demux.downlink_open:
+            self._refused = True
 
     # ---- audio and teardown ----------------------------------------------------------------
 

@@ -2,7 +2,8 @@
 
 Flow: START -> wait for session.created -> the utterance in `append_ms` pieces -> silence
 (full duplex: silence is traffic) until a response has finished and none is open, for at most
-`max_seconds` of silence -> END -> read the downlink until the session is settled.
+`max_seconds` of silence -> END -> read the downlink until the session is settled. A refused
+START gets no END: the server ended its sequence before answering (`DuplexSession.end`).
 
 Pacing uses absolute deadlines (t0 + n * append_ms / speed), so client jitter never
 accumulates. Waiting for the next deadline is spent reading events; their arrival times were

@@ -30,7 +30,7 @@ import numpy as np
 
 from backends.serving.resource_gauges import parse_gauges
 from client.errors import DuplexProtocolError, DuplexStreamError, DuplexTimeout
-from client.events import AudioDelta, ErrorEvent, RequestFailed, ResponseDone
+from client.events import AudioDelta, ErrorEvent, RequestFailed, ResponseDone, SessionCreated
 from client.params import SessionParams
 from client.session import DuplexSession
 
@@ -95,14 +95,24 @@ class Worker:
                                seed=self._rng.randrange(1 << 30))
         with DuplexSession.connect(self._config.url, session_id=session_id) as session:
             session.start(params)
-            with self._tally.lock:
-                self._tally.sessions += 1
-            for _ in range(self._config.turns):
-                if time.monotonic() >= self._deadline or not self._turn(session):
-                    break
-            session.end()
+            if self._admitted(session):
+                with self._tally.lock:
+                    self._tally.sessions += 1
+                for _ in range(self._config.turns):
+                    if time.monotonic() >= self._deadline or not self._turn(session):
+                        break
+            session.end()  # sends nothing after a refused START: the server ended that sequence
             for event in session.drain(TURN_TIMEOUT_S):
                 self._observe(event)
+
+    def _admitted(self, session: DuplexSession) -> bool:
+        """Wait for START's answer: no audio goes to a session the server refused."""
+        event = session.next_event(TURN_TIMEOUT_S)
+        if event is None:
+            self._tally.error("downlink_closed_before_created")
+            return False
+        self._observe(event)
+        return isinstance(event, SessionCreated)
 
     def _turn(self, session: DuplexSession) -> bool:
         """One user turn and the reply to it; False when the session is unusable."""

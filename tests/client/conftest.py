@@ -80,11 +80,15 @@ class FakeTritonClient:
 
     def __init__(self, *, ready: bool = True, send_created: bool = True,
                  close_on_end: bool = True, refuse_start: str | None = None,
+                 fail_start: str | None = None,
                  on_request: Callable[[FakeTritonClient, Any], None] | None = None):
         self.ready = ready
         self.send_created = send_created
         self.close_on_end = close_on_end
-        self.refuse_start = refuse_start  # answer START with this in-band error
+        # The duplex model's refusal of START: an `error` event with this message, then the
+        # FINAL; the model ended the sequence before answering.
+        self.refuse_start = refuse_start
+        self.fail_start = fail_start  # Triton fails START with this in-band error instead
         self.on_request = on_request
         self.requests: list[Any] = []  # ModelInferRequest protobufs, in send order
         self.request_times: list[float] = []  # time.monotonic() of each, for pacing checks
@@ -258,8 +262,13 @@ class FakeTritonClient:
     def _serve_start(self, request: Any) -> None:
         param = request.parameters["sequence_id"]
         self.session_id = param.string_param or param.int64_param
+        if self.fail_start is not None:
+            self.fail_request(self.fail_start)
+            return
         if self.refuse_start is not None:
-            self.fail_request(self.refuse_start)
+            self._downlink_id = request.id
+            self.emit({"type": "error", "code": "resource_exhausted", "message": self.refuse_start})
+            self.close_downlink()
             return
         self._sequence_live = True
         self._downlink_id = request.id

@@ -14,7 +14,7 @@ import pytest
 from tritonclient.grpc import InferInput
 
 from client.errors import DuplexProtocolError, DuplexStateError, DuplexStreamError, DuplexTimeout
-from client.events import AudioDelta, RequestFailed, ResponseDone, SessionClosed, SessionCreated
+from client.events import AudioDelta, ErrorEvent, RequestFailed, ResponseDone, SessionClosed, SessionCreated
 from client.params import SessionParams
 from client.session import DuplexSession
 
@@ -158,19 +158,47 @@ def test_events_until_returns_at_the_deadline(session, fake):
     assert [type(event) for event in events] == [SessionCreated]
 
 
-def test_refused_start_becomes_request_failed_and_settles(fake_client_factory):
+def sent_end(fake) -> bool:
+    return any(request.parameters["sequence_end"].bool_param for request in fake.requests)
+
+
+def test_refused_start_sends_no_end_and_settles(fake_client_factory):
     fake = fake_client_factory(refuse_start="admission limit reached")
     session = DuplexSession(fake, "s")
     session.start()
-    failed = session.next_event(WAIT_S)
-    assert isinstance(failed, RequestFailed) and "admission" in failed.message
-    assert session.next_event(WAIT_S) is None  # START's error closed the downlink
-    session.end()  # the server rejects it too: an unknown sequence
-    (rejected,) = events_until_closed(session)
-    assert isinstance(rejected, RequestFailed) and "START flag" in rejected.message
-    assert session.is_settled
+    refusal = session.next_event(WAIT_S)
+    assert isinstance(refusal, ErrorEvent) and "admission" in refusal.message
+    assert session.start_refused  # the error came before session.created
+    assert session.next_event(WAIT_S) is None  # then the downlink's FINAL
+    assert session.end() is None and not sent_end(fake)  # the server ended the sequence itself
+    assert session.is_settled and events_until_closed(session) == []
     session.close()
     assert fake.stop_calls[0] is False
+
+
+def test_start_failed_by_triton_sends_no_end(fake_client_factory):
+    fake = fake_client_factory(fail_start="inference request for sequence s is invalid")
+    session = DuplexSession(fake, "s")
+    session.start()
+    failed = session.next_event(WAIT_S)
+    assert isinstance(failed, RequestFailed) and "invalid" in failed.message
+    assert session.next_event(WAIT_S) is None  # START's error closed the downlink
+    assert session.start_refused
+    assert session.end() is None and not sent_end(fake)
+    with pytest.raises(DuplexStateError, match="cannot append in phase 'ended'"):
+        session.append(np.zeros(4, dtype=np.int16))
+    session.close()
+    assert fake.stop_calls[0] is False
+
+
+def test_error_after_session_created_keeps_the_end(session, fake):
+    session.start()
+    assert isinstance(session.next_event(WAIT_S), SessionCreated)
+    fake.emit({"type": "error", "code": "invalid_argument", "message": "odd audio"})
+    assert isinstance(session.next_event(WAIT_S), ErrorEvent)
+    assert not session.start_refused
+    assert session.end() is not None and sent_end(fake)
+    assert isinstance(events_until_closed(session)[-1], SessionClosed)
 
 
 def test_broken_stream_raises_stream_error(session, fake):

@@ -111,12 +111,20 @@ def test_error_event_is_reported(fake_client_factory):
     assert not report.ok and len(report.turns) == 1
 
 
-def test_refused_start_ends_in_a_report(fake_client_factory):
+def test_refused_start_ends_in_a_report_without_end(fake_client_factory):
     fake = fake_client_factory(refuse_start="admission limit reached (4 sessions)")
     report, _, _ = run(fake)
-    assert report.errors[0] == "request failed: admission limit reached (4 sessions)"
-    assert "START flag" in report.errors[1]  # the END of an unknown sequence is refused too
-    assert appends(fake) == [] and not report.ok and not report.closed_cleanly
+    assert report.errors == ("error event resource_exhausted: admission limit reached (4 sessions)",)
+    # The server ended the refused START's sequence: an END would be a request Triton refuses.
+    assert [request.id for request in fake.requests] == ["downlink"]
+    assert not report.ok and not report.closed_cleanly and fake.stop_calls[0] is False
+
+
+def test_start_failed_by_triton_sends_no_end(fake_client_factory):
+    fake = fake_client_factory(fail_start="no sequence slot")
+    report, _, _ = run(fake)
+    assert report.errors == ("request failed: no sequence slot",)
+    assert [request.id for request in fake.requests] == ["downlink"]
 
 
 def test_missing_session_created_times_out(fake_client_factory):
