@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from client.events import AudioDelta, ResponseDone, SessionClosed
+from client.events import AudioDelta, ResponseDone, SessionClosed, SessionCreated
 from client.params import SessionParams
 from client.session import DuplexSession
 from client.streaming import StreamConfig, stream_utterance
@@ -70,6 +70,21 @@ def test_session_start_to_end_streams_a_reply(server):
     assert np.abs(np.concatenate([e.audio for e in audio])).max() > 100, "reply audio is silent"
     closed = events[-1]
     assert isinstance(closed, SessionClosed) and closed.reason == "client"
+
+
+def test_a_refused_start_through_the_client_sends_no_end(server):
+    """The server ends a refused START's sequence itself: the client sends no END (Triton would
+    refuse one with "must specify the START flag"), and the same id then opens a session."""
+    refused = SessionParams(reply_units=3)  # without reply_tokens_per_unit: invalid_argument
+    with DuplexSession.connect(server.grpc_url, session_id="srv-refused") as session:
+        report = stream_utterance(session, _speech()[:16000], refused, StreamConfig(speed=SPEED, max_seconds=2))
+    assert len(report.errors) == 1 and report.errors[0].startswith("error event invalid_argument"), report.errors
+    assert report.turns == () and not report.closed_cleanly
+    with DuplexSession.connect(server.grpc_url, session_id="srv-refused") as session:
+        session.start(SessionParams(seed=1))
+        assert isinstance(session.next_event(60.0), SessionCreated)
+        session.end()
+        assert isinstance(list(session.drain(60.0))[-1], SessionClosed)
 
 
 def test_concurrent_sessions_are_isolated_and_reproducible(server):
