@@ -58,7 +58,9 @@ def build_parser() -> argparse.ArgumentParser:
     add("--voice", default=None, help="server-side voice name")
     add("--force-listen-count", type=int, default=None, help="force N listen units per turn")
     add("--ref-audio", type=Path, default=None, help="PCM16 wav voice clip (REF_AUDIO)")
-    add("--speed", type=float, default=1.0, help="pacing factor; 2.0 = twice real time")
+    add("--speed", type=float, default=1.0,
+        help="pacing factor; 2.0 = twice real time (the server refuses appends once a session "
+             "would run more than max_uplink_ahead_s, 5 s by default, ahead of real time)")
     add("--max-seconds", type=float, default=60.0, help="most silence streamed awaiting a reply")
     add("--timeout", type=float, default=30.0, help="seconds to wait for the server at each step")
     add("--quiet", action="store_true", help="do not print every event")
