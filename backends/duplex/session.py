@@ -118,7 +118,7 @@ class Session:
             self.aborted_at = self._clock()
             if not self._closing:
                 self._close_reason = reason
-            already_closing, self._closing = self._closing, True
+            self._closing = True
             if error is not None:
                 self.emit(ev.ERROR, code=error.code, message=error.message)
             old = self._new_epoch(status=ev.STATUS_FAILED if error else ev.STATUS_CANCELLED, reason=reason)

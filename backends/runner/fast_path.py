@@ -32,7 +32,7 @@ from backends.runner.cuda_graphs import DecodeGraphs, bucket_sizes
 from backends.runner.fast_step import Forwarded, SamplePlan, step_results
 from backends.runner.fused_draw import sampling_states_for
 from backends.runner.host_draws import DrawSteps, TopCandidates, run_together
-from backends.runner.host_rows import CompactRow, HostRows, wants_compact
+from backends.runner.host_rows import CompactRow, HostRows
 from backends.runner.host_staging import to_device
 from backends.runner.input_batch import build_input_batch
 from backends.runner.kv_cache import KVCache

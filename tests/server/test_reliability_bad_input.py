@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import queue
-import threading
 import uuid
 from dataclasses import dataclass
 
@@ -25,8 +24,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from server_resources import ServerResources, settled, warm_baseline
-from tritonclient.utils import InferenceServerException
+from server_resources import settled, warm_baseline
 
 from backends.checkpoint.tiny_config import TINY_HIDDEN
 from backends.contracts.messages import Code2WavRequest, TalkerRequest, ThinkerRequest, stop_request

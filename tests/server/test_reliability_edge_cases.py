@@ -17,7 +17,6 @@ import threading
 import time
 
 import numpy as np
-import pytest
 from server_resources import settled, wait_for_gauges
 from session_probe import silence_units, speech_units
 from stage_calls import StageCall, StageEndpoint, call, stop
