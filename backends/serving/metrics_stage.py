@@ -71,6 +71,8 @@ class StageMetrics:
         return MeteredSink(inner, self)
 
     def shutdown(self) -> None:
+        if self._gauges is not None:
+            self._metrics.call(self._gauges.close)  # queued before the thread's stop
         self._metrics.shutdown()
 
 

@@ -68,6 +68,12 @@ class ResourceGauges:
                 return
             self._last[name] = value
 
+    def close(self) -> None:
+        """Delete the gauges, then their families (on the metrics thread, before it stops)."""
+        self._enabled = False
+        self._gauges.clear()
+        self._families.clear()
+
     def _gauge(self, name: str) -> Any:
         gauge = self._gauges.get(name)
         if gauge is None:

@@ -2,6 +2,7 @@
 import triton_python_backend_utils as pb_utils
 
 from backends.contracts.messages import Code2WavRequest
+from backends.serving.stub_teardown import release_model_objects
 from backends.serving.triton_stage import StageAdapter, apply_memory_fraction, model_parameters
 from backends.stages.factory import build_code2wav_engine
 
@@ -20,3 +21,4 @@ class TritonPythonModel:
 
     def finalize(self):
         self._adapter.finalize()
+        release_model_objects(self)

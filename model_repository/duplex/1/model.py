@@ -14,6 +14,7 @@ from backends.serving.resource_gauges import ResourceGauges
 from backends.serving.stack_dump import enable_stack_dump
 from backends.serving.stack_sampler import start_stack_sampler
 from backends.serving.stage_secret import configured_secret
+from backends.serving.stub_teardown import release_model_objects
 from backends.serving.triton_responses import ResponseThread
 from backends.serving.triton_stage import model_parameters
 
@@ -28,7 +29,8 @@ class TritonPythonModel:
         # the gauges run on it too.
         metrics = MetricsThread(pb_utils, "duplex", args.get("model_instance_name", ""))
         self._metrics = DuplexMetrics(metrics)
-        gauges = ResourceGauges(pb_utils, "duplex")
+        self._metrics_thread = metrics
+        self._gauges = gauges = ResourceGauges(pb_utils, "duplex")
         params = model_parameters(args)
         # Every stage request carries the server's stage secret (MINICPMO_STAGE_SECRET_FILE).
         self._stages = GrpcStageClients(stage_url(params), secret=configured_secret())
@@ -55,6 +57,8 @@ class TritonPythonModel:
         self._manager.shutdown()
         self._stages.close()
         self._responses.shutdown()
+        self._metrics_thread.call(self._gauges.close)  # queued before the thread's stop
         self._metrics.shutdown()
         if self._sampler is not None:
             self._sampler.stop()
+        release_model_objects(self)
