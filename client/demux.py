@@ -26,6 +26,8 @@ from client.events import (
 DOWNLINK_REQUEST_ID = "downlink"
 FINAL_PARAMETER = "triton_final_response"
 
+SERVER_GONE_STATUS = "StatusCode.UNAVAILABLE"  # tritonclient's status when the server went away
+
 
 @dataclass(frozen=True, slots=True)
 class Arrival:
@@ -121,6 +123,12 @@ class DownlinkDemux:
             self.downlink_open = False
             self._pending_uplink.clear()
             self._num_failed = 0
+            if error.status() == SERVER_GONE_STATUS:
+                raise DuplexStreamError(
+                    f"session {self.session_id}: server_restarting: the server went away under"
+                    f" the open stream ({error.message()}); open a new session once it is ready",
+                    code="server_restarting",
+                )
             raise DuplexStreamError(
                 f"session {self.session_id}: gRPC stream failed ({error.status()}):"
                 f" {error.message()}"

@@ -6,7 +6,16 @@ class DuplexTimeout(TimeoutError):
 
 
 class DuplexStreamError(RuntimeError):
-    """The server is unreachable or the gRPC stream broke."""
+    """The server is unreachable or the gRPC stream broke.
+
+    `code` says which: `stream_failed` in general, `server_restarting` when the server went
+    away under an open stream (gRPC UNAVAILABLE): `minicpmo-server` restarts a server that
+    died within seconds plus its load time, so a new session can follow once it is ready.
+    """
+
+    def __init__(self, message: str, code: str = "stream_failed") -> None:
+        super().__init__(message)
+        self.code = code
 
 
 class DuplexProtocolError(RuntimeError):

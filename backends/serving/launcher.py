@@ -28,6 +28,7 @@ from backends.serving.mps import MODES as MPS_MODES, MpsDaemon, mps_daemon
 from backends.serving.profiles import Profile, get_profile
 from backends.serving.repository import render_repository
 from backends.serving.stage_secret import SECRET_FILE_ENV, new_secret, write_secret_file
+from backends.serving.supervisor import Supervisor, SupervisorPolicy
 from backends.serving.triton_install import find_triton
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
@@ -57,6 +58,8 @@ class ServerOptions:
     # Ready only once every stage answers its `health` action (backends/serving/health.py);
     # off for a repository without our stage models.
     stage_health: bool = True
+    # `minicpmo-server` restarts a server that dies or stops answering (backends/serving/supervisor.py).
+    supervisor: SupervisorPolicy = field(default_factory=SupervisorPolicy)
 
 
 class ServerProcess:
@@ -166,6 +169,17 @@ class ServerProcess:
         every stage able to serve, asked over the path `duplex` uses (backends/serving/health.py)."""
         return server_ready(self.http_url, self.stage_url, check_stages=self.options.stage_health, timeout_s=5)
 
+    def exited(self) -> str | None:
+        """None while the server process runs; otherwise how it ended."""
+        if self.process is None:
+            return "is not running"
+        code = self.process.poll()
+        if code is None:
+            return None
+        if code < 0:
+            return f"was killed by {signal.Signals(-code).name}"
+        return f"exited with code {code}"
+
     def log_tail(self, num_bytes: int = 4000) -> str:
         try:
             return self.log_file.read_bytes()[-num_bytes:].decode(errors="replace")
@@ -213,6 +227,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--log-file", type=Path)
     parser.add_argument("--mps", default="auto", choices=MPS_MODES,
                         help="CUDA MPS daemon for the stage processes sharing a GPU (auto: on for GPU profiles)")
+    parser.add_argument("--max-restarts", type=int, default=SupervisorPolicy().max_restarts,
+                        help="restarts of a server that died or failed its readiness probes, within "
+                             "--restart-window-s, before the launcher gives up and exits 1 (0: never restart)")
+    parser.add_argument("--restart-window-s", type=float, default=SupervisorPolicy().restart_window_s)
     parser.add_argument("--server-id", default=None,
                         help="name of this replica (Triton --id; the `name` of server metadata)")
     return parser.parse_args(argv)
@@ -222,6 +240,8 @@ def server_options(args: argparse.Namespace) -> ServerOptions:
     """The options the command line and the environment ask for; ValueError names what is wrong
     (a profile, a `--set` variable, the stage-call diagnostics' setting the models read)."""
     call_metrics_enabled()
+    if args.max_restarts < 0 or args.restart_window_s <= 0:
+        raise ValueError("--max-restarts must be >= 0 and --restart-window-s > 0")
     malformed = [item for item in args.set if "=" not in item]
     if malformed:
         raise ValueError(f"--set takes NAME=VALUE, got {malformed}")
@@ -230,6 +250,7 @@ def server_options(args: argparse.Namespace) -> ServerOptions:
         profile=profile, repository=args.repository, workdir=args.workdir, address=args.address,
         http_port=args.http_port, grpc_port=args.grpc_port, metrics_port=args.metrics_port, log_file=args.log_file,
         mps=args.mps, extra_args=[f"--id={args.server_id}"] if args.server_id else [],
+        supervisor=SupervisorPolicy(max_restarts=args.max_restarts, restart_window_s=args.restart_window_s),
     )
 
 
@@ -240,17 +261,17 @@ def main(argv: list[str] | None = None) -> int:
         print(f"minicpmo launcher: {err}", file=sys.stderr)
         return 2
     server = ServerProcess(options)
-    stop_requested = []
+    stop_requested: list[int] = []
     for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop_requested.append(True))
+        signal.signal(sig, lambda signum, _frame: stop_requested.append(signum))
     server.start()
     print(f"tritonserver ready: grpc {server.grpc_url}, http {server.http_url}, log {server.log_file}, "
           f"stage secret file {server.stage_secret_file}", flush=True)
-    while not stop_requested and server.process is not None and server.process.poll() is None:
-        time.sleep(0.5)
+    supervisor = Supervisor(server, options.supervisor, say=lambda line: print(line, file=sys.stderr, flush=True))
+    given_up = supervisor.run(lambda: bool(stop_requested))
     code = server.stop()
     print(f"tritonserver stopped (exit {code})", flush=True)
-    return 0 if stop_requested or code == 0 else 1
+    return 1 if given_up else 0
 
 
 if __name__ == "__main__":

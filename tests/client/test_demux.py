@@ -89,11 +89,14 @@ def test_start_failure_seen_while_an_uplink_was_unanswered_is_reconciled(demux, 
     assert not demux.downlink_open and demux.is_settled
 
 
-def test_grpc_failure_raises_and_ends_everything(demux):
+@pytest.mark.parametrize("status,code", [("StatusCode.UNAVAILABLE", "server_restarting"),
+                                         ("StatusCode.INTERNAL", "stream_failed")])
+def test_grpc_failure_raises_and_ends_everything(demux, status, code):
     demux.expect_uplink("uplink-1")
-    error = InferenceServerException("reset", status="StatusCode.UNAVAILABLE")
-    with pytest.raises(DuplexStreamError, match="UNAVAILABLE"):
+    error = InferenceServerException("reset", status=status)
+    with pytest.raises(DuplexStreamError, match=code if code == "server_restarting" else "INTERNAL") as raised:
         demux.process(arrive(error=error))
+    assert raised.value.code == code
     assert demux.is_settled
 
 
