@@ -131,7 +131,8 @@ def probe(http_url: str, grpc_url: str | None = None, timeout_s: float = 10.0,
 
 def server_ready(http_url: str, grpc_url: str | None = None, check_stages: bool = True,
                  timeout_s: float = 10.0) -> bool:
-    """Triton's own readiness (every model loaded) and, with `check_stages`, the probe's."""
+    """Triton's own readiness (every model loaded) and, with `check_stages`, the probe's: every
+    model, `duplex` and the stages, answering its health request."""
     try:
         with urllib.request.urlopen(f"{http_url}/v2/health/ready", timeout=timeout_s) as resp:
             if resp.status != 200:
