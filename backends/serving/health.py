@@ -1,18 +1,22 @@
-"""Readiness of the server: every model loaded, and every stage able to serve.
+"""Readiness of the server: every model loaded, and every model able to serve.
 
-Triton 2.51 reports a model READY as long as it is loaded: a stage whose engine thread died,
-or whose stub process was killed, still shows READY on /v2/health/ready and
+Triton 2.51 reports a model READY as long as it is loaded: a model whose stub process was
+killed, or a stage whose engine thread died, still shows READY on /v2/health/ready and
 /v2/models/<model>/ready while every request to it fails (verified: a killed stub answers
-"Stub process ... is not healthy" forever, and 2.51 has no model `is_ready` hook). So the
-probe asks the stages themselves, over the path `duplex` calls them by (a gRPC stream to the
-server, backends/serving/stage_channel.py):
+"Stub process ... is not healthy" forever, 2.51 does not restart it, and it has no model
+`is_ready` hook). So the probe asks each model itself, over gRPC, the way it is really called,
+all four at once (a model that does not answer costs the probe one timeout, not one each):
 
-- `duplex` and the three stages must be loaded (Triton's `v2/models/<model>/ready`, HTTP);
-- each loaded stage gets a request with ACTION `health` (backends/serving/stage_health.py) and
-  must answer it with an empty FINAL; a stage whose engine thread is gone answers UNAVAILABLE,
-  and one whose stub process is gone fails the request itself. `health` is the one action a
-  stage serves without the server's stage secret (backends/serving/stage_secret.py): it holds
-  nothing, so the probe needs no secret and runs from anywhere that reaches the ports.
+- each model must be loaded (Triton's `v2/models/<model>/ready`, HTTP);
+- `duplex` gets one stream request with sequence START and END and the health mark
+  (backends/serving/duplex_health.py), the path a client's session takes, and must answer it
+  with an empty FINAL; one whose stub process is gone fails the request;
+- each stage gets a request with ACTION `health` (backends/serving/stage_health.py) over the
+  path `duplex` calls it by (backends/serving/stage_channel.py) and must answer it with an
+  empty FINAL; a stage whose engine thread is gone answers UNAVAILABLE, and one whose stub
+  process is gone fails the request itself. `health` is the one action a stage serves without
+  the server's stage secret (backends/serving/stage_secret.py): it holds nothing, so the probe
+  needs no secret and runs from anywhere that reaches the ports.
 
     python -m backends.serving.health --url http://HOST:8000 [--grpc-url HOST:8001]
 
@@ -33,11 +37,11 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from backends.contracts.stage_clients import STAGES, StageCallError
+from backends.serving.duplex_health import DUPLEX_MODEL, ask_duplex
 from backends.serving.stage_channel import StageChannel
 from backends.serving.stage_health import health_request
 from backends.contracts.tensor_codec import to_arrays
 
-DUPLEX_MODEL = "duplex"
 MODELS = (DUPLEX_MODEL, *STAGES)
 OK = "ok"
 DEFAULT_GRPC_PORT = 8001  # Triton's and the launcher's
@@ -96,23 +100,39 @@ def stage_serves(grpc_url: str, stage: str, timeout_s: float,
             channel.close(STAGE_CLOSE_WAIT_S)
 
 
+def duplex_serves(grpc_url: str, timeout_s: float) -> str:
+    """OK when `duplex` answers its health probe; else why not."""
+    problem = ask_duplex(grpc_url, timeout_s)
+    return OK if problem is None else problem
+
+
+def model_state(http_url: str, grpc_url: str, model: str, timeout_s: float,
+                channel_factory: Callable[[str, float], StageChannel]) -> str:
+    """OK when `model` is loaded and answers its health request; raises one of UNREACHABLE
+    when the HTTP endpoint does not answer."""
+    loaded = model_loaded(http_url, model, timeout_s)
+    if loaded != OK:
+        return loaded
+    if model == DUPLEX_MODEL:
+        return duplex_serves(grpc_url, timeout_s)
+    return stage_serves(grpc_url, model, timeout_s, channel_factory)
+
+
 def probe(http_url: str, grpc_url: str | None = None, timeout_s: float = 10.0,
           channel_factory: Callable[[str, float], StageChannel] | None = None) -> HealthReport:
-    """Every model's state; raises one of UNREACHABLE when the server's HTTP endpoint does not
-    answer. `channel_factory` (tests) defaults to StageChannel."""
-    stage_url, factory = grpc_url or default_grpc_url(http_url), channel_factory or StageChannel
-    states = {model: model_loaded(http_url, model, timeout_s) for model in MODELS}
-    loaded = [stage for stage in STAGES if states[stage] == OK]
-    with ThreadPoolExecutor(max(1, len(loaded)), thread_name_prefix="stage-health") as pool:
-        # Asked together: a stage that does not answer costs the probe one timeout, not one each.
-        answers = pool.map(lambda stage: stage_serves(stage_url, stage, timeout_s, factory), loaded)
-        states.update(zip(loaded, answers))
-    return HealthReport(states)
+    """Every model's state, the models asked together: the probe takes at most about two
+    `timeout_s` (HTTP, then gRPC). Raises one of UNREACHABLE when the server's HTTP endpoint
+    does not answer. `channel_factory` (tests) defaults to StageChannel."""
+    url, factory = grpc_url or default_grpc_url(http_url), channel_factory or StageChannel
+    with ThreadPoolExecutor(len(MODELS), thread_name_prefix="model-health") as pool:
+        states = pool.map(lambda model: model_state(http_url, url, model, timeout_s, factory), MODELS)
+        return HealthReport(dict(zip(MODELS, states)))
 
 
 def server_ready(http_url: str, grpc_url: str | None = None, check_stages: bool = True,
                  timeout_s: float = 10.0) -> bool:
-    """Triton's own readiness (every model loaded) and, with `check_stages`, the probe's."""
+    """Triton's own readiness (every model loaded) and, with `check_stages`, the probe's: every
+    model, `duplex` and the stages, answering its health request."""
     try:
         with urllib.request.urlopen(f"{http_url}/v2/health/ready", timeout=timeout_s) as resp:
             if resp.status != 200:

@@ -14,6 +14,9 @@ Triton forgets the correlation id as soon as that END is queued, so a START retr
 same id after the answer opens a new sequence, which the release cannot end. A START refused
 because its id is an open session's is not released: Triton joined it to that session's sequence.
 
+A readiness probe (`is_health_probe`, backends/serving/duplex_health.py) is answered the same
+way, with an empty FINAL and no session: its START|END opens and frees its sequence at once.
+
 That END is a BLS request, the one BLS call left, and it is not a stage call: it carries no
 tensor either way (its answer is one empty FINAL), so neither 2.51 BLS defect that moved the
 stage calls to gRPC can touch it (output tensors unpacked without the GIL; a non-first error
@@ -33,6 +36,7 @@ from backends.duplex.events import ServerEvent
 from backends.duplex.session import SessionConfig
 from backends.duplex.session_manager import ManagerConfig
 from backends.duplex.uplink import RawUplink
+from backends.serving.duplex_health import HEALTH_PARAMETER
 from backends.serving.triton_responses import ResponseThread
 from backends.serving.triton_tensors import output_tensors, tensor_to_numpy
 
@@ -49,6 +53,23 @@ def is_sequence_release(request: Any) -> bool:
     except ValueError:
         return False
     return isinstance(params, dict) and params.get(RELEASE_PARAMETER) is True
+
+
+def is_health_probe(pb_utils: Any, request: Any) -> bool:
+    """Whether `request` is a readiness probe (backends/serving/duplex_health.py): START and END
+    together, no input tensor, and the probe mark as its only parameter. Only that exact form is
+    answered without the session manager, so the mark cannot skip a session request's checks."""
+    both = pb_utils.TRITONSERVER_REQUEST_FLAG_SEQUENCE_START | pb_utils.TRITONSERVER_REQUEST_FLAG_SEQUENCE_END
+    if request.flags() & both != both:
+        return False
+    if any(pb_utils.get_input_tensor_by_name(request, name) is not None for name in ("AUDIO", "REF_AUDIO")):
+        return False
+    try:
+        params = json.loads(request.parameters() or "{}")
+    except ValueError:
+        return False
+    own = {k: v for k, v in params.items() if not k.startswith("triton_")} if isinstance(params, dict) else {}
+    return own == {HEALTH_PARAMETER: True} and own[HEALTH_PARAMETER] is True
 
 
 def raw_uplink(pb_utils: Any, request: Any) -> RawUplink:

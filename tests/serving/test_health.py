@@ -5,8 +5,10 @@ Strategy: a real StageAdapter over a fake pb_utils, whose engine thread is kille
 BaseException escaping a step (what no containment catches) -> the health action flips from
 an empty FINAL to UNAVAILABLE. The probe talks to a loopback HTTP server that plays Triton's
 readiness endpoints (200 for a loaded model, 400 otherwise) and sends its health requests on
-fake stage channels that answer as scripted (nothing: an empty FINAL; or a StageCallError).
-The real channel asks real stages in tests/server/test_metrics_server.py.
+fake stage channels that answer as scripted (nothing: an empty FINAL; or a StageCallError),
+and its `duplex` probe to a fake that answers as scripted too. The real channel and the real
+`duplex` probe ask a real server in tests/server/test_metrics_server.py and
+tests/server/test_duplex_health_server.py.
 """
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ import pytest
 
 from backends.contracts.stage_clients import STAGES, StageCallError
 from backends.serving import health
+from backends.serving.duplex_health import ask_duplex
 from backends.serving.health import MODELS, OK, default_grpc_url, main, probe, server_ready
 from backends.serving.launcher import free_port
 from backends.serving.stage_channel import StageChannel
@@ -117,10 +120,24 @@ class FakeTriton(BaseHTTPRequestHandler):
         pass
 
 
+class FakeDuplex:
+    """`ask_duplex` as scripted: None (serves) or why not; records the addresses asked."""
+
+    answer: str | None = None
+    asked: list[str] = []
+
+    @classmethod
+    def ask(cls, grpc_url: str, timeout_s: float) -> str | None:
+        cls.asked.append(grpc_url)
+        return cls.answer
+
+
 @pytest.fixture
 def fake_triton(monkeypatch):
     FakeChannel.answers, FakeChannel.made = {}, []
+    FakeDuplex.answer, FakeDuplex.asked = None, []
     monkeypatch.setattr(health, "StageChannel", FakeChannel)
+    monkeypatch.setattr(health, "ask_duplex", FakeDuplex.ask)
     server = ThreadingHTTPServer(("127.0.0.1", 0), FakeTriton)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
@@ -143,6 +160,7 @@ def test_a_ready_server_sends_each_stage_one_health_request(fake_triton, capsys)
         [(stage, arrays)] = channel.calls
         assert bytes(arrays["ACTION"]).decode() == ACTION_HEALTH
         assert bytes(arrays["REQUEST_ID"]).decode() == health_request(stage).request_id
+    assert FakeDuplex.asked == ["stages:1"], "duplex is probed once, over gRPC"
     assert server_ready(fake_triton, "stages:1") and main(["--url", fake_triton, "--grpc-url", "stages:1"]) == 0
     assert json.loads(capsys.readouterr().out) == {"ready": True, "models": {model: OK for model in MODELS}}
 
@@ -171,16 +189,37 @@ def test_a_loaded_server_whose_stage_failed_is_ready_only_to_triton(fake_triton)
     assert not server_ready(fake_triton, "stages:1")
 
 
-def test_the_stages_are_asked_together(fake_triton, monkeypatch):
-    """Stages that are slow to answer cost the probe one wait, not one each."""
+def test_a_dead_duplex_stub_makes_the_server_not_ready(fake_triton, capsys):
+    """Triton still calls `duplex` loaded; its failed probe is what tells."""
+    FakeDuplex.answer = "Stub process 'duplex_0_0' is not healthy."
+    report = probe(fake_triton, "stages:1")
+    assert report.down == ["duplex"] and report.models["duplex"] == FakeDuplex.answer
+    assert server_ready(fake_triton, "stages:1", check_stages=False), "Triton's own readiness misses it"
+    assert not server_ready(fake_triton, "stages:1")
+    assert main(["--url", fake_triton, "--grpc-url", "stages:1"]) == 1
+    assert json.loads(capsys.readouterr().out)["models"]["duplex"] == FakeDuplex.answer
+
+
+def test_an_unloaded_duplex_is_not_probed(fake_triton, monkeypatch):
+    monkeypatch.setattr(FakeTriton, "loaded", set(MODELS) - {"duplex"})
+    assert probe(fake_triton, "stages:1").models["duplex"] == "not loaded (HTTP 400)"
+    assert FakeDuplex.asked == []
+
+
+def test_the_models_are_asked_together(fake_triton, monkeypatch):
+    """Models that are slow to answer cost the probe one wait, not one each."""
     def slow_call(self, model, arrays):
         time.sleep(1.0)
         return iter(())
 
+    def slow_duplex(grpc_url, timeout_s):
+        time.sleep(1.0)
+
     monkeypatch.setattr(FakeChannel, "call", slow_call)
+    monkeypatch.setattr(health, "ask_duplex", slow_duplex)
     start = time.monotonic()
     assert probe(fake_triton, "stages:1").ready
-    assert time.monotonic() - start < 2.5, "three 1-second answers, asked one after another"
+    assert time.monotonic() - start < 2.5, "four 1-second answers, asked one after another"
 
 
 def test_the_grpc_address_defaults_to_the_http_host():
@@ -196,10 +235,12 @@ def test_nothing_listening_is_not_ready(capsys):
     assert json.loads(capsys.readouterr().out)["ready"] is False
 
 
-def test_an_unreachable_grpc_port_fails_every_stage(fake_triton):
-    """The real channel to a port nothing listens on: every stage is down, at once (the stream
-    fails before or after the request is queued; either way it is the reported reason)."""
+def test_an_unreachable_grpc_port_fails_every_model(fake_triton, monkeypatch):
+    """The real channel and the real `duplex` probe to a port nothing listens on: every model
+    is down, at once (the stream fails before or after the request is queued; either way it
+    is the reported reason)."""
+    monkeypatch.setattr(health, "ask_duplex", ask_duplex)
     start = time.monotonic()
     report = probe(fake_triton, f"127.0.0.1:{free_port()}", timeout_s=5, channel_factory=StageChannel)
-    assert report.down == sorted(STAGES) and report.models["duplex"] == OK
+    assert report.down == sorted(MODELS)
     assert time.monotonic() - start < 5, "a refused connection is not a timeout"

@@ -5,7 +5,7 @@ import triton_python_backend_utils as pb_utils
 from backends.duplex.session_manager import SessionManager
 from backends.serving.grpc_stages import GrpcStageClients, stage_url
 from backends.serving.triton_duplex import (
-    TritonDownlink, TritonUplinkReply, is_sequence_release, manager_config, raw_uplink,
+    TritonDownlink, TritonUplinkReply, is_health_probe, is_sequence_release, manager_config, raw_uplink,
 )
 from backends.serving.metrics_duplex import DuplexMetrics
 from backends.serving.metrics_stage_calls import with_call_metrics
@@ -41,7 +41,8 @@ class TritonPythonModel:
     def execute(self, requests):
         for request in requests:
             sender = request.get_response_sender()
-            if is_sequence_release(request):  # our own END for a dead session: nothing to do
+            # Our own END for a dead session, or a readiness probe: an empty FINAL, no session.
+            if is_sequence_release(request) or is_health_probe(pb_utils, request):
                 self._responses.put(sender, None, pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
                 continue
             sequence = (self._name, request.correlation_id())
