@@ -345,7 +345,7 @@ def print_summary(result: SoakResult) -> None:
     drift = ttfp_drift(result.windows)
     if drift is not None:
         print(f"ttfp drift: first p50 {drift.first_ms:.1f} ms, last p50 {drift.last_ms:.1f} ms, {drift.pct:+.1f} % "
-              f"(slope {drift.slope_ms_per_min:+.2f} ms/min, {drift.windows} {drift.basis})")
+              f"(slope {drift.slope_ms_per_min:+.2f} ms/min; {drift.basis}: {drift.windows})")
     rss = [w.rss_mib for w in result.windows if w.rss_mib is not None]
     if rss:
         print(f"server memory: start {rss[0]:.1f} MiB, end {rss[-1]:.1f} MiB, max {max(rss):.1f} MiB, "
@@ -412,8 +412,9 @@ def git_commit() -> str:
 def page_title(args: argparse.Namespace) -> str:
     extras = [name for name, on in (("barge-ins", args.barge_in > 0), ("client drops", args.drop > 0),
                                     ("a neighbour server", bool(args.neighbour_every_s))) if on]
+    listed = " and ".join([", ".join(extras[:-1]), extras[-1]] if len(extras) > 1 else extras)
     return (f"Soak, {args.profile} profile: {args.sessions} sessions for {args.minutes:g} min"
-            + (f" with {', '.join(extras)}" if extras else ""))
+            + (f" with {listed}" if listed else ""))
 
 
 def session_headroom(args: argparse.Namespace) -> list[str]:

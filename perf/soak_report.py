@@ -205,7 +205,7 @@ def _drift(r: SoakResult) -> str:
     if drift is None:
         return "fewer than two windows with a TTFP"
     return (f"{drift.first_ms:.0f} / {drift.last_ms:.0f} ms, drift {drift.pct:+.1f} % "
-            f"(fitted slope {drift.slope_ms_per_min:+.2f} ms/min; {drift.windows} {drift.basis})")
+            f"(fitted slope {drift.slope_ms_per_min:+.2f} ms/min; {drift.basis}: {drift.windows})")
 
 
 def _rss(windows: list[Window]) -> str:

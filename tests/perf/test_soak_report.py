@@ -149,6 +149,7 @@ def test_dropped_sessions_get_room_until_the_server_reaps_them():
 
 
 def test_the_title_names_what_the_soak_did():
-    assert page_title(_args()) == ("Soak, cpu profile: 4 sessions for 60 min with barge-ins, client drops, "
-                                   "a neighbour server")
+    assert page_title(_args()) == ("Soak, cpu profile: 4 sessions for 60 min with barge-ins, client drops "
+                                   "and a neighbour server")
+    assert page_title(_args(drop=0.0, neighbour_every_s=None)) == "Soak, cpu profile: 4 sessions for 60 min with barge-ins"
     assert page_title(_args(barge_in=0.0, drop=0.0, neighbour_every_s=None)) == "Soak, cpu profile: 4 sessions for 60 min"
