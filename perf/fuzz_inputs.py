@@ -180,15 +180,16 @@ def _start_tensors() -> st.SearchStrategy[Case]:
     return st.builds(lambda t: Case("start_tensors", (Step("fresh", start=True, tensors=t),)), TENSORS)
 
 
-def _flags() -> st.SearchStrategy[Case]:
+def _flags(conflicting_starts: bool = True) -> st.SearchStrategy[Case]:
     tensors = st.one_of(VALID_TENSORS, TENSORS)
-    steps = st.one_of(
+    choices = [
         st.builds(lambda t, e: Step("unknown", end=e, tensors=t), tensors, st.booleans()),  # no START first
-        st.builds(lambda t, e: Step("live", start=True, end=e, tensors=t), tensors, st.booleans()),  # START twice
         st.builds(lambda t: Step("fresh", start=True, end=True, tensors=t), tensors),  # START and END at once
         st.builds(lambda t: Step("live", end=True, tensors=t), tensors),  # END of the fuzz session
-    )
-    return steps.map(lambda step: Case("flags", (step,)))
+    ]
+    if conflicting_starts:  # START twice on one id: see `cases`
+        choices.append(st.builds(lambda t, e: Step("live", start=True, end=e, tensors=t), tensors, st.booleans()))
+    return st.one_of(*choices).map(lambda step: Case("flags", (step,)))
 
 
 def _session_ids() -> st.SearchStrategy[Case]:
@@ -222,6 +223,15 @@ CATEGORIES = {
 }
 
 
-def cases() -> st.SearchStrategy[Case]:
-    """Every category, about equally often."""
-    return st.one_of(*(make() for make in CATEGORIES.values()))
+def cases(conflicting_starts: bool = True) -> st.SearchStrategy[Case]:
+    """Every category, about equally often.
+
+    `conflicting_starts=False` leaves out a START for the id of an open session. Triton 2.51's
+    sequence batcher takes such a START into the open sequence ("previous sequence will be
+    terminated early") before `duplex` sees it; with END on it the open session loses its
+    sequence, and in a long fuzz batch another session once lost its sequence too, which is not
+    understood yet (deploy/README.md, "Bad-input fuzzing"). The CI subset leaves them out; the
+    nightly run keeps them.
+    """
+    made = [make(conflicting_starts) if make is _flags else make() for make in CATEGORIES.values()]
+    return st.one_of(*made)
