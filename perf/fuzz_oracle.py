@@ -1,0 +1,102 @@
+"""What a step of perf/fuzz_inputs.py should get, read from the client contract
+(docs/duplex_contract.md) and written apart from the server's own validation
+(backends/duplex/uplink.py), so that a check that is too lax or too strict shows up.
+
+`expect(step, reused_id)` is one of: `OK` (an uplink request answered with an empty FINAL, or
+a START answered with `session.created`), `ERROR` (a clear error: the request fails, or a
+START is refused on its downlink), `FORBIDDEN` (a stage refuses the request with `[forbidden]`)
+or `EITHER` (the contract allows both, e.g. a START for an id this run used before).
+"""
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+from perf.fuzz_inputs import (MAX_APPEND_SAMPLES, MAX_REF_SAMPLES, MAX_SEED, MAX_SETUP_TEXT_BYTES, MAX_TEXT_CHARS,
+                              MIN_REF_SAMPLES, SAMPLE_RATE, STAGES, Step, TensorSpec)
+
+OK, ERROR, FORBIDDEN, EITHER = "ok", "error", "forbidden", "either"
+ACTIONS = ("append", "commit", "cancel")
+
+
+def expect(step: Step, reused_id: bool = False) -> str:
+    if step.target in STAGES:
+        return OK if step.stage_request == "health" else FORBIDDEN
+    if step.target == "unknown" or (step.target == "live" and step.start):
+        return ERROR  # no START first, or a START for an open session (session_exists)
+    if step.session_id in ("", 0):
+        return ERROR  # no correlation id: Triton's sequence batcher refuses it
+    verdict = _request_verdict(step)
+    if verdict == OK and step.start and reused_id:
+        return EITHER  # the earlier session of this id may still be closing (session_exists)
+    return verdict
+
+
+def _request_verdict(step: Step) -> str:
+    if not _tensors_valid(step.tensors, step.start):
+        return ERROR
+    params = {key: value for key, value in step.params if not key.startswith("triton_")}
+    if not _params_valid(params, step.start):
+        return ERROR
+    ignored = [value for key, value in step.params if key.startswith("triton_")]
+    if any(isinstance(value, float) and not math.isfinite(value) for value in ignored):
+        return EITHER  # ignored by the contract, but a non-finite double may not survive Triton's JSON
+    return OK
+
+
+def _tensors_valid(tensors: tuple[TensorSpec, ...], is_start: bool) -> bool:
+    for spec in tensors:
+        if spec.name not in ("AUDIO", "REF_AUDIO") or spec.dtype != "int16" or len(spec.shape) != 1:
+            return False
+        size = spec.shape[0]
+        if spec.name == "AUDIO" and size > MAX_APPEND_SAMPLES:
+            return False
+        if spec.name == "REF_AUDIO" and (not is_start or not (size == 0 or MIN_REF_SAMPLES <= size <= MAX_REF_SAMPLES)):
+            return False
+    return True
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _in_range(low: int, high: int) -> Callable[[object], bool]:
+    return lambda value: _is_int(value) and low <= value <= high
+
+
+def _text(value: object) -> bool:
+    return isinstance(value, str) and len(value) <= MAX_TEXT_CHARS
+
+
+def _temperature(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and 0.0 < value <= 2.0
+
+
+RULES: dict[str, Callable[[object], bool]] = {
+    "action": lambda value: isinstance(value, str) and value in ACTIONS,
+    "sample_rate": lambda value: _is_int(value) and value == SAMPLE_RATE,
+}
+START_RULES: dict[str, Callable[[object], bool]] = {
+    "instructions": _text,
+    "initial_user_text": _text,
+    "temperature": _temperature,
+    "seed": _in_range(0, MAX_SEED),
+    "voice": lambda value: value in ("", "default") and isinstance(value, str),
+    "reply_units": _in_range(0, 64),
+    "reply_tokens_per_unit": _in_range(0, 17),
+    "force_listen_count": _in_range(0, 1000),
+    "sliding_window_mode": lambda value: isinstance(value, str) and value in ("off", "basic", "context"),
+}
+
+
+def _params_valid(params: dict[str, object], is_start: bool) -> bool:
+    rules = {**RULES, **START_RULES} if is_start else RULES
+    if any(key not in rules or not rules[key](value) for key, value in params.items()):
+        return False
+    if not is_start:
+        return True
+    units, tokens = params.get("reply_units", 0), params.get("reply_tokens_per_unit", 0)
+    if (units > 0) != (tokens > 0):
+        return False
+    texts = (params.get("instructions", ""), params.get("initial_user_text", ""))
+    return sum(len(text.encode("utf-8", "surrogatepass")) for text in texts) <= MAX_SETUP_TEXT_BYTES
