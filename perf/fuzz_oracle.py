@@ -9,7 +9,6 @@ or `EITHER` (the contract allows both, e.g. a START for an id this run used befo
 """
 from __future__ import annotations
 
-import math
 from typing import Callable
 
 from perf.fuzz_inputs import (MAX_APPEND_SAMPLES, MAX_REF_SAMPLES, MAX_SEED, MAX_SETUP_TEXT_BYTES, MAX_TEXT_CHARS,
@@ -19,13 +18,17 @@ OK, ERROR, FORBIDDEN, EITHER = "ok", "error", "forbidden", "either"
 ACTIONS = ("append", "commit", "cancel")
 
 
+# The one `triton_` request parameter Triton passes on (and `duplex` ignores).
+TRITON_PASSED_KEY = "triton_enable_empty_final_response"
+
+
 def expect(step: Step, reused_id: bool = False) -> str:
     if step.target in STAGES:
         return OK if step.stage_request == "health" else FORBIDDEN
     if step.target == "unknown" or (step.target == "live" and step.start):
         return ERROR  # no START first, or a START for an open session (session_exists)
-    if step.session_id in ("", 0):
-        return ERROR  # no correlation id: Triton's sequence batcher refuses it
+    if step.session_id in ("", 0) or (isinstance(step.session_id, str) and step.session_id.startswith("\x00")):
+        return ERROR  # no correlation id (Triton reads a string id up to its first NUL): refused
     verdict = _request_verdict(step)
     if verdict == OK and step.start and reused_id:
         return EITHER  # the earlier session of this id may still be closing (session_exists)
@@ -35,13 +38,10 @@ def expect(step: Step, reused_id: bool = False) -> str:
 def _request_verdict(step: Step) -> str:
     if not _tensors_valid(step.tensors, step.start):
         return ERROR
-    params = {key: value for key, value in step.params if not key.startswith("triton_")}
-    if not _params_valid(params, step.start):
-        return ERROR
-    ignored = [value for key, value in step.params if key.startswith("triton_")]
-    if any(isinstance(value, float) and not math.isfinite(value) for value in ignored):
-        return EITHER  # ignored by the contract, but a non-finite double may not survive Triton's JSON
-    return OK
+    if any(key.startswith("triton_") and key != TRITON_PASSED_KEY for key, _ in step.params):
+        return ERROR  # reserved: Triton refuses the request before `duplex` sees it
+    params = {key: value for key, value in step.params if key != TRITON_PASSED_KEY}
+    return OK if _params_valid(params, step.start) else ERROR
 
 
 def _tensors_valid(tensors: tuple[TensorSpec, ...], is_start: bool) -> bool:
