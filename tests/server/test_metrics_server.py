@@ -214,4 +214,4 @@ def test_the_stubs_exit_cleanly_on_a_normal_stop(server):
     kernel = kernel_log()
     if kernel is None:
         pytest.skip("the kernel log cannot be read here: stub segfaults are not visible")
-    assert segfaults(kernel, pids) == []
+    assert segfaults(kernel, set(pids)) == []

@@ -20,6 +20,7 @@ from client.params import SessionParams
 from client.session import DuplexSession
 from client.streaming import StreamConfig, stream_utterance
 from client.wav import read_wav
+from perf.soak_processes import children_named
 from stub_exits import stub_pids
 
 DEMO_WAV = PROJECT_ROOT / "client" / "data" / "hello_16k.wav"
@@ -38,14 +39,9 @@ def _wait_for_line(path: Path, needle: str, timeout_s: float, launcher: subproce
 
 
 def _tritonserver_pid(launcher_pid: int) -> int:
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)
-        except OSError:
-            continue
-        if fields[0].endswith("(tritonserver") and int(fields[1].split()[1]) == launcher_pid:
-            return int(stat.parent.name)
-    raise AssertionError("the launcher has no tritonserver child")
+    pids = children_named(launcher_pid, "tritonserver")
+    assert len(pids) == 1, f"the launcher's tritonserver children: {pids}"
+    return pids[0]
 
 
 @pytest.fixture(scope="module")
