@@ -130,7 +130,7 @@ def build_talker_engine(params: dict[str, str], device_id: str = "0"):
 def build_code2wav_engine(params: dict[str, str], device_id: str = "0") -> Code2WavService:
     from backends.checkpoint.reference_voice import REFERENCE_VOICE_SAMPLE_RATE, synthesize_reference_voice
     from backends.models.token2wav import load_token2wav
-    from backends.models.token2wav.voice import VOICE_FILE
+    from backends.models.token2wav.voice_assets import standin_voice_encoder
     from backends.stages.code2wav_engine import DEFAULT_MAX_BATCH, Code2WavEngine
     from backends.stages.voice_cache import DEFAULT_CAPACITY
 
@@ -138,14 +138,17 @@ def build_code2wav_engine(params: dict[str, str], device_id: str = "0") -> Code2
     ckpt = setup.load()
     if isinstance(ckpt, FullRandomCheckpoint):  # no files: the tiny generator's synthetic voice
         token2wav = ckpt.build_token2wav(setup.device)
-        audio, rate, override = synthesize_reference_voice(ckpt.seed), REFERENCE_VOICE_SAMPLE_RATE, None
-    else:
+        flow = token2wav.config.flow
+        token2wav.voice_encoder = standin_voice_encoder(flow.vocab_size, flow.spk_embed_dim,
+                                                        "the full-random profile has no checkpoint files")
+        audio, rate = synthesize_reference_voice(ckpt.seed), REFERENCE_VOICE_SAMPLE_RATE
+    else:  # the checkpoint's voice models when it has them (load_token2wav, voice_assets)
         token2wav = load_token2wav(ckpt.token2wav_dir, setup.device)
-        (audio, rate), override = ckpt.reference_voice(), ckpt.token2wav_dir / VOICE_FILE
+        audio, rate = ckpt.reference_voice()
     if setup.dtype != torch.float32:  # the profile's dtype: the flow only, the HiFT stays float32
         token2wav.set_flow_dtype(setup.dtype)
     # the default voice (HT_ref_audio.wav): prompt caches computed once, shared by every stream
-    voice = token2wav.voice_from_audio(torch.from_numpy(audio).float(), rate, override)
+    voice = token2wav.voice_from_audio(torch.from_numpy(audio).float(), rate)
     if setup.device.type == "cuda":  # after the one-off prompt pass: graphs for window shapes only
         token2wav.enable_cuda_graphs()
     # session reference voices (REF_AUDIO) are prepared on first use, kept in a bounded LRU

@@ -3,9 +3,8 @@
 A stream whose first window carries REF_AUDIO (float32 mono, 16 kHz) starts from the voice of
 that reference, prepared by token2wav exactly as the engine's default voice is
 (`Token2Wav.voice_from_audio`: the prompt mel by the reference recipe; prompt codes and speaker
-embedding from the documented deterministic stand-ins of the S3 tokenizer and campplus in
-backends/models/token2wav/voice.py, since those ONNX models do not run here). The assets'
-`voice.pt` override holds the codes of the default voice, so it never applies to a reference.
+embedding from the checkpoint's S3 tokenizer and campplus, or from their documented stand-ins
+when it has none, backends/models/token2wav/voice_assets.py).
 
 Lifetimes are explicit: `acquire` prepares or reuses a voice and counts one user (a stream),
 `release` ends that use. The least recently used voices nobody uses are dropped as soon as the

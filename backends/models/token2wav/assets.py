@@ -6,8 +6,9 @@ reference's key names) and `hift.pt` (HiFT state dict with the weight-normalised
 as parametrization (g, v) pairs, like the reference file). The reader accepts any `!tag` (it
 only reads values), so the real flow.yaml parses too; the `hift` node and the CFM's
 `n_timesteps` are ours (the reference builds its HiFT in code with default arguments and
-passes the step count at call time), and without them the real values are used. `voice.pt`
-(see `voice`) is optional.
+passes the step count at call time), and without them the real values are used. The voice
+models `campplus.onnx` and `speech_tokenizer_v2_25hz.onnx` are optional together
+(`voice_assets`).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from backends.models.token2wav.config import (
 )
 from backends.models.token2wav.token2wav import Token2Wav
 from backends.models.token2wav.voice import VoicePrompt
+from backends.models.token2wav.voice_assets import load_voice_encoder
 from backends.models.weight_norm import fold_weight_norm_keys, split_weight_norm
 
 ASSET_SUBDIR = Path("assets") / "token2wav"
@@ -68,10 +70,13 @@ def write_token2wav_assets(model_dir: Path, config: Token2WavConfig, seed: int) 
 
 
 def load_token2wav(assets_dir: Path, device: torch.device | str = "cpu") -> Token2Wav:
-    """Build from `assets_dir/flow.yaml` and load flow.pt / hift.pt strictly (eval mode)."""
+    """Build from `assets_dir/flow.yaml`, load flow.pt / hift.pt strictly (eval mode) and open
+    the voice models (or take the stand-ins, see `voice_assets`)."""
     assets_dir = Path(assets_dir)
     config = read_flow_yaml(assets_dir / "flow.yaml")
     model = Token2Wav(config)
+    model.voice_encoder = load_voice_encoder(assets_dir, device, config.flow.vocab_size,
+                                             config.flow.spk_embed_dim)
     flow_state = torch.load(assets_dir / "flow.pt", map_location="cpu", weights_only=True)
     _load_strict(model.flow, flow_state, assets_dir / "flow.pt")
     hift_state = torch.load(assets_dir / "hift.pt", map_location="cpu", weights_only=True)

@@ -17,7 +17,6 @@ import weakref
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 import torch
@@ -40,7 +39,8 @@ from backends.models.token2wav.graphs import (
 from backends.models.token2wav.hift import HiFTGenerator
 from backends.models.token2wav.stream import Token2WavStream, emit_rows, flush, to_host
 from backends.models.token2wav.stream_window import StreamWindow, validate_windows
-from backends.models.token2wav.voice import VoicePrompt, build_voice_prompt
+from backends.models.token2wav.voice import VoiceEncoder, VoicePrompt, build_voice_prompt
+from backends.models.token2wav.voice_standin import StandinVoiceEncoder
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,6 +60,10 @@ class Token2Wav(nn.Module):
         self._hift_graphs: HiFTGraphs | None = None
         self._max_graphs = 0  # of the pooled solve, set by enable_cuda_graphs
         self._pool: EstimatorPool | None = None  # see enable_cache_pool
+        # codes and speaker of a voice's prompt: `load_token2wav` sets the checkpoint's
+        # (voice_assets); random weights keep the stand-ins
+        self.voice_encoder: VoiceEncoder = StandinVoiceEncoder(config.flow.vocab_size,
+                                                               config.flow.spk_embed_dim)
 
     def enable_cuda_graphs(self, max_graphs: int = DEFAULT_MAX_GRAPHS, encoder: bool = True) -> None:
         """Replay the conformer encoder (unless `encoder` is False), the CFM solve and the HiFT
@@ -149,12 +153,9 @@ class Token2Wav(nn.Module):
     def sample_rate(self) -> int:
         return self.config.hift.sampling_rate
 
-    def voice_from_audio(self, audio: torch.Tensor, sample_rate: int,
-                         override: Path | None = None) -> Voice:
+    def voice_from_audio(self, audio: torch.Tensor, sample_rate: int) -> Voice:
         """audio: [L] float32 mono reference voice -> a prepared voice (see `voice`)."""
-        flow = self.config.flow
-        prompt = build_voice_prompt(audio, sample_rate, self.config.prompt_seconds,
-                                    flow.vocab_size, flow.spk_embed_dim, override)
+        prompt = build_voice_prompt(audio, sample_rate, self.config.prompt_seconds, self.voice_encoder)
         return self.prepare_voice(prompt)
 
     @torch.inference_mode()

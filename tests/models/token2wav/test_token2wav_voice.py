@@ -1,5 +1,6 @@
-"""The voice prompt (`voice`, `prompt_mel`, `resample`): the reference's prompt mel recipe, the
-documented stand-ins for the S3 tokenizer and campplus, and the `voice.pt` override.
+"""The voice prompt (`voice`, `voice_standin`, `prompt_mel`, `resample`): the reference's prompt
+mel recipe, the prompt length rule, and the documented stand-ins for the S3 tokenizer and
+campplus (the real ones: test_token2wav_voice_onnx.py).
 
 Strategy: the prompt mel is compared with the reference's `mel_spectrogram` (stepaudio2
 flashcosyvoice.utils.audio) with librosa's filter function replaced by ours, and our Slaney
@@ -14,7 +15,6 @@ import importlib
 import math
 import sys
 import types
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -23,7 +23,8 @@ import torch
 from backends.checkpoint.reference_voice import synthesize_reference_voice
 from backends.models.token2wav.prompt_mel import PromptMel, slaney_filterbank
 from backends.models.token2wav.resample import resample
-from backends.models.token2wav.voice import VOICE_FILE, build_voice_prompt
+from backends.models.token2wav.voice import build_voice_prompt
+from backends.models.token2wav.voice_standin import StandinVoiceEncoder
 from backends.models.whisper_mel import slaney_mel_filters
 from stepaudio2_reference import REFERENCE_PACKAGE, load_reference, missing_reason
 
@@ -31,6 +32,7 @@ FILTER_ATOL = 1e-7  # both built in float64, cast once
 MEL_ATOL = 1e-4  # log mel: float32 STFT rounding near the 1e-5 floor; a framing error is > 0.1
 RESAMPLE_ATOL = 2e-3  # a 6-zero-crossing Hann sinc passes 440 Hz with ~1e-4 ripple (measured)
 EDGE = 64  # samples at each end where the kernel reads the zero padding
+STANDINS = StandinVoiceEncoder(6561, 192)
 
 
 def _clip(seed: int = 0) -> torch.Tensor:
@@ -74,8 +76,8 @@ def test_resample_keeps_a_sine() -> None:
 
 def test_prompt_shapes_and_length_rule() -> None:
     """6 s -> 150 codes and 300 mel frames; a short clip is zero-padded to the same size."""
-    full = build_voice_prompt(_clip(), 16000, 6.0, 6561, 192)
-    short = build_voice_prompt(_clip()[:16000], 16000, 6.0, 6561, 192)
+    full = build_voice_prompt(_clip(), 16000, 6.0, STANDINS)
+    short = build_voice_prompt(_clip()[:16000], 16000, 6.0, STANDINS)
     for prompt in (full, short):
         assert prompt.codes.shape == (150,) and prompt.codes.dtype == torch.int64
         assert prompt.mel.shape == (300, 80) and prompt.speaker.shape == (192,)
@@ -84,9 +86,9 @@ def test_prompt_shapes_and_length_rule() -> None:
 
 
 def test_standins_are_deterministic_and_follow_the_voice() -> None:
-    first = build_voice_prompt(_clip(0), 16000, 6.0, 6561, 192)
-    again = build_voice_prompt(_clip(0), 16000, 6.0, 6561, 192)
-    other = build_voice_prompt(_clip(1), 16000, 6.0, 6561, 192)
+    first = build_voice_prompt(_clip(0), 16000, 6.0, STANDINS)
+    again = build_voice_prompt(_clip(0), 16000, 6.0, STANDINS)
+    other = build_voice_prompt(_clip(1), 16000, 6.0, STANDINS)
     assert torch.equal(first.codes, again.codes) and torch.equal(first.speaker, again.speaker)
     assert (first.codes != other.codes).float().mean() > 0.5
     cosine = torch.nn.functional.cosine_similarity(first.speaker, other.speaker, dim=0)
@@ -94,13 +96,13 @@ def test_standins_are_deterministic_and_follow_the_voice() -> None:
     assert len(set(first.codes.tolist())) > 20  # not a constant code
 
 
-def test_voice_file_overrides_the_standins(tmp_path: Path) -> None:
-    speaker = torch.arange(192, dtype=torch.float32)
-    torch.save({"speech_tokens": [5, 6, 7], "spk_embedding": speaker}, tmp_path / VOICE_FILE)
-    prompt = build_voice_prompt(_clip(), 16000, 0.2, 6561, 192, override=tmp_path / VOICE_FILE)
-    assert prompt.codes.tolist() == [5, 6, 7, 7, 7]  # 0.2 s = 5 codes: padded with the last
-    assert torch.equal(prompt.speaker, speaker)
-    torch.save({"speech_tokens": [1], "spk_embedding": torch.zeros(3)}, tmp_path / VOICE_FILE)
-    with pytest.raises(ValueError, match="spk_embedding"):
-        build_voice_prompt(_clip(), 16000, 0.2, 6561, 192, override=tmp_path / VOICE_FILE)
+def test_prompt_mel_is_the_whole_clip_mel_cut_to_the_prompt() -> None:
+    """A clip longer than 6 s: its first 300 frames as the reference computes them over the whole
+    clip (the last frame reads real samples, not a reflection at the 6 s cut)."""
+    long_clip = torch.from_numpy(synthesize_reference_voice(2, 16000, 6.5)).float()
+    prompt = build_voice_prompt(long_clip, 16000, 6.0, STANDINS)
+    whole = PromptMel()(resample(long_clip, 16000, 24000))
+    torch.testing.assert_close(prompt.mel, whole[:300], atol=0, rtol=0)
+    cut = PromptMel()(resample(long_clip, 16000, 24000)[:144000])
+    assert (cut[-1] - prompt.mel[-1]).abs().max() > 1e-3 and torch.equal(cut[:-2], prompt.mel[:-2])
     assert np.isfinite(prompt.mel.numpy()).all()
