@@ -4,7 +4,8 @@ by the tests with `torch.onnx.export` (random weights, a few kilobytes each).
 - `speech_tokenizer_v2_25hz.onnx`: (feats [1, 128, T] float32, feats_length [1] int32) ->
   indices [1, ceil(T / 4)] int64. Like the real S3 tokenizer v2: frames past feats_length are
   masked, two stride-2 convolutions take 100 Hz frames to 25 Hz, and a projection to 8 values
-  quantised to 3 levels each gives one of 3^8 = 6561 codes (finite scalar quantisation).
+  (standardised over the clip) quantised to 3 levels each gives one of 3^8 = 6561 codes
+  (finite scalar quantisation).
 - `campplus.onnx`: (input [1, F, 80] float32) -> output [1, 192] float32: a frame projection,
   mean and standard-deviation pooling over frames, an output projection.
 Both depend on every input value, so a feed that differs anywhere changes their outputs.
@@ -38,7 +39,9 @@ class TinySpeechTokenizer(nn.Module):
         mask = (frames < feats_length[:, None]).to(feats.dtype)  # [1, T]
         hidden = nn.functional.gelu(self.conv1(feats * mask[:, None]))
         hidden = nn.functional.gelu(self.conv2(hidden)).transpose(1, 2)  # [1, ceil(T / 4), width]
-        levels = torch.round(torch.tanh(2.0 * self.project(hidden))) + 1.0  # {0, 1, 2}
+        projected = self.project(hidden)  # standardised over time, so all three levels occur
+        projected = (projected - projected.mean(dim=1, keepdim=True)) / (projected.std(dim=1, keepdim=True) + 1e-6)
+        levels = torch.round(torch.tanh(projected)) + 1.0  # {0, 1, 2}
         return (levels.long() * self.place).sum(dim=-1)
 
 
