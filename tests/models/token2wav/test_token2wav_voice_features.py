@@ -58,7 +58,9 @@ def test_fbank_matches_values_recorded_from_torchaudio() -> None:
 def test_fbank_equals_torchaudio(clip: str) -> None:
     import torchaudio.compliance.kaldi as kaldi
 
-    audio = {"voice": _voice(), "sines": _sines(), "silence_tail": torch.cat([_voice(0.1), torch.zeros(3000)])}[clip]
+    clips = {"voice": _voice(), "sines": _sines(),
+             "silence_tail": torch.cat([_voice(0.1), torch.zeros(3000)])}
+    audio = clips[clip]
     expected = kaldi.fbank(audio[None], num_mel_bins=80, dither=0, sample_frequency=16000)
     torch.testing.assert_close(KaldiFbank()(audio), expected, atol=1e-5, rtol=0)
 

@@ -40,7 +40,8 @@ class TinySpeechTokenizer(nn.Module):
         hidden = nn.functional.gelu(self.conv1(feats * mask[:, None]))
         hidden = nn.functional.gelu(self.conv2(hidden)).transpose(1, 2)  # [1, ceil(T / 4), width]
         projected = self.project(hidden)  # standardised over time, so all three levels occur
-        projected = (projected - projected.mean(dim=1, keepdim=True)) / (projected.std(dim=1, keepdim=True) + 1e-6)
+        centred = projected - projected.mean(dim=1, keepdim=True)
+        projected = centred / (projected.std(dim=1, keepdim=True) + 1e-6)
         levels = torch.round(torch.tanh(projected)) + 1.0  # {0, 1, 2}
         return (levels.long() * self.place).sum(dim=-1)
 
