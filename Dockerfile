@@ -19,7 +19,8 @@ WORKDIR /opt/minicpmo
 # The heavy dependencies in their own layer, pinned exactly as in pyproject.toml (a test
 # compares them). torch from PyPI is the CUDA build and brings its CUDA libraries along.
 # Not installed: nvidia-pytriton (this image's /opt/tritonserver is that same server) and
-# nvidia-cuda-runtime-cu12 (the image has the CUDA runtime).
+# nvidia-cuda-runtime-cu12 (the image has the CUDA runtime). onnxruntime is the CPU build
+# (deploy/README.md "Voice models" says how to run those models on the GPU instead).
 RUN python3 -m pip install \
         "torch==2.13.0" \
         "transformers==5.24.0" \
@@ -27,7 +28,8 @@ RUN python3 -m pip install \
         "tritonclient[all]==2.51.0" \
         "pyyaml>=6" \
         "safetensors>=0.4" \
-        "tokenizers>=0.20"
+        "tokenizers>=0.20" \
+        "onnxruntime==1.23.2"
 
 # The package (backends/: every model.py imports it; client/: minicpmo-client).
 COPY pyproject.toml ./
