@@ -20,8 +20,8 @@ import torch
 from backends.audio.codec_windows import CodecWindowBridge
 from backends.checkpoint import ensure_tiny_checkpoint, load_checkpoint
 from backends.checkpoint.reference_voice import synthesize_reference_voice
-from backends.checkpoint.loader import TOKEN2WAV_DIR
 from backends.contracts.messages import Code2WavRequest
+from backends.models.token2wav.assets import ASSET_SUBDIR
 from backends.models.token2wav.resample import resample
 from backends.models.token2wav.voice_assets import CAMPPLUS_FILE, SPEECH_TOKENIZER_FILE
 from backends.models.token2wav.voice_onnx import OnnxVoiceEncoder
@@ -37,7 +37,7 @@ def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = ensure_tiny_checkpoint(tmp_path_factory.mktemp("ckpt") / "tiny", seed=0)
     models = export_voice_models(tmp_path_factory.mktemp("voice_models"))
     for name in (CAMPPLUS_FILE, SPEECH_TOKENIZER_FILE):
-        shutil.copy(models / name, path / TOKEN2WAV_DIR / name)
+        shutil.copy(models / name, path / ASSET_SUBDIR / name)
     return path
 
 
