@@ -19,6 +19,7 @@
 #   STACK_SAMPLES=1 ... bench ...   # also a Python stack profile of every stage ($OUT/stacks)
 #   MINICPMO_STAGE_CALL_METRICS=1 ... bench ...  # the orchestrator's per-stage call latency (and its
 #                                   # P99 bucket) in the report's server-metrics table
+#   SERVER_SETS=h100 SOAK_NAME=h100 bash scripts/gpu_duplex_bench.sh soak 24 30   # the soak (perf/soak.py)
 #   MPS=off ... bench ...           # the stage processes time-slice the GPU (default auto: MPS on)
 #   SERVER_SETS="max_sessions=20 ..." ... bench ...  # profile variables (`--set`) for every server; on
 #                                   # an H100 (80 GB) the `gpu` profile's 32 sessions do not fit:
@@ -209,6 +210,15 @@ EOF
   tail -n 25 /tmp/pa/*.log > "$OUT/pa_logs.txt" 2>&1 || true
 }
 
+soak() {  # soak SESSIONS MINUTES: perf.soak against its own launcher-supervised server of this profile
+  local sets=() var wanted=${SERVER_SETS:-}
+  [ "$wanted" = h100 ] && wanted=$H100_SETS
+  for var in $wanted; do sets+=(--set "$var"); done
+  "$PYTHON" -m perf.soak --profile "$PROFILE" ${sets[@]+"${sets[@]}"} --sessions "$1" --minutes "$2" \
+    --barge-in 0.4 --drop 0.3 --out "$OUT" --name "soak_${SOAK_NAME:-gpu}" --log-dir "$OUT/soak_logs" \
+    || echo "soak exit status $? (its page says why)"
+}
+
 diagnose() {  # one session against a fresh server; the stubs' Python stacks after 25 s
   start_server main "$BASE"
   timeout 60 "$PYTHON" -m client.cli --url "127.0.0.1:$((BASE + 1))" --reply-units 3 --reply-tokens-per-unit 4 \
@@ -229,6 +239,7 @@ case "${1:-}" in
   bench-split) on_device; PROFILE=gpu-split TITLE="2x H200, Thinker on GPU 0, Talker + Code2Wav on GPU 1" \
                one_server_bench "${2:-}" "${3:-}" ;;
   bench-replicas) on_device; TITLE="2x H200, two full replicas (one per GPU)" replicas_bench "${2:-}" "${3:-}" ;;
+  soak) on_device; soak "${2:-16}" "${3:-30}" ;;
   diag) on_device; diagnose ;;
   pa) on_device; start_server main "$BASE"; perf_analyzer_all ;;
   *) sed -n '2,/^set -euo/p' "$0" | sed '$d'; exit 2 ;;
