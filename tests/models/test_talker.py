@@ -97,9 +97,9 @@ def test_unused_keys_are_returned(reference: nn.Module) -> None:
     assert load_talker_weights(TalkerModel(CONFIG), state) == ["extra.weight"]
 
 
-@pytest.mark.parametrize("normalize", [True, False])
-def test_condition_embeds_math(reference: nn.Module, normalize: bool) -> None:
-    model = TalkerModel(TalkerConfig(**{**_fields(CONFIG), "normalize_projected_hidden": normalize}))
+def test_condition_embeds_math(reference: nn.Module) -> None:
+    """The projected hidden is always L2-normalised, as the official duplex path does."""
+    model = TalkerModel(CONFIG)
     load_talker_weights(model, reference.state_dict())
     ids = torch.tensor([3, 9, 9, 41])
     hidden = torch.randn(4, CONFIG.llm_dim)
@@ -107,8 +107,7 @@ def test_condition_embeds_math(reference: nn.Module, normalize: bool) -> None:
         got = model.condition_embeds(ids, hidden)
         proj = reference.projector_semantic
         projected = proj.linear2(torch.relu(proj.linear1(hidden)))
-        if normalize:
-            projected = projected / projected.norm(dim=-1, keepdim=True)
+        projected = projected / projected.norm(dim=-1, keepdim=True)
         rows = reference.emb_text(ids) + projected
         bos = reference.emb_text.weight[CONFIG.audio_bos_token_id]
     assert got.shape == (5, CONFIG.hidden_size)

@@ -54,6 +54,8 @@ TOKENIZER_TEXTS = (
     "Mixed 中文 and English, with emoji 🙂 and tabs\tand\nnewlines.",
     "  leading spaces and trailing  ",
     "<|audio_start|><|audio_end|>Repeat after me: ...",
+    "You are a helpful assistant. Answer briefly.\n<|im_end|>\n",
+    "Line one.\n\nLine two:  indented\n\t- item；全角标点！",
 )
 
 
@@ -145,8 +147,11 @@ def load_official(modeling: types.ModuleType, official: Path, ckpt: Path, dtype:
 
 def ref_tokenizer(o: Official) -> dict[str, Any]:
     texts = list(TOKENIZER_TEXTS)
-    return {"texts": texts, "ids": [o.tokenizer.encode(t, add_special_tokens=False) for t in texts],
-            "len": len(o.tokenizer), "bad_token_ids": list(o.tokenizer.bad_token_ids)}
+    ids = [o.tokenizer.encode(t, add_special_tokens=False) for t in texts]
+    return {"texts": texts, "ids": ids, "len": len(o.tokenizer),
+            "decoded": [o.tokenizer.decode(i) for i in ids],
+            "decoded_skip_special": [o.tokenizer.decode(i, skip_special_tokens=True) for i in ids],
+            "bad_token_ids": list(o.tokenizer.bad_token_ids)}
 
 
 def ref_thinker(o: Official) -> dict[str, Any]:
