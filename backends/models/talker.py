@@ -47,7 +47,7 @@ class TalkerConfig:
     max_position_embeddings: int = 4096
     num_audio_tokens: int = 6562  # 6561 speech codes + EOS
     # emb_text rows, indexed by Thinker token ids (Qwen3's vocab; config.json sets it)
-    num_text_tokens: int = 151936
+    num_text_tokens: int = 151748
     num_vq: int = 1
     audio_bos_token_id: int = 151687
     text_eos_token_id: int = 151692

@@ -77,6 +77,20 @@ def tiny_config_kwargs() -> dict[str, Any]:
     )
 
 
+# The released MiniCPM-o 4.5 sizes: Qwen3-8B with the official tokenizer's 151748 ids,
+# Whisper-medium's encoder, the 20 x 768 Talker over 6561 speech codes + EOS.
+RELEASED_CONFIG: dict[str, Any] = dict(
+    vocab_size=151748, hidden_size=4096, intermediate_size=12288, num_hidden_layers=36,
+    num_attention_heads=32, num_key_value_heads=8, head_dim=128, rope_theta=1_000_000.0,
+    max_position_embeddings=40960, init_vision=False,
+    audio_config=dict(d_model=1024, encoder_layers=24, encoder_attention_heads=16,
+                      encoder_ffn_dim=4096, max_source_positions=1500),
+    tts_config=dict(llm_dim=4096, num_audio_tokens=6562, num_text_tokens=151748,
+                    audio_bos_token_id=151687, text_eos_token_id=151692,
+                    condition_type="hidden_text_merge"),
+)
+
+
 def import_official(official: Path) -> types.ModuleType:
     """The official folder as the package `minicpmo_official` (its modules import each other
     relatively); returns its modeling module."""
@@ -235,6 +249,16 @@ def ref_talker(o: Official) -> dict[str, Any]:
             "logits": torch.cat(logits).float().numpy(), "codes": codes[0, :, 0].numpy()}
 
 
+def ref_released_shapes(o: Official) -> dict[str, Any]:
+    """Every tensor's shape in the released model's layout, as the official classes build it
+    from the released sizes (no memory: the meta device)."""
+    config_module = sys.modules[f"{PACKAGE}.configuration_minicpmo"]
+    config = config_module.MiniCPMOConfig(**RELEASED_CONFIG)
+    with torch.device("meta"):
+        model = o.modeling.MiniCPMO(config)
+    return {"shapes": {name: list(t.shape) for name, t in model.state_dict().items()}}
+
+
 @contextmanager
 def _greedy_draws(num_codes: int) -> Iterator[list[torch.Tensor]]:
     """Inside: softmax records the [1, num_codes] rows it gets (the codec logits; attention
@@ -271,6 +295,7 @@ REFERENCES: dict[str, Callable[[Official], dict[str, Any]]] = {
     "streaming_audio": ref_streaming_audio,
     "reference_voice": ref_reference_voice,
     "talker": ref_talker,
+    "released_shapes": ref_released_shapes,
 }
 
 

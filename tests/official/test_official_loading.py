@@ -17,7 +17,10 @@ import pytest
 import torch
 
 from backends.checkpoint import CheckpointError, load_checkpoint
+from backends.checkpoint.full_random import full_random_checkpoint
 from backends.checkpoint.tokenizer import TOKENIZER_FILE, TextTokenizer
+from backends.models.talker import TalkerConfig, TalkerModel
+from backends.thinker.model import ThinkerModel
 from official_outputs import OfficialOutputs
 
 
@@ -53,3 +56,23 @@ def test_a_checkpoint_without_assets_names_them(official: OfficialOutputs) -> No
                                               r"assets/token2wav/flow\.yaml, .*hift\.pt") as err:
         load_checkpoint(official.checkpoint())
     assert str(err.value).count("missing") == 1
+
+
+def test_full_random_holds_the_released_tensors(official: OfficialOutputs) -> None:
+    """Every tensor the full-random profile allocates has the shape the official classes give
+    it at the released sizes; of the official tensors, only the unused `tts.projector_spk`
+    is not held (the weight-normalised head is held folded, as from any checkpoint)."""
+    released = official.values("released_shapes")["shapes"]
+    ckpt = full_random_checkpoint()
+    thinker = ThinkerModel.from_full_random(ckpt, torch.device("meta"), torch.bfloat16)
+    with torch.device("meta"):
+        talker = TalkerModel(TalkerConfig.from_dict(ckpt.config.raw["tts_config"]))
+    ours = {**{f"llm.{k}": v for k, v in thinker.llm.state_dict().items()},
+            **thinker.audio_encoder.state_dict(),
+            **{f"tts.{k}": v for k, v in talker.state_dict().items()}}
+    folded = {k.replace(".parametrizations.weight.original1", ".weight"): v
+              for k, v in released.items() if not k.endswith(".original0")}
+    assert {k: list(v.shape) for k, v in ours.items()} == {k: v for k, v in folded.items()
+                                                           if k in ours}
+    assert sorted(set(folded) - set(ours)) == sorted(k for k in folded
+                                                     if k.startswith("tts.projector_spk."))
