@@ -86,6 +86,19 @@ def test_head_is_folded_like_torch_weight_norm(reference: nn.Module, talker: Tal
     torch.testing.assert_close(talker.head_code[0].weight.detach(), expected, atol=FOLD_ATOL, rtol=0)
 
 
+def test_bf16_head_is_folded_in_float32(reference: nn.Module) -> None:
+    """bf16 shards: W = g * v / ||v|| from the upcast g and v, not rounded to bf16 again (a
+    float32 server would otherwise serve logits ~1e-2 off the official float32 ones)."""
+    state = {k: v.to(torch.bfloat16) for k, v in reference.state_dict().items()}
+    model = TalkerModel(CONFIG)
+    load_talker_weights(model, state)
+    g = state["head_code.0.parametrizations.weight.original0"].float()
+    v = state["head_code.0.parametrizations.weight.original1"].float()
+    expected = g * v / v.norm(dim=1, keepdim=True)
+    torch.testing.assert_close(model.head_code[0].weight.detach(), expected, atol=FOLD_ATOL, rtol=0)
+    assert (expected.bfloat16().float() - expected).abs().max() > FOLD_ATOL  # rounding would show
+
+
 def test_missing_keys_are_named(reference: nn.Module) -> None:
     state = {f"tts.{k}": v for k, v in reference.state_dict().items() if "emb_code" not in k}
     with pytest.raises(ValueError, match=r"emb_code\.0\.weight"):

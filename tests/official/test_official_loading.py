@@ -10,6 +10,7 @@ official writer leaves out must fail at load with one message naming them.
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 from typing import Callable
 
@@ -76,3 +77,35 @@ def test_full_random_holds_the_released_tensors(official: OfficialOutputs) -> No
                                                            if k in ours}
     assert sorted(set(folded) - set(ours)) == sorted(k for k in folded
                                                      if k.startswith("tts.projector_spk."))
+
+
+def _tokenizer_copy(official: OfficialOutputs, tmp_path: Path) -> Path:
+    for name in ("vocab.json", "merges.txt", "tokenizer_config.json", "added_tokens.json"):
+        shutil.copyfile(official.checkpoint() / name, tmp_path / name)
+    return tmp_path
+
+
+def test_older_folders_list_added_tokens_in_added_tokens_json(official: OfficialOutputs,
+                                                             tmp_path: Path) -> None:
+    folder = _tokenizer_copy(official, tmp_path)
+    config = json.loads((folder / "tokenizer_config.json").read_text())
+    del config["added_tokens_decoder"]
+    (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    ref = official.values("tokenizer")
+    ours = TextTokenizer.from_dir(folder)
+    assert [ours.encode(text) for text in ref["texts"]] == ref["ids"]
+
+
+def test_added_tokens_that_do_not_fit_the_vocabulary_are_named(official: OfficialOutputs,
+                                                               tmp_path: Path) -> None:
+    folder = _tokenizer_copy(official, tmp_path)
+    config = json.loads((folder / "tokenizer_config.json").read_text())
+    decoder = config["added_tokens_decoder"]
+    decoder["151800"] = decoder.pop("151747")  # a gap: the token lands on 151747
+    (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match=r"declared with id 151800 but lands on 151747"):
+        TextTokenizer.from_dir(folder)
+    (folder / "merges.txt").unlink()
+    with pytest.raises(ValueError, match=r"missing tokenizer: neither tokenizer.json nor "
+                                         r"vocab.json \+ merges.txt"):
+        TextTokenizer.from_dir(folder)
