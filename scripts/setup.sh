@@ -11,3 +11,5 @@ if [ ! -f "$stamp" ]; then
   .venv/bin/pip install --quiet --disable-pip-version-check -e ".[test]"
   rm -f .venv/.installed-* && touch "$stamp"
 fi
+# The official MiniCPM-o 4.5 code's environment for tests/official (skipped without that code).
+bash scripts/setup_official.sh

@@ -14,9 +14,12 @@ Choices where docs/model_facts.md leaves details open (kept simple and stated he
   the carry never forms a unit, so units never yield more or fewer than 10 rows.
 - `encode_units` of k buffered units equals k calls of `encode_unit`: units are always encoded
   one by one, since the processor emits at most one chunk per unit.
-- The reference voice uses Whisper's normalisation over the trimmed clip and MiniCPM-o's
-  non-streaming chunk mask (1 s = 50 encoder frames, `reference_chunk_frames`); a reference
-  longer than the position table (30 s) is encoded in 30 s pieces and concatenated.
+- The reference voice follows the official `process_audio` + `get_audio_embedding`: every
+  sample kept, each 30 s piece's mel as backends/audio/reference_mel.py computes it, then
+  MiniCPM-o's non-streaming chunk mask (1 s = 50 encoder frames, `reference_chunk_frames`);
+  the pieces' rows are concatenated. (The official batches several pieces with a zero-padded
+  mel, which can move the last encoder frame of a shorter final piece by the conv's edge; each
+  piece is encoded alone here.)
 """
 
 from __future__ import annotations
@@ -29,10 +32,11 @@ import torch
 from backends.audio.encoder_graphs import ChunkEncoderGraphs
 from backends.audio.encoder_model import AudioEncoderModel
 from backends.audio.reference_cache import ReferenceCache
+from backends.audio.reference_mel import reference_mel, reference_pieces, reference_rows
 from backends.audio.streaming_mel import StreamingMel, StreamingMelConfig
 from backends.models.encoder_kv import EncoderKVCache
 from backends.models.whisper_encoder import crop_redundancy
-from backends.models.whisper_mel import HOP_LENGTH, WhisperMel
+from backends.models.whisper_mel import WhisperMel
 from backends.runner.host_staging import to_device
 
 __all__ = ["AudioEncoderModel", "StreamingAudioConfig", "StreamingAudioEncoder"]
@@ -173,30 +177,24 @@ class StreamingAudioEncoder:
 
     @torch.inference_mode()
     def encode_reference(self, samples: np.ndarray) -> torch.Tensor:
-        """A reference voice clip ([n] float32, 16 kHz) -> [n // 1600, llm_hidden], non-streaming.
-
-        The clip is trimmed to a multiple of 1600 samples (one embedding each); the session's
-        streaming state is untouched.
-        """
+        """A reference voice clip ([n] float32, 16 kHz) -> [rows, llm_hidden], non-streaming,
+        every sample kept (`reference_rows` per 30 s piece); the session's streaming state is
+        untouched."""
         return self.references.get_or_encode(samples, self._encode_reference)
 
     def _encode_reference(self, samples: np.ndarray) -> torch.Tensor:
-        clip = _as_samples(samples)
-        per_embedding = HOP_LENGTH * _CONV_STRIDE * self._model.audio_avg_pooler.step
-        clip = clip[: clip.shape[0] // per_embedding * per_embedding]
-        if clip.shape[0] == 0:
+        step = self._model.audio_avg_pooler.step
+        pieces = [p for p in reference_pieces(_as_samples(samples))
+                  if reference_rows(p.shape[0], step) > 0]
+        if not pieces:
             weight = self._model.audio_projection_layer.linear2.weight
             return weight.new_zeros(0, self._model.llm_hidden_size)
-        # the longest piece of whole embeddings the position table holds (30 s with 1500)
-        table = self._model.apm.config.max_source_positions * _CONV_STRIDE * HOP_LENGTH
-        piece = table // per_embedding * per_embedding
-        return torch.cat([self._encode_clip(part) for part in clip.split(piece)])
+        return torch.cat([self._encode_piece(piece) for piece in pieces])
 
-    def _encode_clip(self, clip: torch.Tensor) -> torch.Tensor:
-        # clip [n] float32, n a multiple of 1600 within the position table
-        # -> [n // 1600, llm_hidden]
+    def _encode_piece(self, piece: torch.Tensor) -> torch.Tensor:
+        # piece [n <= 480000] float32 -> [reference_rows(n), llm_hidden]
         apm = self._model.apm
-        mel = self._whisper_mel.spectrogram(clip).to(apm.conv1.weight.device)
+        mel = reference_mel(self._whisper_mel, piece).to(apm.conv1.weight.device)
         frames = apm(mel[None], chunk_frames=self.config.reference_chunk_frames)
         return self._model.embed(frames[0])
 

@@ -1,10 +1,11 @@
 """MiniCPM-o 4.5 `config.json` as validated dataclasses.
 
 Field names are the HF keys. The Thinker backbone (Qwen3) lives at the top level of the file,
-the audio encoder under `audio_config` and the Talker under `tts_config`. Keys that the
-upstream config classes default (and that a real config.json may therefore omit) take the
-same defaults here; every other key is required, and a missing or mistyped one raises
-ValueError naming its JSON path.
+the audio encoder under `audio_config` and the Talker under `tts_config`. A key the official
+config classes default (`MiniCPMOConfig` over transformers' `Qwen3Config`, `WhisperConfig` for
+`audio_config`, `MiniCPMTTSConfig` for `tts_config`) may be absent and takes that default here;
+a mistyped key raises ValueError naming its JSON path. `version` is optional too: the official
+config class writes none, and a file that declares one must declare 4.5.
 """
 
 from __future__ import annotations
@@ -12,12 +13,32 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any, ClassVar, Mapping
 
 from backends.checkpoint.json_section import JsonSection
 
 SUPPORTED_VERSION = "4.5"
 CONFIG_FILE = "config.json"
+# transformers 4.51 Qwen3Config's defaults (MiniCPMOConfig passes the top level to it)
+QWEN3_DEFAULTS: Mapping[str, Any] = MappingProxyType({
+    "vocab_size": 151936, "hidden_size": 4096, "intermediate_size": 22016,
+    "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 32, "head_dim": 128,
+    "max_position_embeddings": 32768, "rms_norm_eps": 1e-6, "rope_theta": 10_000.0,
+})
+# WhisperConfig's defaults for the keys the encoder uses (`audio_config`)
+WHISPER_DEFAULTS: Mapping[str, int] = MappingProxyType({
+    "d_model": 384, "encoder_layers": 4, "encoder_attention_heads": 6, "encoder_ffn_dim": 1536,
+    "num_mel_bins": 80, "max_source_positions": 1500,
+})
+# MiniCPMTTSConfig's defaults (`tts_config`); the Talker's Llama keeps LlamaConfig's eps/theta
+TTS_DEFAULTS: Mapping[str, Any] = MappingProxyType({
+    "llm_dim": 2560, "hidden_size": 768, "intermediate_size": 3072, "num_attention_heads": 12,
+    "num_hidden_layers": 20, "num_key_value_heads": 12, "max_position_embeddings": 4096,
+    "num_audio_tokens": 4097, "num_text_tokens": 21178, "num_vq": 1,
+    "audio_bos_token_id": 21132, "text_eos_token_id": 21133,
+    "normalize_projected_hidden": False, "attention_type": "sliding_recompute", "window_size": 2,
+})
 
 
 def _require_positive(obj: object, prefix: str, names: tuple[str, ...]) -> None:
@@ -65,19 +86,22 @@ class LlmConfig:
 
     @classmethod
     def from_section(cls, s: JsonSection) -> LlmConfig:
-        heads = s.get("num_attention_heads", int)
-        hidden = s.get("hidden_size", int)
+        d = QWEN3_DEFAULTS
+        heads = s.get("num_attention_heads", int, d["num_attention_heads"])
         return cls(
-            hidden_size=hidden,
-            num_hidden_layers=s.get("num_hidden_layers", int),
+            hidden_size=s.get("hidden_size", int, d["hidden_size"]),
+            num_hidden_layers=s.get("num_hidden_layers", int, d["num_hidden_layers"]),
             num_attention_heads=heads,
-            num_key_value_heads=s.get("num_key_value_heads", int, heads),
-            head_dim=s.get("head_dim", int, hidden // heads if heads > 0 else 0),
-            intermediate_size=s.get("intermediate_size", int),
-            rms_norm_eps=s.get("rms_norm_eps", float),
+            # Qwen3Config: an explicit null means "as many KV heads as query heads"
+            num_key_value_heads=s.get_or_null("num_key_value_heads", int,
+                                              d["num_key_value_heads"], heads),
+            head_dim=s.get("head_dim", int, d["head_dim"]),
+            intermediate_size=s.get("intermediate_size", int, d["intermediate_size"]),
+            rms_norm_eps=s.get("rms_norm_eps", float, d["rms_norm_eps"]),
             rope_theta=_rope_theta(s),
-            vocab_size=s.get("vocab_size", int),
-            max_position_embeddings=s.get("max_position_embeddings", int),
+            vocab_size=s.get("vocab_size", int, d["vocab_size"]),
+            max_position_embeddings=s.get("max_position_embeddings", int,
+                                          d["max_position_embeddings"]),
             attention_bias=s.get("attention_bias", bool, False),
             tie_word_embeddings=s.get("tie_word_embeddings", bool, False),
         )
@@ -86,7 +110,7 @@ class LlmConfig:
 def _rope_theta(s: JsonSection) -> float:
     # transformers >= 5 writes `rope_parameters.rope_theta`; released checkpoints have `rope_theta`.
     if "rope_theta" in s.data or "rope_parameters" not in s.data:
-        return s.get("rope_theta", float)
+        return s.get("rope_theta", float, QWEN3_DEFAULTS["rope_theta"])
     return s.section("rope_parameters").get("rope_theta", float)
 
 
@@ -118,14 +142,7 @@ class AudioConfig:
 
     @classmethod
     def from_section(cls, s: JsonSection) -> AudioConfig:
-        return cls(
-            d_model=s.get("d_model", int),
-            encoder_layers=s.get("encoder_layers", int),
-            encoder_attention_heads=s.get("encoder_attention_heads", int),
-            encoder_ffn_dim=s.get("encoder_ffn_dim", int),
-            num_mel_bins=s.get("num_mel_bins", int),
-            max_source_positions=s.get("max_source_positions", int, 1500),
-        )
+        return cls(**{name: s.get(name, int, default) for name, default in WHISPER_DEFAULTS.items()})
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,8 +163,10 @@ class TtsConfig:
     text_eos_token_id: int
     max_position_embeddings: int = 4096
     num_vq: int = 1
-    normalize_projected_hidden: bool = True
-    attention_type: str = "full_attention"
+    # Read at the official default; the duplex Talker condition normalises whatever it says
+    # (the official duplex path does), so serving never branches on it.
+    normalize_projected_hidden: bool = False
+    attention_type: str = "sliding_recompute"
     window_size: int = 2
     rms_norm_eps: float = 1e-6  # not in tts_config upstream: the Llama backbone's built-in value
     rope_theta: float = 10_000.0  # likewise LlamaConfig's default, never overridden upstream
@@ -183,18 +202,18 @@ class TtsConfig:
 
     @classmethod
     def from_section(cls, s: JsonSection) -> TtsConfig:
-        required = {name: s.get(name, int) for name in (
+        d = TTS_DEFAULTS
+        sizes = {name: s.get(name, int, d[name]) for name in (
             "llm_dim", "hidden_size", "intermediate_size", "num_attention_heads",
             "num_hidden_layers", "num_key_value_heads", "num_audio_tokens", "num_text_tokens",
-            "audio_bos_token_id", "text_eos_token_id",
+            "audio_bos_token_id", "text_eos_token_id", "max_position_embeddings", "num_vq",
+            "window_size",
         )}
         return cls(
-            **required,
-            max_position_embeddings=s.get("max_position_embeddings", int, 4096),
-            num_vq=s.get("num_vq", int, 1),
-            normalize_projected_hidden=s.get("normalize_projected_hidden", bool, True),
-            attention_type=s.get("attention_type", str, "full_attention"),
-            window_size=s.get("window_size", int, 2),
+            **sizes,
+            normalize_projected_hidden=s.get("normalize_projected_hidden", bool,
+                                             d["normalize_projected_hidden"]),
+            attention_type=s.get("attention_type", str, d["attention_type"]),
             rms_norm_eps=s.get("rms_norm_eps", float, 1e-6),
             rope_theta=s.get("rope_theta", float, 10_000.0),
         )
@@ -230,10 +249,10 @@ class MiniCPMOConfig:
         return cls(
             version=version,
             llm=LlmConfig.from_section(top),
-            audio=AudioConfig.from_section(top.section("audio_config")),
-            audio_pool_step=top.get("audio_pool_step", int),
+            audio=AudioConfig.from_section(top.optional_section("audio_config")),
+            audio_pool_step=top.get("audio_pool_step", int, 5),
             audio_chunk_length=top.get("audio_chunk_length", float, 1.0),
-            tts=TtsConfig.from_section(top.section("tts_config")),
+            tts=TtsConfig.from_section(top.optional_section("tts_config")),
             raw=dict(raw),
         )
 
@@ -255,8 +274,7 @@ class MiniCPMOConfig:
 
 def _version_string(top: JsonSection) -> str:
     if "version" not in top.data:
-        raise ValueError(f"config.json: missing key 'version' (MiniCPM-o 4.5 declares "
-                         f"\"version\": \"{SUPPORTED_VERSION}\")")
+        return SUPPORTED_VERSION  # what the official 4.5 config class writes: no version key
     value = top.data["version"]
     # MiniCPM configs have written the version both as a JSON number and as a string.
     if isinstance(value, (int, float, str)) and not isinstance(value, bool):

@@ -7,8 +7,11 @@ minutes) with the tiny checkpoint's scale (normal, std 0.02; norms at one; biase
 
 Text goes through the tiny checkpoint's tokenizer, trained in memory (it is a pure function
 of the bundled corpus), so the special tokens resolve by string as with any checkpoint. The
-Thinker's vocabulary stays the real 151936 rows; ids past the tokenizer are never sampled
-(the Thinker engine masks ids >= tokenizer.vocab_size).
+Thinker's vocabulary stays the released model's 151748 rows (the official tokenizer's ids,
+which size both the LM head and the Talker's `emb_text`); ids past the tokenizer are never
+sampled (the Thinker engine masks ids >= tokenizer.vocab_size). The Talker holds what the
+duplex path uses: the released checkpoint's `projector_spk` is not loaded, so it is not here
+either (tests/official compares every tensor's shape with the official classes').
 
 Its Thinker is built by `ThinkerModel.from_full_random` (backends/thinker/model.py), beside the
 Thinker's other constructors; the Talker and token2wav are built here.
@@ -35,7 +38,7 @@ FULL_RANDOM_SEED = 0
 QWEN3_8B = MappingProxyType({  # Thinker backbone (docs/model_facts.md#sizes)
     "hidden_size": 4096, "num_hidden_layers": 36, "num_attention_heads": 32,
     "num_key_value_heads": 8, "head_dim": 128, "intermediate_size": 12288,
-    "rms_norm_eps": 1e-6, "rope_theta": 1_000_000.0, "vocab_size": 151936,
+    "rms_norm_eps": 1e-6, "rope_theta": 1_000_000.0, "vocab_size": 151748,
     "max_position_embeddings": 40960, "attention_bias": False, "tie_word_embeddings": False,
 })
 WHISPER_MEDIUM = MappingProxyType({  # audio encoder (`audio_config`)

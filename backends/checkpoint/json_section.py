@@ -27,9 +27,21 @@ class JsonSection:
             return default
         return _typed(self.data[key], kind, f"{self.path}{key}")
 
+    def get_or_null(self, key: str, kind: type, default: Any, if_null: Any) -> Any:
+        """Like `get` with a default, and `if_null` where the file holds an explicit null."""
+        if key in self.data and self.data[key] is None:
+            return if_null
+        return self.get(key, kind, default)
+
     def section(self, key: str) -> JsonSection:
         value = self.get(key, dict)
         return JsonSection(value, f"{self.path}{key}.")
+
+    def optional_section(self, key: str) -> JsonSection:
+        """The nested object at `key`; absent or null reads as empty (every key defaulted)."""
+        if self.data.get(key) is None:
+            return JsonSection({}, f"{self.path}{key}.")
+        return self.section(key)
 
 
 def _typed(value: Any, kind: type, name: str) -> Any:

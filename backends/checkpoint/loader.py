@@ -1,8 +1,9 @@
 """Open a checkpoint directory (tiny or real MiniCPM-o 4.5) and check it is complete.
 
 Everything that can be checked without reading tensors is checked at load time (config,
-tokenizer and its special tokens, weight index and prefixes), so a wrong directory fails
-when a stage starts, with one message naming what is missing. Weights are read later, per
+tokenizer and its special tokens, weight index and prefixes, the shapes of the tensors the
+config sizes, the default voice and the token2wav files), so a wrong directory fails when a
+stage starts, with one message naming what is missing. Weights are read later, per
 prefix, by the stage that needs them. Prefixes this package does not serve (`vpm.`,
 `resampler.`, ...) are allowed and ignored.
 """
@@ -29,6 +30,8 @@ REQUIRED_WEIGHT_PREFIXES = (
 ASSETS_DIR = "assets"
 REFERENCE_VOICE_FILE = f"{ASSETS_DIR}/HT_ref_audio.wav"  # 6.016 s default voice prompt
 TOKEN2WAV_DIR = f"{ASSETS_DIR}/token2wav"  # flow/HiFT weights and their config
+TOKEN2WAV_FILES = tuple(f"{TOKEN2WAV_DIR}/{name}" for name in ("flow.yaml", "flow.pt", "hift.pt"))
+REQUIRED_ASSETS = (REFERENCE_VOICE_FILE, *TOKEN2WAV_FILES)
 
 
 class CheckpointError(ValueError):
@@ -91,7 +94,40 @@ def load_checkpoint(path: Path | str) -> Checkpoint:
         raise CheckpointError(f"{path}: {err}") from err
     _check_weight_prefixes(path, weight_index)
     _check_token_ids(path, config, special_tokens)
+    _check_sizes(path, config, weight_index)
+    _check_assets(path)
     return Checkpoint(path, config, tokenizer, special_tokens, weight_index)
+
+
+def _check_assets(path: Path) -> None:
+    missing = [name for name in REQUIRED_ASSETS if not (path / name).is_file()]
+    if missing:
+        raise CheckpointError(f"{path}: missing {', '.join(missing)} (the default voice and the "
+                              f"token2wav model that Code2Wav loads)")
+
+
+def _sized_tensors(config: MiniCPMOConfig) -> dict[str, tuple[tuple[int, ...], str]]:
+    """Tensor -> (shape the config implies, the config keys that size it)."""
+    llm, audio, tts = config.llm, config.audio, config.tts
+    return {
+        "llm.model.embed_tokens.weight": ((llm.vocab_size, llm.hidden_size),
+                                          "'vocab_size', 'hidden_size'"),
+        "apm.conv1.weight": ((audio.d_model, audio.num_mel_bins, 3),
+                             "'audio_config.d_model', 'audio_config.num_mel_bins'"),
+        "tts.emb_text.weight": ((tts.num_text_tokens, tts.hidden_size),
+                                "'tts_config.num_text_tokens', 'tts_config.hidden_size'"),
+        "tts.emb_code.0.weight": ((tts.num_audio_tokens, tts.hidden_size),
+                                  "'tts_config.num_audio_tokens', 'tts_config.hidden_size'"),
+    }
+
+
+def _check_sizes(path: Path, config: MiniCPMOConfig, index: WeightIndex) -> None:
+    # A key left to its default must still fit the tensors; read from the safetensors headers.
+    for name, (expected, keys) in _sized_tensors(config).items():
+        shape = index.shape(name)
+        if shape is not None and shape != expected:
+            raise CheckpointError(f"{path}: {name} is {list(shape)} but config.json ({keys}) "
+                                  f"gives {list(expected)}")
 
 
 def _check_weight_prefixes(path: Path, index: WeightIndex) -> None:

@@ -87,6 +87,12 @@ def write_tiny_checkpoint(out_dir: Path, seed: int) -> None:
     from backends.checkpoint.tiny_weights import tiny_state_dict
 
     write_shards(tiny_state_dict(config, seed), out_dir, MAX_SHARD_BYTES)
+    write_tiny_assets(out_dir, seed)
+
+
+def write_tiny_assets(out_dir: Path, seed: int) -> None:
+    """The tiny default voice and token2wav model under `out_dir/assets/`: also what a tiny
+    checkpoint written by other tools (which write no assets) needs to be served."""
     voice = out_dir / REFERENCE_VOICE_FILE
     voice.parent.mkdir(parents=True, exist_ok=True)
     write_wav_pcm16(voice, synthesize_reference_voice(seed), REFERENCE_VOICE_SAMPLE_RATE)

@@ -13,27 +13,38 @@ from typing import Any, Sequence
 
 from tokenizers import Tokenizer
 
+from backends.checkpoint.bpe_files import MERGES_FILE, VOCAB_FILE, has_bpe_files, tokenizer_from_bpe_files
+
 TOKENIZER_FILE = "tokenizer.json"
 TOKENIZER_CONFIG_FILE = "tokenizer_config.json"
 
 
 class TextTokenizer:
-    """A `tokenizers.Tokenizer` plus the EOS token named by tokenizer_config.json."""
+    """A `tokenizers.Tokenizer` plus what tokenizer_config.json adds: the EOS token and the
+    ids the official duplex decoder never emits (`bad_token_ids`)."""
 
-    def __init__(self, backend: Tokenizer, eos_token: str | None) -> None:
+    def __init__(self, backend: Tokenizer, eos_token: str | None,
+                 bad_token_ids: tuple[int, ...] = ()) -> None:
         self._backend = backend
         self.eos_token = eos_token
         self.eos_token_id = None if eos_token is None else backend.token_to_id(eos_token)
+        self.bad_token_ids = bad_token_ids
 
     @classmethod
     def from_dir(cls, path: Path) -> TextTokenizer:
-        """Load `tokenizer.json` (required) and the EOS from `tokenizer_config.json` (optional)."""
+        """Load `tokenizer.json`, or build the same tokenizer from vocab.json + merges.txt + the
+        added tokens (what transformers does for a folder without tokenizer.json);
+        tokenizer_config.json is optional."""
         path = Path(path)
-        file = path / TOKENIZER_FILE
-        if not file.is_file():
-            raise ValueError(f"missing tokenizer: {file} does not exist")
-        backend = Tokenizer.from_file(str(file))
-        return cls(backend, _eos_token(path / TOKENIZER_CONFIG_FILE))
+        config = _read_config(path / TOKENIZER_CONFIG_FILE)
+        if (path / TOKENIZER_FILE).is_file():
+            backend = Tokenizer.from_file(str(path / TOKENIZER_FILE))
+        elif has_bpe_files(path):
+            backend = tokenizer_from_bpe_files(path, config)
+        else:
+            raise ValueError(f"missing tokenizer: neither {TOKENIZER_FILE} nor {VOCAB_FILE} + "
+                             f"{MERGES_FILE} in {path}")
+        return cls(backend, _eos_token(config), _bad_token_ids(config))
 
     @property
     def vocab_size(self) -> int:
@@ -54,11 +65,25 @@ class TextTokenizer:
         return self._backend.id_to_token(token_id)
 
 
-def _eos_token(config_file: Path) -> str | None:
+def _read_config(config_file: Path) -> dict[str, Any]:
     if not config_file.is_file():
-        return None
-    data = json.loads(config_file.read_text(encoding="utf-8"))
-    eos: Any = data.get("eos_token")
+        return {}
+    try:
+        data = json.loads(config_file.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{config_file} is not valid JSON: {err}") from err
+    return data if isinstance(data, dict) else {}
+
+
+def _bad_token_ids(config: dict[str, Any]) -> tuple[int, ...]:
+    ids = config.get("bad_token_ids") or []
+    if not isinstance(ids, list) or not all(isinstance(i, int) for i in ids):
+        raise ValueError(f"{TOKENIZER_CONFIG_FILE}: 'bad_token_ids' must be a list of ids")
+    return tuple(ids)
+
+
+def _eos_token(config: dict[str, Any]) -> str | None:
+    eos: Any = config.get("eos_token")
     # transformers writes a special token either as its string or as an AddedToken dict.
     if isinstance(eos, dict):
         eos = eos.get("content")

@@ -72,6 +72,14 @@ class WeightIndex:
     def names(self) -> list[str]:
         return sorted(self.files_by_name)
 
+    def shape(self, name: str) -> tuple[int, ...] | None:
+        """The stored shape of tensor `name` (read from its file's header), None if absent."""
+        file = self.files_by_name.get(name)
+        if file is None:
+            return None
+        with safe_open(str(file), framework="pt") as f:
+            return tuple(f.get_slice(name).get_shape())
+
     def has_prefix(self, prefix: str) -> bool:
         return any(name.startswith(prefix) for name in self.files_by_name)
 

@@ -4,6 +4,7 @@
 Parameter names equal the checkpoint's `tts.*` keys with the prefix stripped: `model.*` (the
 Llama backbone, whose own 32000-row token table is never used), `emb_text`, `emb_code.0`,
 `projector_semantic.linear1/linear2`, `head_code.0` (stored weight-normalised, folded at load).
+`projector_spk` is in every checkpoint but unused by the duplex path, so it is not loaded.
 As a runner `DecoderModel`, its input table is `emb_code[0]` (the previous sampled code is the
 next input) and its head is `head_code[0]`; condition rows are injected as embeddings.
 """
@@ -30,6 +31,7 @@ from backends.runner.kv_cache import KVCache
 from backends.runner.rope import RotaryEmbedding
 
 _CHECKPOINT_PREFIX = "tts."
+_HEAD = "head_code."
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,11 +47,10 @@ class TalkerConfig:
     max_position_embeddings: int = 4096
     num_audio_tokens: int = 6562  # 6561 speech codes + EOS
     # emb_text rows, indexed by Thinker token ids (Qwen3's vocab; config.json sets it)
-    num_text_tokens: int = 151936
+    num_text_tokens: int = 151748
     num_vq: int = 1
     audio_bos_token_id: int = 151687
     text_eos_token_id: int = 151692
-    normalize_projected_hidden: bool = True
     rms_norm_eps: float = 1e-6  # the Llama backbone's built-in value (not in tts_config)
     rope_theta: float = 10_000.0
     backbone_vocab_size: int = 32000  # the backbone's unused token table
@@ -140,7 +141,10 @@ class TalkerModel(nn.Module):
         return list(table.index_select(0, order).split([n + 1 for n in counts]))
 
     def _condition_rows(self, token_ids: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
-        """[n] ids, [n, llm_dim] float32 -> [n, hidden_size]: emb_text + L2norm(projector)."""
+        """[n] ids, [n, llm_dim] float32 -> [n, hidden_size]: emb_text + L2norm(projector).
+
+        Always normalised: the official duplex path (`_convert_results_to_tts_input`) does so
+        whatever the config's `normalize_projected_hidden` says."""
         num = token_ids.shape[0] if token_ids.dim() == 1 else -1
         if num < 0 or tuple(hidden.shape) != (num, self.config.llm_dim):
             raise ValueError(
@@ -148,8 +152,7 @@ class TalkerModel(nn.Module):
                 f"{tuple(token_ids.shape)} and {tuple(hidden.shape)}"
             )
         projected = self.projector_semantic(hidden.to(self.emb_text.weight.dtype))
-        if self.config.normalize_projected_hidden:
-            projected = F.normalize(projected, p=2, dim=-1)
+        projected = F.normalize(projected, p=2, dim=-1)
         return self.emb_text(token_ids) + projected
 
     def embed_tokens(self, token_ids: torch.Tensor) -> torch.Tensor:
@@ -192,7 +195,10 @@ def load_talker_weights(model: TalkerModel, state_dict: Mapping[str, torch.Tenso
     keys the model does not use, for the caller to log.
     """
     stripped = {k.removeprefix(_CHECKPOINT_PREFIX): v for k, v in state_dict.items()}
-    folded = fold_weight_norm_keys(stripped)
+    # The head is folded from float32 g and v: folding bf16 shards into bf16 would round the
+    # weight once more than the official computes it (it runs the norm in the model's dtype).
+    folded = fold_weight_norm_keys({k: v.float() if k.startswith(_HEAD) else v
+                                    for k, v in stripped.items()})
     expected = model.state_dict()
     missing = sorted(set(expected) - set(folded))
     if missing:

@@ -31,7 +31,6 @@ from backends.thinker.text_stream import TranscriptStream
 from backends.thinker.prompt_layout import UNIT_SAMPLES, AppendRows, PromptLayout, RowSegment
 
 SPEECH_RMS = 0.003  # overlap_silence_rms upstream: a unit at or above this RMS is speech
-REFERENCE_HOP = 1600  # reference audio is trimmed to whole 100 ms embeddings
 
 
 class UnitEncoder(Protocol):
@@ -42,7 +41,7 @@ class UnitEncoder(Protocol):
         ...
 
     def encode_reference(self, samples: np.ndarray) -> torch.Tensor:
-        """samples: [n * 1600] float32 -> [n, llm_hidden]."""
+        """samples: [n] float32, every sample kept -> [rows, llm_hidden]."""
         ...
 
     def reset(self) -> None: ...
@@ -112,8 +111,7 @@ class ThinkerSession:
 
     def setup(self, first: ThinkerRequest) -> None:
         """Session context from the first append (instructions, reference, initial text)."""
-        ref = _trim_reference(first.ref_audio)
-        ref_embeds = self.encoder.encode_reference(ref) if ref is not None else None
+        ref_embeds = _reference_rows(self.encoder, first.ref_audio)
         self.system_args = (first.instructions, first.initial_user_text, ref_embeds)
         self.context = self.layout.system_context(*self.system_args)
         if first.initial_user_text:
@@ -271,9 +269,10 @@ def _split_units(audio: np.ndarray) -> list[np.ndarray]:
     return [samples[start : start + UNIT_SAMPLES] for start in range(0, len(samples), UNIT_SAMPLES)]
 
 
-def _trim_reference(ref_audio: np.ndarray) -> np.ndarray | None:
-    """[n] float32 16 kHz -> whole 100 ms hops ([k * 1600] float32), or None if under one."""
-    usable = (len(ref_audio) // REFERENCE_HOP) * REFERENCE_HOP
-    if usable == 0:
+def _reference_rows(encoder: UnitEncoder, ref_audio: np.ndarray) -> torch.Tensor | None:
+    """The clip's prompt rows (every sample kept, as the official prompt builder does), or None
+    when it gives none (no clip, or one too short for a single row)."""
+    if len(ref_audio) == 0:
         return None
-    return np.ascontiguousarray(ref_audio[:usable], dtype=np.float32)
+    rows = encoder.encode_reference(np.ascontiguousarray(ref_audio, dtype=np.float32))
+    return rows if rows.shape[0] else None

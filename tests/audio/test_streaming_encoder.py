@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from backends.audio.encoder_model import AudioEncoderModel
+from backends.audio.reference_mel import reference_mel
 from backends.audio.streaming_encoder import StreamingAudioEncoder
 from backends.audio.streaming_mel import StreamingMel, StreamingMelConfig
 from backends.models.whisper_mel import WhisperMel, normalize_log_mel
@@ -114,8 +115,8 @@ def test_reset_restarts_the_stream(tiny_model: AudioEncoderModel) -> None:
     assert all(torch.equal(encoder.encode_unit(u), b) for u, b in zip(units, before))
 
 
-@pytest.mark.parametrize("num_samples,rows", [
-    (0, 0), (1599, 0), (1600, 1), (48123, 30), (31 * UNIT, 310),
+@pytest.mark.parametrize("num_samples,rows", [  # every sample kept, as the official
+    (0, 0), (1280, 0), (1281, 1), (1600, 1), (48123, 30), (31 * UNIT, 310),
 ])
 def test_reference_embedding_count(
     tiny_model: AudioEncoderModel, num_samples: int, rows: int,
@@ -126,8 +127,8 @@ def test_reference_embedding_count(
 
 
 def test_reference_is_the_non_streaming_chunk_masked_path(tiny_model: AudioEncoderModel) -> None:
-    clip = _audio(3, seed=6)[:47000]  # trimmed to 46400 samples, 29 embeddings
-    mel = WhisperMel().spectrogram(torch.from_numpy(clip[:46400]))
+    clip = _audio(3, seed=6)[:47000]  # 294 mel frames, 147 encoder frames, 29 embeddings
+    mel = reference_mel(WhisperMel(), torch.from_numpy(clip))
     with torch.inference_mode():
         expected = tiny_model.embed(tiny_model.apm(mel[None], chunk_frames=50)[0])
     reference = StreamingAudioEncoder(tiny_model).encode_reference(clip)

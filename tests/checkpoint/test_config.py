@@ -64,36 +64,53 @@ def test_version_as_json_number_is_accepted() -> None:
     assert MiniCPMOConfig.from_dict(_with(_raw(), "version", 4.5)).version == "4.5"
 
 
-def test_missing_version_is_named() -> None:
-    with pytest.raises(ValueError, match="missing key 'version'"):
-        MiniCPMOConfig.from_dict(_without(_raw(), "version"))
-
-
-@pytest.mark.parametrize("key", [
-    "hidden_size", "vocab_size", "rms_norm_eps", "rope_theta", "audio_pool_step",
-    "audio_config", "audio_config.d_model", "tts_config", "tts_config.num_audio_tokens",
-    "tts_config.audio_bos_token_id", "tts_config.llm_dim",
-])
-def test_missing_required_key_is_named(key: str) -> None:
-    with pytest.raises(ValueError, match=f"missing key '{key}'"):
-        MiniCPMOConfig.from_dict(_without(_raw(), key))
+def test_missing_version_reads_as_4_5() -> None:
+    """The official 4.5 config class writes no `version` key."""
+    assert MiniCPMOConfig.from_dict(_without(_raw(), "version")).version == "4.5"
 
 
 @pytest.mark.parametrize(("key", "expected"), [
+    # Qwen3Config (the top level)
+    ("vocab_size", 151936), ("rms_norm_eps", 1e-6), ("rope_theta", 10_000.0),
+    ("intermediate_size", 22016), ("max_position_embeddings", 32768), ("head_dim", 128),
+    ("audio_pool_step", 5), ("audio_chunk_length", 1.0),
+    # WhisperConfig (`audio_config`)
+    ("audio_config.num_mel_bins", 80), ("audio_config.d_model", 384),
+    ("audio_config.encoder_layers", 4), ("audio_config.max_source_positions", 1500),
+    # MiniCPMTTSConfig (`tts_config`)
+    ("tts_config.hidden_size", 768), ("tts_config.num_hidden_layers", 20),
+    ("tts_config.intermediate_size", 3072), ("tts_config.num_audio_tokens", 4097),
     ("tts_config.window_size", 2), ("tts_config.num_vq", 1),
-    ("tts_config.attention_type", "full_attention"), ("audio_config.max_source_positions", 1500),
+    ("tts_config.attention_type", "sliding_recompute"),
+    ("tts_config.normalize_projected_hidden", False),
 ])
-def test_upstream_defaults_fill_optional_keys(key: str, expected: Any) -> None:
+def test_absent_keys_take_the_official_defaults(key: str, expected: Any) -> None:
     config = MiniCPMOConfig.from_dict(_without(_raw(), key))
-    section, name = key.split(".")
-    attr = {"tts_config": config.tts, "audio_config": config.audio}[section]
-    assert getattr(attr, name) == expected
+    *section, name = key.split(".")
+    attr = {"tts_config": config.tts, "audio_config": config.audio}[section[0]] if section else None
+    value = getattr(attr, name) if attr else _top_level(config, name)
+    assert value == expected
 
 
-def test_kv_heads_and_head_dim_default_like_hf() -> None:
-    raw = _without(_without(_raw(), "num_key_value_heads"), "head_dim")
-    config = MiniCPMOConfig.from_dict(raw)
-    assert (config.llm.num_key_value_heads, config.llm.head_dim) == (4, 16)
+def _top_level(config: MiniCPMOConfig, name: str) -> Any:
+    if name in ("audio_pool_step", "audio_chunk_length"):
+        return getattr(config, name)
+    return getattr(config.llm, name)
+
+
+def test_absent_sections_take_the_official_defaults() -> None:
+    assert MiniCPMOConfig.from_dict(_without(_raw(), "audio_config")).audio.d_model == 384
+    # MiniCPMTTSConfig's llm_dim (2560) cannot project a 64-wide Thinker: named, not guessed
+    with pytest.raises(ValueError, match=r"'tts_config.llm_dim' \(2560\) must equal"):
+        MiniCPMOConfig.from_dict(_without(_raw(), "tts_config"))
+
+
+def test_kv_heads_default_like_qwen3_config() -> None:
+    """Absent: Qwen3Config's 32; an explicit null: as many as the query heads."""
+    config = MiniCPMOConfig.from_dict(_with(_raw(), "num_key_value_heads", None))
+    assert config.llm.num_key_value_heads == 4
+    with pytest.raises(ValueError, match=r"'num_attention_heads' \(4\) must be a multiple"):
+        MiniCPMOConfig.from_dict(_without(_raw(), "num_key_value_heads"))
 
 
 def test_rope_parameters_form_is_read() -> None:

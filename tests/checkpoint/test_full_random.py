@@ -26,7 +26,7 @@ def ckpt():
 def test_config_has_the_real_dimensions(ckpt):
     llm, audio, tts = ckpt.config.llm, ckpt.config.audio, ckpt.config.tts
     assert (llm.hidden_size, llm.num_hidden_layers, llm.num_attention_heads, llm.num_key_value_heads,
-            llm.head_dim, llm.intermediate_size, llm.vocab_size) == (4096, 36, 32, 8, 128, 12288, 151936)
+            llm.head_dim, llm.intermediate_size, llm.vocab_size) == (4096, 36, 32, 8, 128, 12288, 151748)
     assert (audio.d_model, audio.encoder_layers, audio.encoder_attention_heads, audio.encoder_ffn_dim) == (
         1024, 24, 16, 4096)
     assert (tts.num_hidden_layers, tts.hidden_size, tts.num_attention_heads, tts.num_audio_tokens) == (
@@ -54,7 +54,7 @@ def test_thinker_structure_on_meta(ckpt):
 
 def test_talker_is_drawn_at_the_checkpoint_scale(ckpt):
     model = ckpt.build_talker(torch.device("cpu"), torch.bfloat16)
-    assert model.emb_text.weight.shape == (151936, 768)
+    assert model.emb_text.weight.shape == (151748, 768)
     assert model.emb_text.weight.dtype == torch.bfloat16
     assert float(model.emb_text.weight.detach().float().std()) == pytest.approx(INIT_STD, abs=STD_TOLERANCE)
     assert model.rotary.inv_freq.dtype == torch.float32  # RoPE tables stay float32 under bf16

@@ -126,7 +126,11 @@ def _drop_added_token(tokenizer: dict, token: str) -> None:
 
 
 @pytest.mark.parametrize(("defect", "message"), [
-    ("config_key", "missing key 'tts_config.num_audio_tokens'"),
+    ("config_key", r"tts\.emb_code\.0\.weight is \[6562, 64\] but config\.json "
+                   r"\('tts_config\.num_audio_tokens', 'tts_config\.hidden_size'\) gives \[4097, 64\]"),
+    ("mel_bins", r"apm\.conv1\.weight is \[64, 80, 3\] but .*gives \[64, 128, 3\]"),
+    ("token2wav", r"missing assets/token2wav/flow\.pt, assets/token2wav/hift\.pt"),
+    ("voice", r"missing assets/HT_ref_audio\.wav"),
     ("version", "unsupported MiniCPM-o version '2.6'"),
     ("no_config", "missing config.json"),
     ("no_tokenizer", "missing tokenizer"),
@@ -140,6 +144,9 @@ def test_broken_checkpoints_are_rejected(tiny_copy: Path, defect: str, message: 
     config, index = tiny_copy / "config.json", tiny_copy / INDEX_FILE
     damage = {
         "config_key": lambda: _edit_json(config, lambda d: d["tts_config"].pop("num_audio_tokens")),
+        "mel_bins": lambda: _edit_json(config, lambda d: d["audio_config"].update(num_mel_bins=128)),
+        "token2wav": lambda: [(tiny_copy / "assets/token2wav" / n).unlink() for n in ("flow.pt", "hift.pt")],
+        "voice": lambda: (tiny_copy / "assets/HT_ref_audio.wav").unlink(),
         "version": lambda: _edit_json(config, lambda d: d.update(version="2.6")),
         "no_config": lambda: config.unlink(),
         "no_tokenizer": lambda: (tiny_copy / "tokenizer.json").unlink(),
@@ -164,6 +171,7 @@ def test_special_ids_beyond_the_vocabulary_are_rejected(tiny_copy: Path) -> None
 def test_missing_directory_and_voice_are_named(tiny_copy: Path, tmp_path: Path) -> None:
     with pytest.raises(CheckpointError, match="does not exist"):
         load_checkpoint(tmp_path / "absent")
-    (tiny_copy / "assets" / "HT_ref_audio.wav").unlink()
+    checkpoint = load_checkpoint(tiny_copy)
+    (tiny_copy / "assets" / "HT_ref_audio.wav").unlink()  # removed after the load
     with pytest.raises(CheckpointError, match="missing default reference voice"):
-        load_checkpoint(tiny_copy).reference_voice()
+        checkpoint.reference_voice()

@@ -86,6 +86,19 @@ def test_head_is_folded_like_torch_weight_norm(reference: nn.Module, talker: Tal
     torch.testing.assert_close(talker.head_code[0].weight.detach(), expected, atol=FOLD_ATOL, rtol=0)
 
 
+def test_bf16_head_is_folded_in_float32(reference: nn.Module) -> None:
+    """bf16 shards: W = g * v / ||v|| from the upcast g and v, not rounded to bf16 again (a
+    float32 server would otherwise serve logits ~1e-2 off the official float32 ones)."""
+    state = {k: v.to(torch.bfloat16) for k, v in reference.state_dict().items()}
+    model = TalkerModel(CONFIG)
+    load_talker_weights(model, state)
+    g = state["head_code.0.parametrizations.weight.original0"].float()
+    v = state["head_code.0.parametrizations.weight.original1"].float()
+    expected = g * v / v.norm(dim=1, keepdim=True)
+    torch.testing.assert_close(model.head_code[0].weight.detach(), expected, atol=FOLD_ATOL, rtol=0)
+    assert (expected.bfloat16().float() - expected).abs().max() > FOLD_ATOL  # rounding would show
+
+
 def test_missing_keys_are_named(reference: nn.Module) -> None:
     state = {f"tts.{k}": v for k, v in reference.state_dict().items() if "emb_code" not in k}
     with pytest.raises(ValueError, match=r"emb_code\.0\.weight"):
@@ -97,9 +110,9 @@ def test_unused_keys_are_returned(reference: nn.Module) -> None:
     assert load_talker_weights(TalkerModel(CONFIG), state) == ["extra.weight"]
 
 
-@pytest.mark.parametrize("normalize", [True, False])
-def test_condition_embeds_math(reference: nn.Module, normalize: bool) -> None:
-    model = TalkerModel(TalkerConfig(**{**_fields(CONFIG), "normalize_projected_hidden": normalize}))
+def test_condition_embeds_math(reference: nn.Module) -> None:
+    """The projected hidden is always L2-normalised, as the official duplex path does."""
+    model = TalkerModel(CONFIG)
     load_talker_weights(model, reference.state_dict())
     ids = torch.tensor([3, 9, 9, 41])
     hidden = torch.randn(4, CONFIG.llm_dim)
@@ -107,8 +120,7 @@ def test_condition_embeds_math(reference: nn.Module, normalize: bool) -> None:
         got = model.condition_embeds(ids, hidden)
         proj = reference.projector_semantic
         projected = proj.linear2(torch.relu(proj.linear1(hidden)))
-        if normalize:
-            projected = projected / projected.norm(dim=-1, keepdim=True)
+        projected = projected / projected.norm(dim=-1, keepdim=True)
         rows = reference.emb_text(ids) + projected
         bos = reference.emb_text.weight[CONFIG.audio_bos_token_id]
     assert got.shape == (5, CONFIG.hidden_size)

@@ -375,7 +375,7 @@ def test_real_streaming_encoder_and_reference_audio(llm, tokenizer, special) -> 
     run_idle(engine)
     units = _units(sinks)
     kv = engine.runner.token_ids("r")
-    assert kv.count(special.unit) == 2 + 2  # two reference rows (4000 -> 3200 samples) + 2 units
+    assert kv.count(special.unit) == 2 + 2  # two reference rows (4000 samples: 25 mel frames) + 2 units
     assert kv.count(special.audio) == 20 and len(units) == 2
 
 
