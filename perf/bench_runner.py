@@ -61,7 +61,7 @@ from perf.switches import active_switches  # noqa: E402
 
 THINKER = Qwen3Config(
     hidden_size=4096, num_hidden_layers=36, num_attention_heads=32, num_key_value_heads=8,
-    head_dim=128, intermediate_size=12288, vocab_size=151936,
+    head_dim=128, intermediate_size=12288, vocab_size=151748,
 )  # fmt: skip
 TALKER = LlamaBackboneConfig(
     hidden_size=768, num_hidden_layers=20, num_attention_heads=12, num_key_value_heads=12,
