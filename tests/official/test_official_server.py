@@ -36,7 +36,7 @@ def test_the_server_serves_an_official_checkpoint(served: Callable[[str], Path],
     with ServerProcess(options) as server:
         with DuplexSession.connect(server.grpc_url, session_id="official-ckpt") as session:
             report = stream_utterance(session, read_wav(DEMO_WAV).samples[:, 0], params,
-                                      StreamConfig(speed=4.0, max_seconds=10),
+                                      StreamConfig(speed=2.0, max_seconds=30),
                                       on_event=events.append)
     assert report.ok and report.closed_cleanly, report.errors
     types = [e.type for e in events]
