@@ -83,9 +83,16 @@ def test_force_listen_flag_forces_listen_and_closes_the_turn(tokenizer, special)
 
 
 def test_silent_unit_with_nothing_to_answer_is_forced_to_listen(tokenizer, special) -> None:
-    policy = _policy(tokenizer, special)
+    policy = _policy(tokenizer, special, listen_when_silent=True)
     policy.begin_unit(force_listen=False, speech=[False])
     assert _sample(policy, _logits({special.speak: 50.0})) == special.listen
+
+
+def test_silent_unit_is_the_model_s_to_decide_by_default(tokenizer, special) -> None:
+    """The official decoder has no silence rule: without the option a silent unit decides."""
+    policy = _policy(tokenizer, special)
+    policy.begin_unit(force_listen=False, speech=[False])
+    assert _sample(policy, _logits({special.speak: 50.0})) == special.speak
 
 
 def test_speech_unit_is_not_forced(tokenizer, special) -> None:
@@ -299,7 +306,7 @@ def test_sampling_is_a_function_of_seed_and_position(tokenizer, special) -> None
 def test_character_cut_at_28(tokenizer, special) -> None:
     text = " the and of to in is it you that he was"
     words = _text_ids(tokenizer, text)
-    policy = _policy(tokenizer, special, temperature=0.0)
+    policy = _policy(tokenizer, special, temperature=0.0, max_chars_per_unit=28)
     policy.begin_unit(False, [True])
     tokens = _run_unit(policy, lambda i: _logits({words[i % len(words)]: 30.0}))
     assert tokens[-1] == special.chunk_eos
