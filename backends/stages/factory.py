@@ -84,7 +84,9 @@ def build_thinker_engine(params: dict[str, str], device_id: str = "0"):
         model = ThinkerModel.from_checkpoint(ckpt, setup.device, setup.dtype)
     max_len = min(setup.max_context_tokens, ckpt.config.llm.max_position_embeddings)
     runner_config = setup.runner_config(max_len)
-    config = ThinkerEngineConfig(max_context_tokens=max_len, prefill_chunk_rows=prefill_chunk_rows(runner_config))
+    random_weights = isinstance(ckpt, FullRandomCheckpoint) or ckpt.is_tiny
+    config = ThinkerEngineConfig(max_context_tokens=max_len, prefill_chunk_rows=prefill_chunk_rows(runner_config),
+                                 listen_when_silent=random_weights)
     engine = ThinkerEngine(model.llm, model.audio_encoder, ckpt.tokenizer, ckpt.special_tokens, runner_config, config,
                            default_voice=thinker_default_voice(ckpt))
     if setup.device.type == "cuda":  # Triton kernels compile now, not inside the first replies

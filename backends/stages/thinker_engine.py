@@ -52,6 +52,9 @@ class ThinkerEngineConfig:
     window: WindowConfig = WindowConfig()  # watermarks and limits of the basic/context modes
     ledger_rows: int = 64  # captured hidden rows kept per session (a unit forwards <= 19)
     prefill_chunk_rows: int = 0  # most prefill rows of a session per step (0: no limit; factory)
+    # the policy option for sessions that do not choose: listen on a silent unit with nothing
+    # to answer (on for random-weight profiles, whose decisions mean nothing; factory)
+    listen_when_silent: bool = False
 
     def __post_init__(self) -> None:
         if min(self.max_context_tokens, self.ledger_rows - 1, self.prefill_chunk_rows) < 0:
@@ -80,8 +83,7 @@ class ThinkerEngine:
         self.tokenizer = tokenizer
         self.special = special_tokens
         self.config = config or ThinkerEngineConfig()
-        runner_config = policy_runner_config(runner_config, tokenizer.vocab_size, special_tokens,
-                                             tokenizer.eos_token_id)
+        runner_config = policy_runner_config(runner_config, tokenizer.vocab_size, special_tokens)
         self.runner = ModelRunner(model, runner_config)
         self.runner_config = runner_config
         self.layout = PromptLayout(tokenizer, special_tokens)
@@ -236,7 +238,8 @@ class ThinkerEngine:
 
     def _start_session(self, first: ThinkerRequest) -> ThinkerSession:
         policy = DuplexPolicy(
-            self.special, self.tokenizer, policy_config(first), self.bad_token_ids,
+            self.special, self.tokenizer, policy_config(first, self.config.listen_when_silent),
+            self.bad_token_ids,
             extra_special_ids=self.extra_special_ids, seed=first.seed, ids=self.policy_ids,
             eos_id=self.tokenizer.eos_token_id,
         )
