@@ -362,6 +362,45 @@ def _prepare(o: Official, duplex: Any, instructions: str, clip: np.ndarray | Non
                    suffix_system_prompt="<|audio_end|><|im_end|>", ref_audio=clip)
 
 
+def _decisions(o: Official, logits: np.ndarray) -> dict[str, Any]:
+    """`StreamDecoder.decode` (greedy) of rows made from real decision logits so that each
+    rule decides: the listen scale (on the tokenizer's EOS id), the turn_eos length penalty,
+    the repetition penalty over a history, the bad_token_ids mask."""
+    utils = sys.modules[f"{PACKAGE}.utils"]
+    tok = o.tokenizer
+    eos, turn_eos = tok.eos_token_id, tok.convert_tokens_to_ids("<|turn_eos|>")
+    top = int(np.argmax(logits))
+    low = int(np.argsort(logits)[len(logits) // 3])
+    bad = int(tok.bad_token_ids[len(tok.bad_token_ids) // 2])
+    near = logits.max() - 0.05
+    cases = []  # (row, listen_prob_scale, history)
+    for scale in (1.0, 1.5):
+        row = logits.copy()
+        row[eos] = near
+        cases.append((row, scale, []))
+    row = logits.copy()
+    row[turn_eos] = logits.max() + 0.05
+    cases.append((row, 1.0, []))
+    row = logits - (logits.max() + 1.0)  # every logit negative, the largest -1
+    row[low] = -1.04  # -0.990 once penalised: ahead of the largest only if divided
+    cases.append((row, 1.0, [low]))
+    row = logits.copy()
+    row[bad] = logits.max() + 1.0
+    cases.append((row, 1.0, [top]))
+    rows, scales, histories, picks = [], [], [], []
+    for row, scale, history in cases:
+        decoder = utils.StreamDecoder(llm=o.model.llm, tokenizer=tok, forbidden_token_ids=[
+            tok.convert_tokens_to_ids("<|tts_pad|>")] + list(tok.bad_token_ids))
+        decoder.generated_tokens = list(history)
+        picked = decoder.decode(torch.from_numpy(row)[None], mode="greedy", listen_prob_scale=scale)
+        rows.append(row)
+        scales.append(scale)
+        histories.append(history)
+        picks.append(int(picked.item()))
+    return {"decision_rows": np.stack(rows), "decision_scales": scales,
+            "decision_histories": histories, "decision_picks": picks}
+
+
 def ref_duplex(o: Official) -> dict[str, Any]:
     """The duplex prompt (prefix ids, reference rows, suffix ids) and the first unit's decision
     logits per DUPLEX_PROMPTS case, then a greedy run of the official streaming loop
@@ -386,6 +425,7 @@ def ref_duplex(o: Official) -> dict[str, Any]:
         with torch.no_grad():
             assert duplex.streaming_prefill(audio_waveform=audio[:16000])["success"]
         out[f"first_logits{i}"] = duplex.pending_logits[0].float().numpy()
+    out.update(_decisions(o, out["first_logits0"]))
     duplex = _official_duplex(o, DUPLEX_FORCE_LISTEN)
     _prepare(o, duplex, DUPLEX_PROMPTS[0][0], clips["clip"])
     units: list[list[int]] = []

@@ -25,7 +25,7 @@ import torch
 
 from backends.contracts.messages import DECISION_LISTEN, ThinkerRequest
 from backends.contracts.sink import ListSink
-from backends.runner.types import RunnerConfig
+from backends.runner.types import RunnerConfig, SampleContext
 from backends.stages.thinker_engine import ThinkerEngine
 from backends.thinker.duplex_policy import DuplexPolicy
 from official_outputs import OfficialOutputs
@@ -134,3 +134,24 @@ def test_greedy_units_equal_the_official_streaming_loop(
     assert [r.token_ids.tolist() for r in got] == units
     assert [r.decision == DECISION_LISTEN for r in got] == values["run_listen"]
     assert any(not listen for listen in values["run_listen"][FORCED_UNITS:])
+
+
+def test_decisions_on_official_rows_equal_the_official_decoder(
+    ours: Ours, ref: tuple[dict[str, np.ndarray], dict[str, Any]]
+) -> None:
+    """Greedy `StreamDecoder.decode` on real decision logits changed so that one rule decides
+    each: the listen scale (on the tokenizer's EOS id), the turn_eos length penalty, the
+    repetition penalty dividing a negative logit, the bad_token_ids mask."""
+    arrays, values = ref
+    picks = values["decision_picks"]
+    assert len(set(picks)) >= 3  # the rows were made to flip the decision
+    for k, (row, scale, history) in enumerate(zip(arrays["decision_rows"], values["decision_scales"],
+                                                  values["decision_histories"])):
+        engine = _engine(ours, None)
+        setup = _request(0, np.zeros(0, np.float32), listen_prob_scale=scale)
+        engine.submit(setup, ListSink())
+        policy = engine._sessions["s.e0"].policy
+        policy.latches.history.extend(history)
+        policy.begin_unit(False, [True])
+        got = policy.before_sample(torch.from_numpy(row.copy()), SampleContext("s.e0", 100, []))
+        assert got == picks[k], (k, scale, history)
