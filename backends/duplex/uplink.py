@@ -18,7 +18,7 @@ from backends.contracts.messages import MAX_REF_AUDIO_SECONDS, MIN_REF_AUDIO_SAM
 from backends.duplex.errors import INVALID_ARGUMENT, DuplexError
 from backends.duplex.unit_buffer import SAMPLE_RATE
 from backends.thinker.context_window import WINDOW_MODES
-from backends.thinker.duplex_policy import MAX_TOKENS_PER_UNIT, REPLY_CONTROL_SLOTS
+from backends.thinker.duplex_policy import MAX_TOKENS_PER_UNIT, REPLY_CONTROL_SLOTS, TOKENS_PER_UNIT_LIMIT
 
 ACTIONS = ("append", "commit", "cancel")
 MAX_TEXT_CHARS = 4000
@@ -35,9 +35,7 @@ MAX_REPLY_UNITS = 64
 MAX_REPLY_TOKENS_PER_UNIT = MAX_TOKENS_PER_UNIT - REPLY_CONTROL_SLOTS
 MAX_FORCE_LISTEN_COUNT = 1000
 DEFAULT_FORCE_LISTEN_COUNT = 3  # the official DuplexConfig's
-# The most tokens a unit may take: its decode rows stay within the Thinker's hidden ledger and
-# the Talker's per-unit condition sizes the stages are built for.
-MAX_SPEAK_TOKENS_PER_CHUNK = 32
+MAX_SPEAK_TOKENS_PER_CHUNK = TOKENS_PER_UNIT_LIMIT  # the Thinker's (backends/thinker/duplex_policy.py)
 MAX_TOP_K = 1000
 MAX_PENALTY_WINDOW = 8192
 VOICES = ("", "default")

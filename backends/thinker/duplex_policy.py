@@ -37,6 +37,8 @@ model would decide: at the first non-speech unit after user speech (or at once w
 
 from __future__ import annotations
 
+import math
+
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
@@ -56,6 +58,9 @@ if TYPE_CHECKING:
 
 DEFAULT_TEMPERATURE = 0.7
 MAX_TOKENS_PER_UNIT = 20  # the official max_new_speak_tokens_per_chunk
+# The most a session may ask: a unit's forwarded rows stay well inside the hidden ledger (64
+# rows) that its handoff reads.
+TOKENS_PER_UNIT_LIMIT = 32
 PENALTY_WINDOW = 512  # the official text_repetition_window_size
 TURN_EOS_LENGTH_PENALTY = 1.1  # the official decoder's length_penalty on <|turn_eos|>
 # A forced reply unit is <|speak|> + text + [<|turn_eos|>] + <|chunk_eos|>: 3 non-text slots.
@@ -85,6 +90,10 @@ class PolicyConfig:
     reply_tokens_per_unit: int = 0  # knob: text tokens per forced speak unit
 
     def __post_init__(self) -> None:
+        factors = (self.temperature, self.top_p, self.repetition_penalty, self.listen_prob_scale,
+                   self.length_penalty)
+        if not all(math.isfinite(value) for value in factors):
+            raise ValueError(f"decoding settings must be finite, got {factors}")
         if not self.temperature >= 0.0:
             raise ValueError(f"temperature must be >= 0, got {self.temperature}")
         if self.top_k < 1 or not 0.0 < self.top_p <= 1.0:
@@ -96,10 +105,10 @@ class PolicyConfig:
         if not (self.listen_prob_scale > 0.0 and self.length_penalty > 0.0):
             raise ValueError(f"listen_prob_scale and length_penalty must be > 0, got "
                              f"{self.listen_prob_scale}, {self.length_penalty}")
-        if self.max_tokens_per_unit < 2 or self.max_chars_per_unit < 0:
+        if not 2 <= self.max_tokens_per_unit <= TOKENS_PER_UNIT_LIMIT or self.max_chars_per_unit < 0:
             raise ValueError(
-                f"max_tokens_per_unit must be >= 2 and max_chars_per_unit >= 0, got "
-                f"{self.max_tokens_per_unit}, {self.max_chars_per_unit}"
+                f"max_tokens_per_unit must be in [2, {TOKENS_PER_UNIT_LIMIT}] and max_chars_per_unit "
+                f">= 0, got {self.max_tokens_per_unit}, {self.max_chars_per_unit}"
             )
         self._check_reply_knobs()
 

@@ -81,3 +81,11 @@ def test_window_mode_defaults_and_choices() -> None:
     with pytest.raises(StageFailure, match="'rolling' is not one of") as caught:
         window_mode(dataclasses.replace(VALID, sliding_window_mode="rolling"), "off")
     assert caught.value.error.code == "invalid_argument"
+
+
+@pytest.mark.parametrize("change", [dict(top_p=float("inf")), dict(listen_prob_scale=float("inf")),
+                                    dict(max_new_speak_tokens_per_chunk=33), dict(top_k=0)])
+def test_unservable_decoding_settings_are_refused(change: dict[str, object]) -> None:
+    with pytest.raises(StageFailure) as info:
+        policy_config(dataclasses.replace(VALID, **change))
+    assert info.value.error.code == "invalid_argument"
