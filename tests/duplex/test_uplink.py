@@ -150,3 +150,18 @@ def test_the_reply_token_limit_is_the_thinkers():
     PolicyConfig(reply_units=1, reply_tokens_per_unit=MAX_REPLY_TOKENS_PER_UNIT)
     with pytest.raises(ValueError):
         PolicyConfig(reply_units=1, reply_tokens_per_unit=MAX_REPLY_TOKENS_PER_UNIT + 1)
+
+
+def test_the_decoding_settings_travel_on_every_thinker_request():
+    """The setup carries them (the Thinker reads seq 0's) and so does every later append."""
+    from backends.duplex.responses import EpochIds
+    from backends.duplex.unit_queue import setup_request
+
+    options = parse_uplink(_raw(True, temperature=0, top_k=7, top_p=0.5, max_new_speak_tokens_per_chunk=12,
+                                listen_prob_scale=1.5, text_repetition_penalty=1.2,
+                                text_repetition_window_size=99, listen_when_silent=False), MAX).options
+    request = setup_request(EpochIds("s", 0), options)
+    assert (request.temperature, request.top_k, request.top_p) == (0.0, 7, 0.5)
+    assert (request.max_new_speak_tokens_per_chunk, request.listen_prob_scale) == (12, 1.5)
+    assert (request.text_repetition_penalty, request.text_repetition_window_size) == (1.2, 99)
+    assert request.listen_when_silent == 0
