@@ -93,7 +93,15 @@ class WholeRow:
     def penalise(self, recent: RecentTokens, penalty: float) -> None:
         if penalty == 1.0 or not len(recent):
             return
-        row = self.logits.numpy()
+        if self.logits.device.type != "cpu":  # the same float32 division, on the device
+            ids = torch.tensor(sorted(set(recent.tokens())), dtype=torch.int64, device=self.logits.device)
+            ids = ids[ids < self.logits.shape[0]]
+            kept = self.logits[ids]
+            raises = bool((kept < 0).any()) if penalty > 1.0 else bool((kept > 0).any())
+            self.raised = self.raised or raises
+            self.logits[ids] = kept / penalty
+            return
+        row = self.logits.numpy()  # a host row: numpy, a few dispatches
         ids = np.fromiter(set(recent.tokens()), dtype=np.int64)
         ids = ids[ids < row.shape[0]]
         kept = row[ids]
@@ -102,10 +110,10 @@ class WholeRow:
         row[ids] = new
 
     def change(self, token: int, kind: str, factor: float) -> None:
-        row = self.logits.numpy()
-        old = row[token]
-        row[token] = changed_value(old, kind, factor)
-        self.raised = self.raised or bool(row[token] > old)
+        old = np.float32(self.logits[token].item())
+        new = changed_value(old, kind, factor)
+        self.logits[token] = float(new)
+        self.raised = self.raised or bool(new > old)
 
     def draw(self, temperature: float, top_k: int, top_p: float, step_seed: int) -> int:
         hint = None if self.raised else self.candidates
