@@ -51,7 +51,15 @@ def build_parser() -> argparse.ArgumentParser:
              f"(e.g. {AFFINITY_HEADER})")
     add("--instructions", default=None, help="system prompt")
     add("--initial-user-text", default=None, help="open the session with this user text")
-    add("--temperature", type=float, default=None)
+    add("--temperature", type=float, default=None, help="text sampling temperature (0: greedy)")
+    add("--top-k", type=int, default=None)
+    add("--top-p", type=float, default=None)
+    add("--max-new-speak-tokens-per-chunk", type=int, default=None, help="most tokens of one unit")
+    add("--listen-prob-scale", type=float, default=None)
+    add("--text-repetition-penalty", type=float, default=None)
+    add("--text-repetition-window-size", type=int, default=None)
+    add("--listen-when-silent", action=argparse.BooleanOptionalAction, default=None,
+        help="listen on silent units with nothing to answer (default: the server's)")
     add("--seed", type=int, default=None)
     add("--reply-units", type=int, default=None, help="force replies of N 1-second units")
     add("--reply-tokens-per-unit", type=int, default=None, help="force N text tokens per unit")
@@ -108,6 +116,13 @@ def _params(args: argparse.Namespace) -> SessionParams:
         reply_tokens_per_unit=args.reply_tokens_per_unit,
         voice=args.voice,
         force_listen_count=args.force_listen_count,
+        top_k=args.top_k,
+        top_p=args.top_p,
+        max_new_speak_tokens_per_chunk=args.max_new_speak_tokens_per_chunk,
+        listen_prob_scale=args.listen_prob_scale,
+        text_repetition_penalty=args.text_repetition_penalty,
+        text_repetition_window_size=args.text_repetition_window_size,
+        listen_when_silent=args.listen_when_silent,
     )
 
 

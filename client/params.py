@@ -9,15 +9,27 @@ from dataclasses import dataclass
 class SessionParams:
     instructions: str | None = None  # system prompt
     initial_user_text: str | None = None  # opens the session with a text user turn
-    temperature: float | None = None  # None: the server's default
+    temperature: float | None = None  # None: the server's default (0.7); 0: greedy
     seed: int | None = None
     # Policy knobs: force the reply shape, so random-weight models still answer.
     reply_units: int | None = None  # length of each reply in 1 s units
     reply_tokens_per_unit: int | None = None
     voice: str | None = None  # a server-side voice name
     force_listen_count: int | None = None  # first N units of each turn are forced to listen
+    # The official duplex decoding settings (None: the server's default, the official one).
+    top_k: int | None = None
+    top_p: float | None = None
+    max_new_speak_tokens_per_chunk: int | None = None
+    listen_prob_scale: float | None = None
+    text_repetition_penalty: float | None = None
+    text_repetition_window_size: int | None = None
+    listen_when_silent: bool | None = None  # option: listen on silent units with nothing to answer
 
     def __post_init__(self) -> None:
+        self._check_policy()
+        self._check_decoding()
+
+    def _check_policy(self) -> None:
         if self.temperature is not None and not self.temperature >= 0.0:
             raise ValueError(f"temperature must be >= 0, got {self.temperature}")
         if self.seed is not None and self.seed < 0:
@@ -31,12 +43,24 @@ class SessionParams:
         if self.force_listen_count is not None and self.force_listen_count < 0:
             raise ValueError(f"force_listen_count must be >= 0, got {self.force_listen_count}")
 
-    def to_parameters(self) -> dict[str, str | int | float]:
+    def _check_decoding(self) -> None:
+        at_least = {"top_k": 1, "max_new_speak_tokens_per_chunk": 2, "text_repetition_window_size": 1}
+        for name, low in at_least.items():
+            value = getattr(self, name)
+            if value is not None and value < low:
+                raise ValueError(f"{name} must be >= {low}, got {value}")
+        for name in ("top_p", "listen_prob_scale", "text_repetition_penalty"):
+            value = getattr(self, name)
+            if value is not None and not value > 0.0:
+                raise ValueError(f"{name} must be > 0, got {value}")
+
+    def to_parameters(self) -> dict[str, str | int | float | bool]:
         """The Triton request parameters of the START request (unset fields are left out).
 
-        tritonclient sends str/int/float as string/int64/double parameters.
+        tritonclient sends str/int/float/bool as string/int64/double/bool parameters.
         """
-        values: dict[str, str | int | float | None] = {
+        floats = ("top_p", "listen_prob_scale", "text_repetition_penalty")
+        values: dict[str, str | int | float | bool | None] = {
             "instructions": self.instructions,
             "initial_user_text": self.initial_user_text,
             "temperature": None if self.temperature is None else float(self.temperature),
@@ -45,5 +69,10 @@ class SessionParams:
             "reply_tokens_per_unit": self.reply_tokens_per_unit,
             "voice": self.voice,
             "force_listen_count": self.force_listen_count,
+            "top_k": self.top_k,
+            "max_new_speak_tokens_per_chunk": self.max_new_speak_tokens_per_chunk,
+            "text_repetition_window_size": self.text_repetition_window_size,
+            "listen_when_silent": self.listen_when_silent,
+            **{name: None if getattr(self, name) is None else float(getattr(self, name)) for name in floats},
         }
         return {key: value for key, value in values.items() if value is not None}

@@ -95,7 +95,9 @@ VALUES = st.one_of(INTS, FLOATS, st.booleans(), TEXTS)
 
 ANY_KEYS = ("action", "sample_rate")
 START_KEYS = ("instructions", "initial_user_text", "temperature", "seed", "voice", "reply_units",
-              "reply_tokens_per_unit", "force_listen_count", "sliding_window_mode")
+              "reply_tokens_per_unit", "force_listen_count", "sliding_window_mode", "top_k", "top_p",
+              "max_new_speak_tokens_per_chunk", "listen_prob_scale", "text_repetition_penalty",
+              "text_repetition_window_size", "listen_when_silent")
 ODD_KEYS = ("no_such_knob", "Action", "action ", "", "triton_anything", "ü🎙", "x" * 300)
 ACTION_VALUES = st.one_of(st.sampled_from(["append", "commit", "cancel", "", "dance", "APPEND", "run", "stop",
                                            "health", "append\x00", HUGE_TEXT[:500]]), VALUES)
@@ -113,6 +115,13 @@ def _value_for(key: str) -> st.SearchStrategy[object]:
         "reply_tokens_per_unit": st.sampled_from([0, 1, 17, 18, -1, 2.5, "2", True]),
         "force_listen_count": st.sampled_from([0, 1, 1000, 1001, -1, 3.0, "3", True]),
         "sliding_window_mode": st.sampled_from(["off", "basic", "context", "", "OFF", "sliding", 1, True]),
+        "top_k": st.sampled_from([0, 1, 20, 1000, 1001, 5.0, True]),
+        "top_p": st.sampled_from([0, 0.0, 1e-9, 0.8, 1, 1.0000001, float("nan"), True]),
+        "max_new_speak_tokens_per_chunk": st.sampled_from([1, 2, 5, 20, 32, 33, 20.0, True]),
+        "listen_prob_scale": st.sampled_from([0, 1e-9, 1.0, 10, 10.5, float("inf"), True]),
+        "text_repetition_penalty": st.sampled_from([0, 1.05, 2, 2.5, float("nan"), True]),
+        "text_repetition_window_size": st.sampled_from([0, 1, 512, 8192, 8193, 1.0, True]),
+        "listen_when_silent": st.sampled_from([True, False, 0, 1, "true"]),
         "voice": st.sampled_from(["", "default", "Default", "alice", 0, True]),
         "instructions": TEXTS,
         "initial_user_text": TEXTS,

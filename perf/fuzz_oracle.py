@@ -68,8 +68,13 @@ def _text(value: object) -> bool:
     return isinstance(value, str) and len(value) <= MAX_TEXT_CHARS
 
 
-def _temperature(value: object) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and 0.0 < value <= 2.0
+def _number(low: float, high: float, low_open: bool = True) -> Callable[[object], bool]:
+    """A number (a bool is not one) in (low, high], or [low, high] with low_open False."""
+    def check(value: object) -> bool:
+        if not isinstance(value, (int, float)) or isinstance(value, bool):
+            return False
+        return (low < value if low_open else low <= value) and value <= high
+    return check
 
 
 RULES: dict[str, Callable[[object], bool]] = {
@@ -79,7 +84,14 @@ RULES: dict[str, Callable[[object], bool]] = {
 START_RULES: dict[str, Callable[[object], bool]] = {
     "instructions": _text,
     "initial_user_text": _text,
-    "temperature": _temperature,
+    "temperature": _number(0.0, 2.0, low_open=False),
+    "top_k": _in_range(1, 1000),
+    "top_p": _number(0.0, 1.0),
+    "max_new_speak_tokens_per_chunk": _in_range(2, 32),
+    "listen_prob_scale": _number(0.0, 10.0),
+    "text_repetition_penalty": _number(0.0, 2.0),
+    "text_repetition_window_size": _in_range(1, 8192),
+    "listen_when_silent": lambda value: isinstance(value, bool),
     "seed": _in_range(0, MAX_SEED),
     "voice": lambda value: value in ("", "default") and isinstance(value, str),
     "reply_units": _in_range(0, 64),
@@ -97,6 +109,8 @@ def _params_valid(params: dict[str, object], is_start: bool) -> bool:
         return True
     units, tokens = params.get("reply_units", 0), params.get("reply_tokens_per_unit", 0)
     if (units > 0) != (tokens > 0):
+        return False
+    if tokens > params.get("max_new_speak_tokens_per_chunk", 20) - 3:
         return False
     texts = (params.get("instructions", ""), params.get("initial_user_text", ""))
     return sum(len(text.encode("utf-8", "surrogatepass")) for text in texts) <= MAX_SETUP_TEXT_BYTES

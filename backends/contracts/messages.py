@@ -49,11 +49,19 @@ class ThinkerRequest:
     instructions: str = ""
     initial_user_text: str = ""
     ref_audio: np.ndarray = array_field(np.float32, -1, optional=True)  # [n] float32 16 kHz, empty = default voice
-    temperature: float = -1.0  # < 0: the policy default (0.7)
+    temperature: float = -1.0  # < 0: the policy default (0.7); 0 = greedy
     seed: int = 0
     reply_units: int = 0  # policy knob for random weights: force replies of N speak units (0 = off)
     reply_tokens_per_unit: int = 0  # policy knob: text tokens per forced speak unit (0 = off)
     sliding_window_mode: str = ""  # off | basic | context; "" = the engine default (off)
+    # The official duplex decoding settings; a negative value means the official default.
+    top_k: int = -1  # 20
+    top_p: float = -1.0  # 0.8
+    max_new_speak_tokens_per_chunk: int = -1  # 20: a unit's tokens, its terminator included
+    listen_prob_scale: float = -1.0  # 1.0
+    text_repetition_penalty: float = -1.0  # 1.05
+    text_repetition_window_size: int = -1  # 512
+    listen_when_silent: int = -1  # option: 1 on, 0 off, < 0 the engine's default
 
 
 @dataclass(frozen=True, slots=True)

@@ -121,5 +121,9 @@ def thinker_request(ids: EpochIds, batch: list[UnitWork], opts: SessionOptions) 
         ref_audio=opts.ref_audio if setup and opts.ref_audio is not None else np.zeros((0,), np.float32),
         temperature=opts.temperature, seed=opts.seed + ids.epoch,
         reply_units=opts.reply_units, reply_tokens_per_unit=opts.reply_tokens_per_unit,
-        sliding_window_mode=opts.sliding_window_mode,
+        sliding_window_mode=opts.sliding_window_mode, top_k=opts.top_k, top_p=opts.top_p,
+        max_new_speak_tokens_per_chunk=opts.max_new_speak_tokens_per_chunk,
+        listen_prob_scale=opts.listen_prob_scale, text_repetition_penalty=opts.text_repetition_penalty,
+        text_repetition_window_size=opts.text_repetition_window_size,
+        listen_when_silent=opts.listen_when_silent,
     )

@@ -18,7 +18,7 @@ from backends.contracts.messages import MAX_REF_AUDIO_SECONDS, MIN_REF_AUDIO_SAM
 from backends.duplex.errors import INVALID_ARGUMENT, DuplexError
 from backends.duplex.unit_buffer import SAMPLE_RATE
 from backends.thinker.context_window import WINDOW_MODES
-from backends.thinker.duplex_policy import MAX_TOKENS_PER_UNIT, REPLY_CONTROL_SLOTS
+from backends.thinker.duplex_policy import MAX_TOKENS_PER_UNIT, REPLY_CONTROL_SLOTS, TOKENS_PER_UNIT_LIMIT
 
 ACTIONS = ("append", "commit", "cancel")
 MAX_TEXT_CHARS = 4000
@@ -34,6 +34,10 @@ MAX_REPLY_UNITS = 64
 # The Thinker's limit (backends/thinker/duplex_policy.py): a forced unit's text tokens plus its control tokens.
 MAX_REPLY_TOKENS_PER_UNIT = MAX_TOKENS_PER_UNIT - REPLY_CONTROL_SLOTS
 MAX_FORCE_LISTEN_COUNT = 1000
+DEFAULT_FORCE_LISTEN_COUNT = 3  # the official DuplexConfig's
+MAX_SPEAK_TOKENS_PER_CHUNK = TOKENS_PER_UNIT_LIMIT  # the Thinker's (backends/thinker/duplex_policy.py)
+MAX_TOP_K = 1000
+MAX_PENALTY_WINDOW = 8192
 VOICES = ("", "default")
 
 
@@ -59,7 +63,15 @@ class SessionOptions:
     seed: int = 0
     reply_units: int = 0
     reply_tokens_per_unit: int = 0
-    force_listen_count: int = 0
+    force_listen_count: int = DEFAULT_FORCE_LISTEN_COUNT
+    # the official decoding settings; < 0: the official default (backends/thinker/duplex_policy.py)
+    top_k: int = -1
+    top_p: float = -1.0
+    max_new_speak_tokens_per_chunk: int = -1
+    listen_prob_scale: float = -1.0
+    text_repetition_penalty: float = -1.0
+    text_repetition_window_size: int = -1
+    listen_when_silent: int = -1  # option: 1 on, 0 off, < 0 the Thinker's default
     sliding_window_mode: str = ""  # off | basic | context; "" = the Thinker's default (off)
     ref_audio: np.ndarray | None = None  # [n] float32 16 kHz
 
@@ -78,7 +90,14 @@ class Uplink:
 _START_PARAMS: dict[str, tuple[tuple[type, ...], Any]] = {
     "instructions": ((str,), lambda v: _text_limit(v)),
     "initial_user_text": ((str,), lambda v: _text_limit(v)),
-    "temperature": ((int, float), lambda v: None if 0.0 < v <= 2.0 else f"must be in (0, 2], got {v!r}"),
+    "temperature": ((int, float), lambda v: None if 0.0 <= v <= 2.0 else f"must be in [0, 2] (0: greedy), got {v!r}"),
+    "top_k": ((int,), lambda v: _int_range(v, 1, MAX_TOP_K)),
+    "top_p": ((int, float), lambda v: None if 0.0 < v <= 1.0 else f"must be in (0, 1], got {v!r}"),
+    "max_new_speak_tokens_per_chunk": ((int,), lambda v: _int_range(v, 2, MAX_SPEAK_TOKENS_PER_CHUNK)),
+    "listen_prob_scale": ((int, float), lambda v: None if 0.0 < v <= 10.0 else f"must be in (0, 10], got {v!r}"),
+    "text_repetition_penalty": ((int, float), lambda v: None if 0.0 < v <= 2.0 else f"must be in (0, 2], got {v!r}"),
+    "text_repetition_window_size": ((int,), lambda v: _int_range(v, 1, MAX_PENALTY_WINDOW)),
+    "listen_when_silent": ((bool,), lambda v: None),
     "seed": ((int,), lambda v: _int_range(v, 0, MAX_SEED)),
     "reply_units": ((int,), lambda v: _int_range(v, 0, MAX_REPLY_UNITS)),
     "reply_tokens_per_unit": ((int,), lambda v: _int_range(v, 0, MAX_REPLY_TOKENS_PER_UNIT)),
@@ -87,6 +106,7 @@ _START_PARAMS: dict[str, tuple[tuple[type, ...], Any]] = {
     "voice": ((str,), lambda v: None if v in VOICES else "only 'default' or REF_AUDIO is supported"),
 }
 _ANY_PARAMS = ("action", "sample_rate")
+_FLOAT_PARAMS = ("temperature", "top_p", "listen_prob_scale", "text_repetition_penalty")
 
 
 def _text_limit(value: str) -> str | None:
@@ -155,6 +175,10 @@ def _check_together(values: dict[str, Any]) -> None:
     if (values.get("reply_units", 0) > 0) != (values.get("reply_tokens_per_unit", 0) > 0):
         raise DuplexError(INVALID_ARGUMENT, "parameters reply_units and reply_tokens_per_unit must be set together "
                                             "(both 0, or both at least 1)")
+    budget = values.get("max_new_speak_tokens_per_chunk", MAX_TOKENS_PER_UNIT) - REPLY_CONTROL_SLOTS
+    if values.get("reply_tokens_per_unit", 0) > budget:
+        raise DuplexError(INVALID_ARGUMENT, f"parameter reply_tokens_per_unit must be at most {budget} "
+                                            "(max_new_speak_tokens_per_chunk - 3)")
     texts = (values.get("instructions", ""), values.get("initial_user_text", ""))
     size = sum(len(text.encode("utf-8", "surrogatepass")) for text in texts)
     if size > MAX_SETUP_TEXT_BYTES:
@@ -168,14 +192,18 @@ def _session_options(params: dict[str, Any], ref_audio: np.ndarray | None) -> Se
         if name not in params:
             continue
         value = params[name]
-        if isinstance(value, bool) or not isinstance(value, types):
+        if (isinstance(value, bool) and bool not in types) or not isinstance(value, types):
             raise DuplexError(INVALID_ARGUMENT, f"parameter {name} has the wrong type {type(value).__name__}")
         problem = check(value)
         if problem:
             raise DuplexError(INVALID_ARGUMENT, f"parameter {name} {problem}")
-        values[name] = float(value) if name == "temperature" else value
+        values[name] = float(value) if name in _FLOAT_PARAMS else value
     _check_together(values)
     values.pop("voice", None)
+    if "listen_when_silent" in values:
+        values["listen_when_silent"] = int(values["listen_when_silent"])
+    if "force_listen_count" not in values and values.get("reply_units", 0) > 0:
+        values["force_listen_count"] = 0  # a shaped reply starts where the knob says
     ref = _pcm16("REF_AUDIO", ref_audio, MAX_REF_AUDIO_SECONDS * SAMPLE_RATE) if ref_audio is not None else None
     if ref is not None and 0 < ref.size < MIN_REF_AUDIO_SAMPLES:
         raise DuplexError(INVALID_ARGUMENT, f"REF_AUDIO holds {ref.size} samples, under the minimum of "

@@ -10,6 +10,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from backends.checkpoint.full_random import FullRandomCheckpoint, full_random_checkpoint
@@ -83,14 +84,32 @@ def build_thinker_engine(params: dict[str, str], device_id: str = "0"):
         model = ThinkerModel.from_checkpoint(ckpt, setup.device, setup.dtype)
     max_len = min(setup.max_context_tokens, ckpt.config.llm.max_position_embeddings)
     runner_config = setup.runner_config(max_len)
-    config = ThinkerEngineConfig(max_context_tokens=max_len, prefill_chunk_rows=prefill_chunk_rows(runner_config))
-    engine = ThinkerEngine(model.llm, model.audio_encoder, ckpt.tokenizer, ckpt.special_tokens, runner_config, config)
+    random_weights = isinstance(ckpt, FullRandomCheckpoint) or ckpt.is_tiny
+    config = ThinkerEngineConfig(max_context_tokens=max_len, prefill_chunk_rows=prefill_chunk_rows(runner_config),
+                                 listen_when_silent=random_weights)
+    engine = ThinkerEngine(model.llm, model.audio_encoder, ckpt.tokenizer, ckpt.special_tokens, runner_config, config,
+                           default_voice=thinker_default_voice(ckpt))
     if setup.device.type == "cuda":  # Triton kernels compile now, not inside the first replies
         from backends.stages.warmup import thinker_request, warm_up
 
         engine.runner.warm_attention()  # variants no warm-up request may reach (prompt shapes)
         warm_up(engine, "thinker", thinker_request, setup.max_sessions)
     return engine
+
+
+def thinker_default_voice(ckpt: Checkpoint | FullRandomCheckpoint) -> np.ndarray:
+    """The default voice the Thinker hears when a session gives no REF_AUDIO (the official demo
+    feeds its default clip to the Thinker too): the checkpoint's HT_ref_audio.wav at 16 kHz; the
+    full-random profile has no files, so the tiny generator's synthetic voice stands in."""
+    from backends.checkpoint.reference_voice import REFERENCE_VOICE_SAMPLE_RATE, synthesize_reference_voice
+    from backends.models.token2wav.resample import resample
+
+    if isinstance(ckpt, FullRandomCheckpoint):
+        return synthesize_reference_voice(ckpt.seed)
+    audio, rate = ckpt.reference_voice()
+    if rate != REFERENCE_VOICE_SAMPLE_RATE:
+        audio = resample(torch.from_numpy(audio).float(), rate, REFERENCE_VOICE_SAMPLE_RATE).numpy()
+    return np.ascontiguousarray(audio, dtype=np.float32)
 
 
 def prefill_chunk_rows(config: RunnerConfig) -> int:

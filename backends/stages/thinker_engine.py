@@ -22,6 +22,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from functools import partial
 
+import numpy as np
+
 from backends.audio.encoder_model import AudioEncoderModel
 from backends.checkpoint.tokenizer import SpecialTokens, TextTokenizer
 from backends.contracts.errors import StageError, StageFailure
@@ -50,6 +52,9 @@ class ThinkerEngineConfig:
     window: WindowConfig = WindowConfig()  # watermarks and limits of the basic/context modes
     ledger_rows: int = 64  # captured hidden rows kept per session (a unit forwards <= 19)
     prefill_chunk_rows: int = 0  # most prefill rows of a session per step (0: no limit; factory)
+    # the policy option for sessions that do not choose: listen on a silent unit with nothing
+    # to answer (on for random-weight profiles, whose decisions mean nothing; factory)
+    listen_when_silent: bool = False
 
     def __post_init__(self) -> None:
         if min(self.max_context_tokens, self.ledger_rows - 1, self.prefill_chunk_rows) < 0:
@@ -71,8 +76,10 @@ class ThinkerEngine:
         runner_config: RunnerConfig,
         config: ThinkerEngineConfig | None = None,
         encoder_factory: Callable[[], UnitEncoder] | None = None,
+        default_voice: np.ndarray | None = None,  # [n] float32 16 kHz: the Thinker's reference
     ) -> None:
         self.model = model
+        self.default_voice = default_voice
         self.tokenizer = tokenizer
         self.special = special_tokens
         self.config = config or ThinkerEngineConfig()
@@ -82,8 +89,10 @@ class ThinkerEngine:
         self.layout = PromptLayout(tokenizer, special_tokens)
         self.encoder_factory = encoder_factory or streaming_encoder_factory(audio_encoder_model)
         self.max_len = _max_len(model, runner_config, self.config)
-        # Embedding rows past the tokenizer's vocabulary are padding: never sampled.
-        self.bad_token_ids = range(tokenizer.vocab_size, model.config.vocab_size)
+        # Never sampled: the tokenizer's bad_token_ids (as the official duplex decoder) and the
+        # embedding rows past the tokenizer's vocabulary (padding).
+        padding = range(tokenizer.vocab_size, model.config.vocab_size)
+        self.bad_token_ids = (*getattr(tokenizer, "bad_token_ids", ()), *padding)
         # NOTE: TextTokenizer does not list its other added tokens yet; EOS is the one known.
         eos = tokenizer.eos_token_id
         self.extra_special_ids = () if eos is None else (eos,)
@@ -229,8 +238,10 @@ class ThinkerEngine:
 
     def _start_session(self, first: ThinkerRequest) -> ThinkerSession:
         policy = DuplexPolicy(
-            self.special, self.tokenizer, policy_config(first), self.bad_token_ids,
+            self.special, self.tokenizer, policy_config(first, self.config.listen_when_silent),
+            self.bad_token_ids,
             extra_special_ids=self.extra_special_ids, seed=first.seed, ids=self.policy_ids,
+            eos_id=self.tokenizer.eos_token_id,
         )
         ledger = HiddenLedger(self.model.hidden_size, self.config.ledger_rows)
         window = ContextWindow(window_mode(first, self.config.window_mode), self.config.window,
@@ -245,7 +256,7 @@ class ThinkerEngine:
         except AdmissionError as err:
             raise StageFailure("resource_exhausted", str(err)) from err
         try:
-            session.setup(first)
+            session.setup(first, self.default_voice)
         except Exception as err:  # noqa: BLE001 - answered as this request's error
             logger.exception("thinker session setup of %r failed", first.request_id)
             self.runner.free_request(first.request_id)

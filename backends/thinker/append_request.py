@@ -10,7 +10,7 @@ import numpy as np
 from backends.contracts.errors import StageFailure
 from backends.contracts.messages import ACTION_RUN, ThinkerRequest
 from backends.thinker.context_window import WINDOW_MODES
-from backends.thinker.duplex_policy import DEFAULT_TEMPERATURE, PolicyConfig
+from backends.thinker.duplex_policy import PolicyConfig
 from backends.thinker.prompt_layout import UNIT_SAMPLES
 
 
@@ -30,12 +30,28 @@ def check_append(request: ThinkerRequest) -> None:
         )
 
 
-def policy_config(first: ThinkerRequest) -> PolicyConfig:
-    """The session's policy: a negative temperature means the default (0.7)."""
-    temperature = first.temperature if first.temperature >= 0 else DEFAULT_TEMPERATURE
+# ThinkerRequest field -> PolicyConfig field, for the settings where < 0 means the default
+_DECODING_FIELDS = {
+    "temperature": "temperature",
+    "top_k": "top_k",
+    "top_p": "top_p",
+    "max_new_speak_tokens_per_chunk": "max_tokens_per_unit",
+    "listen_prob_scale": "listen_prob_scale",
+    "text_repetition_penalty": "repetition_penalty",
+    "text_repetition_window_size": "penalty_window",
+}
+
+
+def policy_config(first: ThinkerRequest, listen_when_silent: bool = False) -> PolicyConfig:
+    """The session's policy: a negative decoding setting means the official default;
+    `listen_when_silent` is the engine's default for the option the request leaves unset."""
+    settings = {ours: getattr(first, field) for field, ours in _DECODING_FIELDS.items()
+                if getattr(first, field) >= 0}
+    silent = listen_when_silent if first.listen_when_silent < 0 else bool(first.listen_when_silent)
     try:
         return PolicyConfig(
-            temperature=temperature,
+            **settings,
+            listen_when_silent=silent,
             reply_units=first.reply_units,
             reply_tokens_per_unit=first.reply_tokens_per_unit,
         )

@@ -1,21 +1,25 @@
 """The native duplex listen/speak sampling policy of the Thinker
-(docs/model_facts.md#listen-or-speak-the-duplex-policy).
+(docs/model_facts.md#listen-or-speak-the-duplex-policy): the official duplex decoder's rules
+(`MiniCPMODuplex.streaming_generate` and its `StreamDecoder.decode`).
 
 One `DuplexPolicy` per session, installed as the runner's `SamplingHook` for the session's
 request. The runner must be configured without its own repetition penalty: the boundary draw
 (rule 4) reads the raw, untempered logits, and the policy applies the penalty itself after it.
 Per sampled token, in order:
 
-1. force-listen pre-pass (once per append): `force_listen`, or a non-speech unit while no turn
-   is open and no user speech awaits an answer -> `<|listen|>`;
+1. force-listen pre-pass (once per append): `force_listen` (the session's first
+   `force_listen_count` units) -> `<|listen|>`; with the `listen_when_silent` option also a
+   non-speech unit while no turn is open and no user speech awaits an answer;
 2. async lookahead guard: the unit already ended on a chunk terminator -> re-emit it, no state
    change;
-3. hard cut: 19 tokens already in this unit -> `<|chunk_eos|>`;
-4. boundary draw from the raw softmax -> `<|chunk_eos|>` if drawn;
-5. mask tts_pad / bad ids / chunk_eos, repetition penalty over the distinct tokens of the last
-   512 generated, temperature, top-k, top-p, draw (noise keyed on the request seed and the
-   stream position: backends/runner/host_draws.py);
-6. 28-character cut of the unit's text -> `<|chunk_eos|>`;
+3. hard cut: max_new_speak_tokens_per_chunk - 1 tokens already in this unit -> `<|chunk_eos|>`;
+4. boundary draw from the raw softmax (greedy: its argmax) -> `<|chunk_eos|>` if drawn;
+5. mask tts_pad / the tokenizer's bad_token_ids / chunk_eos, repetition penalty (each distinct
+   id of the last `text_repetition_window_size` decoded tokens divided by the penalty), the
+   turn_eos length penalty (1.1), the listen scale on the tokenizer's EOS id, temperature,
+   top-k, top-p, draw (noise keyed on the request seed and the stream position:
+   backends/runner/host_draws.py); the decoded token joins the penalty window;
+6. with the `max_chars_per_unit` option: a cut of the unit's text -> `<|chunk_eos|>`;
 7. `<|listen|>` while a turn is open (and not forced) -> `<|tts_bos|>`;
 8. latches updated from the final token (`after_sample`).
 
@@ -32,6 +36,8 @@ model would decide: at the first non-speech unit after user speech (or at once w
 """
 
 from __future__ import annotations
+
+import math
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -51,9 +57,12 @@ if TYPE_CHECKING:
     from backends.checkpoint.tokenizer import SpecialTokens
 
 DEFAULT_TEMPERATURE = 0.7
-MAX_TOKENS_PER_UNIT = 20  # DEFAULT_MAX_NEW_SPEAK_TOKENS_PER_CHUNK upstream
-MAX_CHARS_PER_UNIT = 28  # DEFAULT_MAX_SPEAK_CHARS_PER_CHUNK upstream
-PENALTY_WINDOW = 512
+MAX_TOKENS_PER_UNIT = 20  # the official max_new_speak_tokens_per_chunk
+# The most a session may ask: a unit's forwarded rows stay well inside the hidden ledger (64
+# rows) that its handoff reads.
+TOKENS_PER_UNIT_LIMIT = 32
+PENALTY_WINDOW = 512  # the official text_repetition_window_size
+TURN_EOS_LENGTH_PENALTY = 1.1  # the official decoder's length_penalty on <|turn_eos|>
 # A forced reply unit is <|speak|> + text + [<|turn_eos|>] + <|chunk_eos|>: 3 non-text slots.
 REPLY_CONTROL_SLOTS = 3
 
@@ -64,17 +73,27 @@ class TextDecoder(Protocol):
 
 @dataclass(frozen=True, slots=True)
 class PolicyConfig:
-    temperature: float = DEFAULT_TEMPERATURE  # 0 -> greedy
+    """The official duplex decoding settings (defaults as the official DuplexConfig and
+    `streaming_generate`), then options the official code lacks, off by default."""
+
+    temperature: float = DEFAULT_TEMPERATURE  # 0 -> greedy (the official decode_mode "greedy")
     top_k: int = 20
     top_p: float = 0.8
-    repetition_penalty: float = 1.05
-    penalty_window: int = PENALTY_WINDOW
-    max_tokens_per_unit: int = MAX_TOKENS_PER_UNIT
-    max_chars_per_unit: int = MAX_CHARS_PER_UNIT
+    repetition_penalty: float = 1.05  # text_repetition_penalty
+    penalty_window: int = PENALTY_WINDOW  # text_repetition_window_size
+    max_tokens_per_unit: int = MAX_TOKENS_PER_UNIT  # max_new_speak_tokens_per_chunk
+    listen_prob_scale: float = 1.0
+    length_penalty: float = TURN_EOS_LENGTH_PENALTY
+    max_chars_per_unit: int = 0  # option: cut a unit's text at this many characters (0 = off)
+    listen_when_silent: bool = False  # option: listen on a non-speech unit with nothing to answer
     reply_units: int = 0  # knob: force replies of this many speak units (0 = off)
     reply_tokens_per_unit: int = 0  # knob: text tokens per forced speak unit
 
     def __post_init__(self) -> None:
+        factors = (self.temperature, self.top_p, self.repetition_penalty, self.listen_prob_scale,
+                   self.length_penalty)
+        if not all(math.isfinite(value) for value in factors):
+            raise ValueError(f"decoding settings must be finite, got {factors}")
         if not self.temperature >= 0.0:
             raise ValueError(f"temperature must be >= 0, got {self.temperature}")
         if self.top_k < 1 or not 0.0 < self.top_p <= 1.0:
@@ -83,10 +102,13 @@ class PolicyConfig:
             raise ValueError(
                 f"bad repetition penalty {self.repetition_penalty} / window {self.penalty_window}"
             )
-        if self.max_tokens_per_unit < 2 or self.max_chars_per_unit < 1:
+        if not (self.listen_prob_scale > 0.0 and self.length_penalty > 0.0):
+            raise ValueError(f"listen_prob_scale and length_penalty must be > 0, got "
+                             f"{self.listen_prob_scale}, {self.length_penalty}")
+        if not 2 <= self.max_tokens_per_unit <= TOKENS_PER_UNIT_LIMIT or self.max_chars_per_unit < 0:
             raise ValueError(
-                f"max_tokens_per_unit must be >= 2 and max_chars_per_unit >= 1, got "
-                f"{self.max_tokens_per_unit}, {self.max_chars_per_unit}"
+                f"max_tokens_per_unit must be in [2, {TOKENS_PER_UNIT_LIMIT}] and max_chars_per_unit "
+                f">= 0, got {self.max_tokens_per_unit}, {self.max_chars_per_unit}"
             )
         self._check_reply_knobs()
 
@@ -124,6 +146,7 @@ class _UnitState:
     force_listen: bool = False
     tokens: list[int] = field(default_factory=list)  # accepted tokens of this unit, in order
     guard_hit: bool = False  # the pending sample is a lookahead re-emit: change no state
+    decoded: int | None = None  # the pending sample's rule-5 draw (joins the penalty window)
 
 
 class DuplexPolicy:
@@ -138,6 +161,7 @@ class DuplexPolicy:
         extra_special_ids: Iterable[int] = (),
         seed: int = 0,
         ids: PolicyIds | None = None,  # the engine's, shared by its sessions; else built here
+        eos_id: int | None = None,  # the tokenizer's EOS id (the listen scale's target)
     ) -> None:
         self.special = special
         self.seed = seed  # the request's; reseeds the draws once positions are shifted
@@ -148,6 +172,9 @@ class DuplexPolicy:
         self.config = config
         self.latches = TurnLatches(history=RecentTokens(config.penalty_window))
         self.terminators = frozenset((special.listen, special.chunk_eos, special.chunk_tts_eos))
+        # The official decoder scales the logit of the tokenizer's EOS id (its `listen_id`),
+        # <|im_end|> in the released tokenizer, not <|listen|>'s.
+        self.listen_scale_id = eos_id if eos_id is not None else special.listen
         self.ids = ids or PolicyIds(special, bad_token_ids, extra_special_ids)
         self.special_ids = self.ids.special_ids
         self.reply_units_done = 0  # speak units finished in the current forced reply
@@ -173,7 +200,9 @@ class DuplexPolicy:
         if not is_speech and self._knob_opens_turn(force_listen):
             latches.turn_open = True
             self.reply_units_done = 0
-        silent_idle = not (is_speech or latches.turn_open or latches.pending_speech_context)
+        silent_idle = self.config.listen_when_silent and not (
+            is_speech or latches.turn_open or latches.pending_speech_context
+        )
         self._unit = _UnitState(force_listen=force_listen or silent_idle)
 
     def before_sample(self, logits: torch.Tensor, ctx: SampleContext) -> int | None:
@@ -204,6 +233,7 @@ class DuplexPolicy:
             return self.special.chunk_eos
         row.mask("chunk_eos_ids")
         candidate = yield from self._sample(row, ctx)
+        unit.decoded = candidate
         if self._reaches_char_limit(candidate):
             return self.special.chunk_eos
         if candidate == self.special.listen and self.latches.turn_open:
@@ -216,7 +246,9 @@ class DuplexPolicy:
             unit.guard_hit = False
             return token
         unit.tokens.append(token)
-        self.latches.history.append(token)
+        if unit.decoded is not None:  # the official window holds the decoder's own draws
+            self.latches.history.append(unit.decoded)
+            unit.decoded = None
         self._update_latches(token)
         return token
 
@@ -253,21 +285,26 @@ class DuplexPolicy:
             return sp.speak
         if index <= num_text:
             row.mask("special_ids")
-            return (yield from self._sample(row, ctx))
+            self._unit.decoded = yield from self._sample(row, ctx)
+            return self._unit.decoded
         is_last_unit = self.reply_units_done + 1 >= self.config.reply_units
         if index == num_text + 1 and is_last_unit:
             return sp.turn_eos
         return sp.chunk_eos
 
     def _sample(self, row: PolicyRow, ctx: SampleContext) -> DrawSteps:
-        """Rule 5 after the chunk_eos mask: bad ids, penalty, temperature/top-k/top-p, draw
-        (yielded where the row leaves its last part to the caller)."""
+        """Rule 5 after the chunk_eos mask, in the official order: bad ids, repetition
+        penalty, turn_eos length penalty, listen scale, temperature/top-k/top-p, draw (yielded
+        where the row leaves its last part to the caller)."""
         row.mask("bad_ids")
         cfg = self.config
         row.penalise(self.latches.history, cfg.repetition_penalty)
-        lowered = cfg.repetition_penalty >= 1.0  # masks only lower: the raw candidates serve
+        if cfg.length_penalty != 1.0:
+            row.change(self.special.turn_eos, "length", cfg.length_penalty)
+        if cfg.listen_prob_scale != 1.0:
+            row.change(self.listen_scale_id, "scale", cfg.listen_prob_scale)
         seed = self._step_seed(ctx)
-        drawn = row.draw(cfg.temperature, cfg.top_k, cfg.top_p, seed, lowered)
+        drawn = row.draw(cfg.temperature, cfg.top_k, cfg.top_p, seed)
         return (yield drawn) if isinstance(drawn, DrawRequest) else drawn
 
     def _step_seed(self, ctx: SampleContext) -> int:
@@ -277,7 +314,7 @@ class DuplexPolicy:
 
     def _reaches_char_limit(self, candidate: int) -> bool:
         """Rule 6: the unit's text since the last turn_eos plus a non-special candidate."""
-        if candidate in self.special_ids:
+        if not self.config.max_chars_per_unit or candidate in self.special_ids:
             return False
         tokens = self._unit.tokens
         cut = max((i + 1 for i, t in enumerate(tokens) if t == self.special.turn_eos), default=0)

@@ -95,9 +95,11 @@ def special_token_ids(special: SpecialTokens) -> frozenset[int]:
 
 
 def policy_runner_config(
-    config: RunnerConfig, vocab_size: int, special: SpecialTokens
+    config: RunnerConfig, vocab_size: int, special: SpecialTokens, eos_id: int | None = None
 ) -> RunnerConfig:
     """The runner settings the policy's host draws rely on: top candidates among the ids the
-    tokenizer has (past them: embedding padding, masked as bad ids), and chunk_eos's raw logit
-    in every compact row whatever its rank (the boundary draw reads it)."""
-    return dataclasses.replace(config, candidate_ids=vocab_size, probe_ids=(special.chunk_eos,))
+    tokenizer has (past them: embedding padding, masked as bad ids), and the raw logits of
+    chunk_eos (the boundary draw reads it) and of the EOS id (the listen scale's target) in
+    every compact row whatever their rank."""
+    probes = (special.chunk_eos,) if eos_id is None else (special.chunk_eos, eos_id)
+    return dataclasses.replace(config, candidate_ids=vocab_size, probe_ids=probes)

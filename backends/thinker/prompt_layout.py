@@ -120,32 +120,29 @@ class PromptLayout:
         self,
         instructions: str = "",
         initial_user_text: str = "",
-        ref_embeds: torch.Tensor | None = None,  # [n, hidden] reference-audio embeddings
+        ref_embeds: torch.Tensor | None = None,  # [n, hidden] reference-voice embeddings
         previous_ids: Sequence[int] = (),
     ) -> list[RowSegment]:
-        """The session prefix; special tokens are placed by id so the text between them is
-        tokenized alone, as a tokenizer that splits on special tokens does. `previous_ids`
-        (the `context` window's dropped text) follow the instructions behind PREVIOUS_MARKER,
-        before the reference-audio block [inferred placement: upstream says "after the system
-        prefix, before the suffix"]."""
-        sp = self.special
-        ids = [sp.im_start, *self._text("system\n" + (instructions or DEFAULT_INSTRUCTIONS))]
+        """The session prefix as the official duplex `prepare` feeds it: the whole prefix string
+        `<|im_start|>system\n{instructions}\n<|audio_start|>` tokenized at once, the reference
+        voice's rows, then the suffix `<|audio_end|><|im_end|>` tokenized at once. `previous_ids`
+        (the `context` window's dropped text) sit behind PREVIOUS_MARKER between the reference
+        rows and the suffix, where the official context window puts them. `initial_user_text`
+        (an option the official duplex prompt lacks) adds a user turn after the suffix."""
+        if self.special.audio_start is None or self.special.audio_end is None:
+            raise ValueError("the duplex system prompt needs <|audio_start|> and <|audio_end|>")
+        prefix = f"<|im_start|>system\n{instructions or DEFAULT_INSTRUCTIONS}\n<|audio_start|>"
+        segments = [RowSegment(tuple(self._text(prefix)))]
+        if ref_embeds is not None and ref_embeds.shape[0] > 0:
+            # Reference rows are recorded as <unit> ids (the scheduler placeholder upstream).
+            segments.append(RowSegment((self.special.unit,) * ref_embeds.shape[0], ref_embeds))
+        ids: list[int] = []
         if previous_ids:
             ids += [*self._text(PREVIOUS_MARKER), *previous_ids]
-        segments: list[RowSegment] = []
-        if ref_embeds is not None and ref_embeds.shape[0] > 0:
-            if sp.audio_start is None or sp.audio_end is None:
-                raise ValueError("reference audio needs <|audio_start|> and <|audio_end|>")
-            ids += [*self._text("\n"), sp.audio_start]
-            segments.append(RowSegment(tuple(ids)))
-            # Reference rows are recorded as <unit> ids (the scheduler placeholder upstream).
-            segments.append(RowSegment((sp.unit,) * ref_embeds.shape[0], ref_embeds))
-            ids = [sp.audio_end]
-        ids.append(sp.im_end)
+        suffix = "<|audio_end|><|im_end|>"
         if initial_user_text:
-            ids += [*self._text("\n"), sp.im_start, *self._text("user\n" + initial_user_text)]
-            ids += [sp.im_end, *self._text("\n"), sp.im_start, *self._text("assistant\n")]
-        segments.append(RowSegment(tuple(ids)))
+            suffix += f"\n<|im_start|>user\n{initial_user_text}<|im_end|>\n<|im_start|>assistant\n"
+        segments.append(RowSegment((*ids, *self._text(suffix))))
         return segments
 
     def append(

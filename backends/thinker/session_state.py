@@ -109,9 +109,14 @@ class ThinkerSession:
         """KV rows a unit's decode may add: its tokens but the terminator (never forwarded)."""
         return self.policy.config.max_tokens_per_unit - 1
 
-    def setup(self, first: ThinkerRequest) -> None:
-        """Session context from the first append (instructions, reference, initial text)."""
-        ref_embeds = _reference_rows(self.encoder, first.ref_audio)
+    def setup(self, first: ThinkerRequest, default_voice: np.ndarray | None = None) -> None:
+        """Session context from the first append (instructions, reference, initial text).
+        Without a reference clip the Thinker hears `default_voice` (the checkpoint's default
+        voice, [n] float32 16 kHz), as the official demo feeds its default clip."""
+        clip = first.ref_audio
+        if len(clip) == 0 and default_voice is not None:
+            clip = default_voice
+        ref_embeds = _reference_rows(self.encoder, clip)
         self.system_args = (first.instructions, first.initial_user_text, ref_embeds)
         self.context = self.layout.system_context(*self.system_args)
         if first.initial_user_text:

@@ -36,6 +36,13 @@ START_PARAMETERS = {
     "reply_units": "int64_param",
     "reply_tokens_per_unit": "int64_param",
     "force_listen_count": "int64_param",
+    "top_k": "int64_param",
+    "top_p": "double_param",
+    "max_new_speak_tokens_per_chunk": "int64_param",
+    "listen_prob_scale": "double_param",
+    "text_repetition_penalty": "double_param",
+    "text_repetition_window_size": "int64_param",
+    "listen_when_silent": "bool_param",
 }
 ACTIONS = ("append", "commit", "cancel")
 _THREAD_JOIN_S = 30.0  # the delivery thread only forwards queued items: a bound, not a timing

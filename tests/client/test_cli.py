@@ -48,7 +48,9 @@ def test_success_writes_reply_and_report(tmp_path, capsys, fake_client_factory, 
     code = cli.main([
         "--output", str(tmp_path / "reply.wav"), "--json", str(tmp_path / "report.json"),
         "--speed", "20", "--seed", "1", "--reply-units", "2", "--initial-user-text", "Hi there",
-        "--session-id", "abc", "--force-listen-count", "0",
+        "--session-id", "abc", "--force-listen-count", "0", "--temperature", "0", "--top-k", "5",
+        "--top-p", "0.9", "--max-new-speak-tokens-per-chunk", "12", "--listen-prob-scale", "1.2",
+        "--text-repetition-penalty", "1.1", "--text-repetition-window-size", "64", "--no-listen-when-silent",
     ])
     out = capsys.readouterr().out
     assert code == 0, out
@@ -62,6 +64,11 @@ def test_success_writes_reply_and_report(tmp_path, capsys, fake_client_factory, 
     assert start["initial_user_text"].string_param == "Hi there"
     assert (start["reply_units"].int64_param, start["seed"].int64_param) == (2, 1)
     assert start["force_listen_count"].int64_param == 0
+    assert (start["top_k"].int64_param, start["max_new_speak_tokens_per_chunk"].int64_param) == (5, 12)
+    assert (start["top_p"].double_param, start["listen_prob_scale"].double_param) == (0.9, 1.2)
+    assert (start["temperature"].double_param, start["text_repetition_penalty"].double_param) == (0.0, 1.1)
+    assert start["text_repetition_window_size"].int64_param == 64
+    assert start["listen_when_silent"].bool_param is False
     assert "TTFT client" in out and "server 40 ms" in out
     assert "TTFP client" in out and "server 90 ms" in out and "non-silent: yes" in out
     assert "response.audio.delta resp=r1" in out

@@ -49,3 +49,24 @@ def test_int_temperature_travels_as_float():
 def test_invalid_values(kwargs, message):
     with pytest.raises(ValueError, match=message):
         SessionParams(**kwargs)
+
+
+def test_decoding_settings_with_wire_types():
+    """The official decoding settings: ints stay ints, the fractional ones travel as floats,
+    the silence option as a bool."""
+    params = SessionParams(top_k=20, top_p=1, max_new_speak_tokens_per_chunk=20, listen_prob_scale=1,
+                           text_repetition_penalty=1.05, text_repetition_window_size=512,
+                           listen_when_silent=False)
+    wire = params.to_parameters()
+    assert wire == {"top_k": 20, "top_p": 1.0, "max_new_speak_tokens_per_chunk": 20, "listen_prob_scale": 1.0,
+                    "text_repetition_penalty": 1.05, "text_repetition_window_size": 512,
+                    "listen_when_silent": False}
+    assert all(isinstance(wire[k], float) for k in ("top_p", "listen_prob_scale", "text_repetition_penalty"))
+
+
+@pytest.mark.parametrize("kwargs", [dict(top_k=0), dict(top_p=0.0), dict(max_new_speak_tokens_per_chunk=1),
+                                    dict(listen_prob_scale=-1.0), dict(text_repetition_penalty=0.0),
+                                    dict(text_repetition_window_size=0)])
+def test_decoding_settings_out_of_range_are_refused(kwargs):
+    with pytest.raises(ValueError, match=next(iter(kwargs))):
+        SessionParams(**kwargs)

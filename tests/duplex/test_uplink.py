@@ -36,7 +36,7 @@ def test_start_with_options_and_ref_audio():
     (_raw(action=3), "unknown action"),
     (_raw(temperature=0.5), "START only"),
     (_raw(True, temperature="hot"), "wrong type"),
-    (_raw(True, temperature=9.0), r"\(0, 2\]"),
+    (_raw(True, temperature=9.0), r"\[0, 2\]"),
     (_raw(True, seed=True), "wrong type"),
     (_raw(True, reply_units=1000), "reply_units"),
     (_raw(True, initial_user_text="x" * 5000), "longer than"),
@@ -67,9 +67,21 @@ def test_triton_parameters_are_ignored_and_empty_audio_is_fine():
     (dict(seed=2**64), r"parameter seed .*\[0, "),
     (dict(seed=-1), r"parameter seed .*\[0, "),
     (dict(seed=1.5), "parameter seed has the wrong type"),
-    (dict(temperature=0.0), r"temperature must be in \(0, 2\]"),
-    (dict(temperature=float("nan")), r"temperature must be in \(0, 2\]"),
-    (dict(temperature=float("inf")), r"temperature must be in \(0, 2\]"),
+    (dict(temperature=-0.1), r"temperature must be in \[0, 2\] \(0: greedy\)"),
+    (dict(temperature=float("nan")), r"temperature must be in \[0, 2\]"),
+    (dict(temperature=float("inf")), r"temperature must be in \[0, 2\]"),
+    (dict(top_k=0), r"top_k must be an integer in \[1, 1000\]"),
+    (dict(top_k=2.0), "parameter top_k has the wrong type"),
+    (dict(top_p=0.0), r"top_p must be in \(0, 1\]"),
+    (dict(top_p=1.5), r"top_p must be in \(0, 1\]"),
+    (dict(max_new_speak_tokens_per_chunk=1), r"max_new_speak_tokens_per_chunk must be an integer in \[2, 32\]"),
+    (dict(max_new_speak_tokens_per_chunk=33), r"max_new_speak_tokens_per_chunk must be an integer in \[2, 32\]"),
+    (dict(listen_prob_scale=0), r"listen_prob_scale must be in \(0, 10\]"),
+    (dict(text_repetition_penalty=float("nan")), r"text_repetition_penalty must be in \(0, 2\]"),
+    (dict(text_repetition_window_size=0), r"text_repetition_window_size must be an integer in \[1, 8192\]"),
+    (dict(listen_when_silent=1), "parameter listen_when_silent has the wrong type"),
+    (dict(reply_units=1, reply_tokens_per_unit=5, max_new_speak_tokens_per_chunk=7),
+     r"reply_tokens_per_unit must be at most 4 \(max_new_speak_tokens_per_chunk - 3\)"),
     (dict(reply_units=65, reply_tokens_per_unit=2), r"reply_units must be an integer in \[0, 64\]"),
     (dict(reply_units=2, reply_tokens_per_unit=MAX_REPLY_TOKENS_PER_UNIT + 1),
      rf"reply_tokens_per_unit must be an integer in \[0, {MAX_REPLY_TOKENS_PER_UNIT}\]"),
@@ -96,6 +108,35 @@ def test_start_parameters_at_their_limits_are_accepted():
     assert len(options.instructions.encode()) + len(options.initial_user_text.encode()) == MAX_SETUP_TEXT_BYTES
 
 
+def test_decoding_defaults_are_the_official_ones():
+    """Unset decoding settings travel as < 0 (the Thinker's official defaults); the session
+    forces its first 3 units to listen, as the official DuplexConfig does."""
+    options = parse_uplink(_raw(True), MAX).options
+    assert options.force_listen_count == 3
+    unset = (options.temperature, options.top_k, options.top_p, options.max_new_speak_tokens_per_chunk,
+             options.listen_prob_scale, options.text_repetition_penalty, options.text_repetition_window_size,
+             options.listen_when_silent)
+    assert all(value < 0 for value in unset), unset
+
+
+def test_decoding_settings_are_carried_as_given():
+    options = parse_uplink(_raw(True, temperature=0, top_k=5, top_p=1, max_new_speak_tokens_per_chunk=32,
+                                listen_prob_scale=2, text_repetition_penalty=1, text_repetition_window_size=64,
+                                listen_when_silent=True, force_listen_count=0), MAX).options
+    assert (options.temperature, options.top_k, options.top_p) == (0.0, 5, 1.0)
+    assert isinstance(options.top_p, float) and isinstance(options.listen_prob_scale, float)
+    assert (options.max_new_speak_tokens_per_chunk, options.listen_prob_scale) == (32, 2.0)
+    assert (options.text_repetition_penalty, options.text_repetition_window_size) == (1.0, 64)
+    assert options.listen_when_silent == 1 and options.force_listen_count == 0
+
+
+def test_a_shaped_reply_is_not_forced_to_listen_unless_asked():
+    """The reply-shape knob places its reply itself: its sessions default to no forced listens."""
+    knob = dict(reply_units=1, reply_tokens_per_unit=2)
+    assert parse_uplink(_raw(True, **knob), MAX).options.force_listen_count == 0
+    assert parse_uplink(_raw(True, force_listen_count=2, **knob), MAX).options.force_listen_count == 2
+
+
 def test_the_largest_seed_survives_what_the_orchestrator_adds():
     """The Talker's +42 and a Thinker epoch far past any session's barge-ins still fit int64."""
     for offset in (42, 10**6):
@@ -109,3 +150,18 @@ def test_the_reply_token_limit_is_the_thinkers():
     PolicyConfig(reply_units=1, reply_tokens_per_unit=MAX_REPLY_TOKENS_PER_UNIT)
     with pytest.raises(ValueError):
         PolicyConfig(reply_units=1, reply_tokens_per_unit=MAX_REPLY_TOKENS_PER_UNIT + 1)
+
+
+def test_the_decoding_settings_travel_on_every_thinker_request():
+    """The setup carries them (the Thinker reads seq 0's) and so does every later append."""
+    from backends.duplex.responses import EpochIds
+    from backends.duplex.unit_queue import setup_request
+
+    options = parse_uplink(_raw(True, temperature=0, top_k=7, top_p=0.5, max_new_speak_tokens_per_chunk=12,
+                                listen_prob_scale=1.5, text_repetition_penalty=1.2,
+                                text_repetition_window_size=99, listen_when_silent=False), MAX).options
+    request = setup_request(EpochIds("s", 0), options)
+    assert (request.temperature, request.top_k, request.top_p) == (0.0, 7, 0.5)
+    assert (request.max_new_speak_tokens_per_chunk, request.listen_prob_scale) == (12, 1.5)
+    assert (request.text_repetition_penalty, request.text_repetition_window_size) == (1.2, 99)
+    assert request.listen_when_silent == 0

@@ -39,7 +39,8 @@ import torch.nn.functional as F
 TOKENIZER_FILES = ("vocab.json", "merges.txt", "tokenizer_config.json", "added_tokens.json",
                    "special_tokens_map.json")
 PACKAGE = "minicpmo_official"
-ALL = ("tokenizer", "thinker", "streaming_audio", "reference_voice", "talker", "released_shapes")
+ALL = ("tokenizer", "thinker", "streaming_audio", "reference_voice", "talker", "released_shapes",
+       "duplex")
 # variant -> (shards written in, computed in, references); bf16 shards are also computed in
 # float32, as a server running float32 from a bf16 checkpoint does: that variant checks the
 # upcast weights (the Talker's weight-norm head above all), so it skips the long audio stream
@@ -297,6 +298,150 @@ def _voice_like(rng: np.random.Generator, n: int) -> np.ndarray:
     return (0.3 * tone * env + 0.02 * rng.standard_normal(n)).astype(np.float32)
 
 
+DUPLEX_UNITS = 10  # greedy duplex units of the streaming loop (3 forced to listen)
+DUPLEX_FORCE_LISTEN = 3
+# prompt cases: (instructions, clip) -- "clip": a session's REF_AUDIO; "default": the default
+# voice the demo feeds when none is given; "none": prepare without ref_audio
+DUPLEX_PROMPTS = (
+    ("You are a helpful assistant.", "clip"),
+    ("Streaming Duplex Conversation! You are a helpful assistant", "default"),
+    ("说中文。回答要简短", "none"),
+)
+
+
+def _official_duplex(o: Official, force_listen_count: int) -> Any:
+    """A `MiniCPMODuplex` over the loaded model, its attributes set as its `__init__` sets them
+    with the official defaults, text only (`generate_audio=False`: no Talker or token2wav), so
+    its own `prepare`, `streaming_prefill` and `streaming_generate` run unchanged."""
+    import threading
+
+    utils = sys.modules[f"{PACKAGE}.utils"]
+    # as a freshly loaded model: `prepare` leaves the streaming audio encoder's KV cache of an
+    # earlier session (or reference) in place, so each case starts from a reset one
+    o.model.reset_session(reset_token2wav_cache=True)
+    duplex = object.__new__(o.modeling.MiniCPMODuplex)
+    tok = o.tokenizer
+    duplex.__dict__.update(
+        session_logs=[], session_start_time=None, log_file_path=None, name_or_path="",
+        generate_audio=False, ls_mode="explicit", device="cpu", processor=o.processor,
+        tokenizer=tok, model=o.model, break_event=threading.Event(),
+        session_stop_event=threading.Event(), max_new_speak_tokens_per_chunk=20,
+        text_repetition_penalty=1.05, temperature=0.7, top_k=20, top_p=0.8,
+        text_repetition_window_size=512, listen_prob_scale=1.0,
+        force_listen_count=force_listen_count, tts_temperature=None, tts_repetition_penalty=1.05,
+        CHUNK_MS=1000, FIRST_CHUNK_MS=1035, CNN_REDUNDANCY_MS=20, SAMPLE_RATE=16000,
+        tts_logits_processors=None, tts_eos_token=None)
+    for name in ("CHUNK_MS", "FIRST_CHUNK_MS", "CNN_REDUNDANCY_MS", "SAMPLE_RATE"):
+        setattr(o.model, name, getattr(duplex, name))
+    ids = {name: tok.convert_tokens_to_ids(token) for name, token in (
+        ("unit_token_id", "<unit>"), ("image_start_token_id", "<image>"),
+        ("image_end_token_id", "</image>"), ("slice_start_token_id", "<slice>"),
+        ("slice_end_token_id", "</slice>"), ("listen_token_id", "<|listen|>"),
+        ("speak_token_id", "<|speak|>"), ("tts_bos_token_id", "<|tts_bos|>"),
+        ("tts_eos_token_id", "<|tts_eos|>"), ("chunk_eos_token_id", "<|chunk_eos|>"),
+        ("chunk_tts_eos_token_id", "<|chunk_tts_eos|>"), ("turn_eos_token_id", "<|turn_eos|>"),
+        ("tts_pad_id", "<|tts_pad|>"))}
+    duplex.__dict__.update(ids)
+    duplex.chunk_terminator_token_ids = [ids["listen_token_id"], ids["chunk_eos_token_id"],
+                                         ids["chunk_tts_eos_token_id"]]
+    duplex.turn_terminator_token_ids = [ids["turn_eos_token_id"]]
+    duplex.chunk_speak_token_ids = [ids["speak_token_id"]]
+    duplex.forbidden_token_ids = [ids["tts_pad_id"]] + list(getattr(tok, "bad_token_ids", []))
+    duplex.decoder = utils.StreamDecoder(llm=o.model.llm, tokenizer=tok,
+                                         forbidden_token_ids=duplex.forbidden_token_ids)
+    duplex.decoder.set_window_config(utils.DuplexWindowConfig())
+    duplex.decoder.set_window_enabled(False)
+    duplex._reset_streaming_state()
+    return duplex
+
+
+def _prepare(o: Official, duplex: Any, instructions: str, clip: np.ndarray | None) -> None:
+    """The demo's prompt: `<|im_start|>system\n{instructions}\n<|audio_start|>`, the clip,
+    `<|audio_end|><|im_end|>`."""
+    duplex.prepare(prefix_system_prompt=f"<|im_start|>system\n{instructions}\n<|audio_start|>",
+                   suffix_system_prompt="<|audio_end|><|im_end|>", ref_audio=clip)
+
+
+def _decisions(o: Official, logits: np.ndarray) -> dict[str, Any]:
+    """`StreamDecoder.decode` (greedy) of rows made from real decision logits so that each
+    rule decides: the listen scale (on the tokenizer's EOS id), the turn_eos length penalty,
+    the repetition penalty over a history, the bad_token_ids mask."""
+    utils = sys.modules[f"{PACKAGE}.utils"]
+    tok = o.tokenizer
+    eos, turn_eos = tok.eos_token_id, tok.convert_tokens_to_ids("<|turn_eos|>")
+    top = int(np.argmax(logits))
+    low = int(np.argsort(logits)[len(logits) // 3])
+    bad = int(tok.bad_token_ids[len(tok.bad_token_ids) // 2])
+    near = logits.max() - 0.05
+    cases = []  # (row, listen_prob_scale, history)
+    for scale in (1.0, 1.5):
+        row = logits.copy()
+        row[eos] = near
+        cases.append((row, scale, []))
+    row = logits.copy()
+    row[turn_eos] = logits.max() + 0.05
+    cases.append((row, 1.0, []))
+    row = logits - (logits.max() + 1.0)  # every logit negative, the largest -1
+    row[low] = -1.04  # -0.990 once penalised: ahead of the largest only if divided
+    cases.append((row, 1.0, [low]))
+    row = logits.copy()
+    row[bad] = logits.max() + 1.0
+    cases.append((row, 1.0, [top]))
+    rows, scales, histories, picks = [], [], [], []
+    for row, scale, history in cases:
+        decoder = utils.StreamDecoder(llm=o.model.llm, tokenizer=tok, forbidden_token_ids=[
+            tok.convert_tokens_to_ids("<|tts_pad|>")] + list(tok.bad_token_ids))
+        decoder.generated_tokens = list(history)
+        picked = decoder.decode(torch.from_numpy(row)[None], mode="greedy", listen_prob_scale=scale)
+        rows.append(row)
+        scales.append(scale)
+        histories.append(history)
+        picks.append(int(picked.item()))
+    return {"decision_rows": np.stack(rows), "decision_scales": scales,
+            "decision_histories": histories, "decision_picks": picks}
+
+
+def ref_duplex(o: Official) -> dict[str, Any]:
+    """The duplex prompt (prefix ids, reference rows, suffix ids) and the first unit's decision
+    logits per DUPLEX_PROMPTS case, then a greedy run of the official streaming loop
+    (`streaming_prefill` + `streaming_generate(decode_mode="greedy")`) over DUPLEX_UNITS units."""
+    audio = _voice_like(o.rng, DUPLEX_UNITS * 16000)
+    clips = {"clip": _voice_like(o.rng, 16000 * 2 + 333), "default": _voice_like(o.rng, 16000 * 3 + 77)}
+    out: dict[str, Any] = {"audio": audio, "clip": clips["clip"], "default": clips["default"],
+                           "prompts": [list(case) for case in DUPLEX_PROMPTS]}
+    for i, (instructions, kind) in enumerate(DUPLEX_PROMPTS):
+        duplex = _official_duplex(o, 0)
+        _prepare(o, duplex, instructions, clips.get(kind))
+        tok = o.tokenizer
+        out[f"prefix_ids{i}"] = tok.encode(f"<|im_start|>system\n{instructions}\n<|audio_start|>",
+                                           add_special_tokens=False)
+        out[f"suffix_ids{i}"] = tok.encode("<|audio_end|><|im_end|>", add_special_tokens=False)
+        out[f"prompt_len{i}"] = duplex.decoder.get_cache_length()
+        if kind in clips:
+            data = o.processor.process_audio([clips[kind]])
+            with torch.no_grad():
+                nested = o.model.get_audio_embedding(data, chunk_length=o.model.config.audio_chunk_length)
+            out[f"ref_rows{i}"] = torch.cat([t for g in nested for t in g]).float().numpy()
+        with torch.no_grad():
+            assert duplex.streaming_prefill(audio_waveform=audio[:16000])["success"]
+        out[f"first_logits{i}"] = duplex.pending_logits[0].float().numpy()
+    out.update(_decisions(o, out["first_logits0"]))
+    duplex = _official_duplex(o, DUPLEX_FORCE_LISTEN)
+    _prepare(o, duplex, DUPLEX_PROMPTS[0][0], clips["clip"])
+    units: list[list[int]] = []
+    listens, texts = [], []
+    for unit in range(DUPLEX_UNITS):
+        start = len(duplex.total_ids)
+        with torch.no_grad():
+            assert duplex.streaming_prefill(audio_waveform=audio[unit * 16000:(unit + 1) * 16000])["success"]
+            result = duplex.streaming_generate(decode_mode="greedy")
+        units.append(duplex.total_ids[start:-1])  # the unit's tokens, </unit> left out
+        listens.append(bool(result["is_listen"]))
+        texts.append(result["text"])
+    out.update(run_units=units, run_listen=listens, run_text=texts)
+    return out
+
+
 REFERENCES: dict[str, Callable[[Official], dict[str, Any]]] = {
     "tokenizer": ref_tokenizer,
     "thinker": ref_thinker,
@@ -304,6 +449,7 @@ REFERENCES: dict[str, Callable[[Official], dict[str, Any]]] = {
     "reference_voice": ref_reference_voice,
     "talker": ref_talker,
     "released_shapes": ref_released_shapes,
+    "duplex": ref_duplex,
 }
 
 

@@ -41,9 +41,9 @@ def _reply(rid: str, seed: int) -> list[ThinkerRequest]:
 
 
 def _listener(rid: str, count: int) -> list[ThinkerRequest]:
-    """Silent units, each one step (prefill, forced <|listen|>)."""
+    """Silent units forced to listen, each one step (prefill, forced <|listen|>)."""
     silence = np.zeros(UNIT, dtype=np.float32)
-    return [ThinkerRequest(rid, silence, seq=k, seed=3) for k in range(count)]
+    return [ThinkerRequest(rid, silence, seq=k, seed=3, force_listen=True) for k in range(count)]
 
 
 class InFlight:

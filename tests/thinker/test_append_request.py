@@ -49,6 +49,30 @@ def test_policy_settings() -> None:
     assert caught.value.error.code == "invalid_argument"
 
 
+def test_unset_decoding_settings_are_the_official_defaults() -> None:
+    config = policy_config(VALID)
+    assert (config.temperature, config.top_k, config.top_p) == (0.7, 20, 0.8)
+    assert (config.max_tokens_per_unit, config.listen_prob_scale, config.length_penalty) == (20, 1.0, 1.1)
+    assert (config.repetition_penalty, config.penalty_window) == (1.05, 512)
+    assert config.max_chars_per_unit == 0 and not config.listen_when_silent and not config.has_reply_knobs
+
+
+def test_decoding_settings_travel_to_the_policy() -> None:
+    request = dataclasses.replace(
+        VALID, top_k=5, top_p=0.5, max_new_speak_tokens_per_chunk=9, listen_prob_scale=1.5,
+        text_repetition_penalty=1.2, text_repetition_window_size=64, listen_when_silent=1)
+    config = policy_config(request)
+    assert (config.top_k, config.top_p, config.max_tokens_per_unit) == (5, 0.5, 9)
+    assert (config.listen_prob_scale, config.repetition_penalty, config.penalty_window) == (1.5, 1.2, 64)
+    assert config.listen_when_silent
+
+
+def test_the_silence_option_takes_the_engine_default_unless_set() -> None:
+    assert policy_config(VALID, listen_when_silent=True).listen_when_silent
+    off = dataclasses.replace(VALID, listen_when_silent=0)
+    assert not policy_config(off, listen_when_silent=True).listen_when_silent
+
+
 def test_window_mode_defaults_and_choices() -> None:
     assert window_mode(VALID, "off") == "off"
     assert window_mode(VALID, "basic") == "basic"
@@ -57,3 +81,11 @@ def test_window_mode_defaults_and_choices() -> None:
     with pytest.raises(StageFailure, match="'rolling' is not one of") as caught:
         window_mode(dataclasses.replace(VALID, sliding_window_mode="rolling"), "off")
     assert caught.value.error.code == "invalid_argument"
+
+
+@pytest.mark.parametrize("change", [dict(top_p=float("inf")), dict(listen_prob_scale=float("inf")),
+                                    dict(max_new_speak_tokens_per_chunk=33), dict(top_k=0)])
+def test_unservable_decoding_settings_are_refused(change: dict[str, object]) -> None:
+    with pytest.raises(StageFailure) as info:
+        policy_config(dataclasses.replace(VALID, **change))
+    assert info.value.error.code == "invalid_argument"

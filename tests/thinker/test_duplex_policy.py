@@ -83,9 +83,16 @@ def test_force_listen_flag_forces_listen_and_closes_the_turn(tokenizer, special)
 
 
 def test_silent_unit_with_nothing_to_answer_is_forced_to_listen(tokenizer, special) -> None:
-    policy = _policy(tokenizer, special)
+    policy = _policy(tokenizer, special, listen_when_silent=True)
     policy.begin_unit(force_listen=False, speech=[False])
     assert _sample(policy, _logits({special.speak: 50.0})) == special.listen
+
+
+def test_silent_unit_is_the_model_s_to_decide_by_default(tokenizer, special) -> None:
+    """The official decoder has no silence rule: without the option a silent unit decides."""
+    policy = _policy(tokenizer, special)
+    policy.begin_unit(force_listen=False, speech=[False])
+    assert _sample(policy, _logits({special.speak: 50.0})) == special.speak
 
 
 def test_speech_unit_is_not_forced(tokenizer, special) -> None:
@@ -299,7 +306,7 @@ def test_sampling_is_a_function_of_seed_and_position(tokenizer, special) -> None
 def test_character_cut_at_28(tokenizer, special) -> None:
     text = " the and of to in is it you that he was"
     words = _text_ids(tokenizer, text)
-    policy = _policy(tokenizer, special, temperature=0.0)
+    policy = _policy(tokenizer, special, temperature=0.0, max_chars_per_unit=28)
     policy.begin_unit(False, [True])
     tokens = _run_unit(policy, lambda i: _logits({words[i % len(words)]: 30.0}))
     assert tokens[-1] == special.chunk_eos
@@ -442,3 +449,62 @@ def test_runner_candidates_serve_the_draw_unless_the_penalty_raises(tokenizer, s
         policy.latches.history.append(400)
         ctx = dataclasses.replace(_ctx(3), candidates=hint)
         assert policy.before_sample(raw.clone(), ctx) == expected, penalty
+
+
+# ---- the official decoder's arithmetic -------------------------------------------------------
+
+
+def test_repetition_penalty_divides_negative_logits_too(tokenizer, special) -> None:
+    """The official decoder divides a repeated id's logit whatever its sign: -2.0 / 1.05 =
+    -1.905 beats an unseen -1.95 (a sign-aware penalty would give -2.1 and lose)."""
+    first, second = _text_ids(tokenizer, " the and")[:2]
+    policy = _policy(tokenizer, special, temperature=0.0)
+    policy.latches.history.append(first)
+    policy.begin_unit(False, [True])
+    row = torch.full((VOCAB,), -10.0)
+    row[first], row[second] = -2.0, -1.95
+    assert _sample(policy, row) == first
+
+
+def test_turn_eos_takes_the_length_penalty(tokenizer, special) -> None:
+    """1.1 on <|turn_eos|>: a positive logit divided (2.0 -> 1.82 < 1.9), a negative one
+    multiplied (-1.0 -> -1.1 < -1.05)."""
+    word = _text_ids(tokenizer, " the")[0]
+    for eos, other in ((2.0, 1.9), (-1.0, -1.05)):
+        policy = _policy(tokenizer, special, temperature=0.0)
+        policy.begin_unit(False, [True])
+        row = torch.full((VOCAB,), -10.0)
+        row[special.turn_eos], row[word] = eos, other
+        assert _sample(policy, row) == word, eos
+        unpenalised = _policy(tokenizer, special, temperature=0.0, length_penalty=1.0)
+        unpenalised.begin_unit(False, [True])
+        assert _sample(unpenalised, row) == special.turn_eos, eos
+
+
+def test_listen_scale_multiplies_the_eos_logit(tokenizer, special) -> None:
+    """The official decoder scales the logit of the tokenizer's EOS id (its `listen_id`)."""
+    word = _text_ids(tokenizer, " the")[0]
+    eos = special.im_end
+    row = torch.full((VOCAB,), -10.0)
+    row[eos], row[word] = 2.0, 2.5
+    for scale, expected in ((1.0, word), (1.5, eos)):
+        policy = DuplexPolicy(special, tokenizer, PolicyConfig(temperature=0.0, listen_prob_scale=scale),
+                              BAD_IDS, eos_id=eos)
+        policy.begin_unit(False, [True])
+        assert _sample(policy, row) == expected, scale
+
+
+def test_penalty_window_holds_the_decoder_s_own_draws(tokenizer, special) -> None:
+    """Forced listens and the boundary draw's chunk_eos never join the window; a listen that
+    became <|tts_bos|> joins it as the listen the decoder drew."""
+    policy = _policy(tokenizer, special, temperature=0.0)
+    policy.begin_unit(True, [True])
+    assert _sample(policy, _logits()) == special.listen
+    policy.begin_unit(False, [True])
+    assert _sample(policy, _logits({special.chunk_eos: 50.0})) == special.chunk_eos
+    assert policy.latches.history.tokens() == []
+    policy.begin_unit(False, [True])
+    word = _text_ids(tokenizer, " the")[0]
+    assert _sample(policy, _logits({word: 30.0})) == word
+    assert _sample(policy, _logits({special.listen: 30.0})) == special.tts_bos
+    assert policy.latches.history.tokens() == [word, special.listen]

@@ -1,7 +1,8 @@
 """The duplex policy on the runner's summary of a row (`before_sample_compact`) must draw
 exactly the tokens it draws on the whole row (`before_sample`, with the raw top candidates the
 fast path hands it), for every rule: forced tokens, the boundary draw (sampled and greedy), the
-masks, the repetition penalty (>= 1 and < 1), temperature / top-k / top-p and the knob's
+masks, the repetition penalty (>= 1 and < 1), the listen scale and the turn_eos length
+penalty, temperature / top-k / top-p and the knob's
 replies. With few candidates the summary often cannot decide and fetches the row: the draws
 must not change, and with the runner's 128 it must rarely need to."""
 
@@ -108,6 +109,7 @@ def _run(
         {"temperature": 0.0},
         {"repetition_penalty": 1.3, "penalty_window": 8},
         {"repetition_penalty": 0.8},  # raises logits: the candidates cannot serve
+        {"listen_prob_scale": 3.0, "length_penalty": 0.5},  # both may raise one id's logit
         {"temperature": 1.0, "top_p": 1.0, "top_k": 5},
         {"reply_units": 2, "reply_tokens_per_unit": 4},
     ],

@@ -30,8 +30,20 @@ def layout(tokenizer: TextTokenizer, special: SpecialTokens) -> PromptLayout:
 def test_default_system_context_text(layout: PromptLayout, tokenizer: TextTokenizer) -> None:
     segments = layout.system_context()
     ids = [t for s in segments for t in s.token_ids]
-    expected = "<|im_start|>system\nStreaming Omni Conversation.<|im_end|>"
+    expected = "<|im_start|>system\nStreaming Omni Conversation.\n<|audio_start|><|audio_end|><|im_end|>"
     assert tokenizer.decode(ids) == expected
+
+
+@pytest.mark.parametrize("instructions", ["Be brief.", "Be brief", "说中文。", "a\n<|im_end|>b"])
+def test_prefix_and_suffix_are_each_tokenized_whole(
+    layout: PromptLayout, tokenizer: TextTokenizer, instructions: str
+) -> None:
+    """The official prepare encodes its prefix and suffix strings at once: text next to the
+    newline before <|audio_start|> merges as the tokenizer merges it (".\n" is one token)."""
+    segments = layout.system_context(instructions, ref_embeds=torch.randn(3, HIDDEN))
+    prefix = f"<|im_start|>system\n{instructions}\n<|audio_start|>"
+    assert list(segments[0].token_ids) == tokenizer.encode(prefix)
+    assert list(segments[-1].token_ids) == tokenizer.encode("<|audio_end|><|im_end|>")
 
 
 def test_context_with_reference_and_initial_text(
@@ -126,14 +138,16 @@ def test_unit_offsets_and_heads(layout: PromptLayout, special: SpecialTokens) ->
     assert not rows.restarts and not first.restarts
 
 
-def test_previous_text_follows_the_instructions(
+def test_previous_text_sits_before_the_suffix(
     layout: PromptLayout, tokenizer: TextTokenizer
 ) -> None:
+    """Where the official context window puts it: after the reference rows, before
+    `<|audio_end|><|im_end|>`."""
     previous = tokenizer.encode(" the end")
     segments = layout.system_context("Be brief.", "hi", torch.randn(2, HIDDEN), previous)
     ids = [t for s in segments for t in s.token_ids]
     expected = (
-        "<|im_start|>system\nBe brief.\n\nprevious:  the end\n<|audio_start|><unit><unit>"
+        "<|im_start|>system\nBe brief.\n<|audio_start|><unit><unit>\n\nprevious:  the end"
         "<|audio_end|><|im_end|>\n<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
     )
     assert tokenizer.decode(ids) == expected
