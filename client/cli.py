@@ -31,6 +31,7 @@ from client.params import SessionParams
 from client.resample import UPLINK_SAMPLE_RATE, to_uplink_pcm
 from client.session import AFFINITY_HEADER, MODEL_NAME, DuplexSession
 from client.streaming import StreamConfig, stream_utterance
+from client.url import grpc_target
 from client.wav import WavAudio, read_wav, write_wav
 
 DEFAULT_INPUT = Path(__file__).resolve().parent / "data" / "hello_16k.wav"
@@ -40,7 +41,7 @@ NON_SILENT_PEAK = 64  # |sample| above which the reply counts as audible (about 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="minicpmo-client", description=__doc__.split("\n\n")[0])
     add = parser.add_argument
-    add("--url", default="127.0.0.1:8001", help="Triton gRPC address host:port")
+    add("--url", default="127.0.0.1:8001", help="Triton gRPC address: host:port or http://host:port")
     add("--model", default=MODEL_NAME, help="model name on the server")
     add("--input", type=Path, default=DEFAULT_INPUT, help="PCM16 wav (resampled to 16 kHz mono)")
     add("--output", type=Path, default=Path("reply.wav"), help="where to write the reply audio")
@@ -70,6 +71,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
+        url = grpc_target(args.url)
         params, config = _params(args), _config(args)
         pcm16 = _load_uplink(args.input, "input")
         ref_audio = _load_uplink(args.ref_audio, "ref-audio") if args.ref_audio else None
@@ -78,13 +80,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     affinity = {"affinity_header": args.affinity_header} if args.affinity_header else {}
     connect = DuplexSession.connect
-    with connect(args.url, args.session_id, model_name=args.model, **affinity) as session:
+    with connect(url, args.session_id, model_name=args.model, **affinity) as session:
         try:
             session.check_ready(args.timeout)
         except DuplexStreamError as exc:
-            print(f"error: {exc} (url {args.url})", file=sys.stderr)
+            print(f"error: {exc} (url {url})", file=sys.stderr)
             return 1
-        print(f"session {session.session_id}: streaming {args.input} to {args.url}")
+        print(f"session {session.session_id}: streaming {args.input} to {url}")
         printer = None if args.quiet else _EventPrinter(time.monotonic())
         report = stream_utterance(
             session, pcm16, params, config, ref_audio=ref_audio, on_event=printer

@@ -244,3 +244,20 @@ def test_an_unreachable_grpc_port_fails_every_model(fake_triton, monkeypatch):
     report = probe(fake_triton, f"127.0.0.1:{free_port()}", timeout_s=5, channel_factory=StageChannel)
     assert report.down == sorted(MODELS)
     assert time.monotonic() - start < 5, "a refused connection is not a timeout"
+
+
+def test_the_probe_takes_either_address_form(fake_triton, capsys):
+    """host:port as the client takes it, or the http:// form: the same probe."""
+    hostport = fake_triton.removeprefix("http://")
+    assert main(["--url", hostport, "--grpc-url", "http://stages:1"]) == 0
+    assert FakeDuplex.asked == ["stages:1"]
+    assert json.loads(capsys.readouterr().out)["ready"] is True
+
+
+@pytest.mark.parametrize("argv", [["--url", "ftp://host:8000"], ["--url", "host:port"],
+                                  ["--grpc-url", "host"], ["--grpc-url", "https://host:8001"]])
+def test_a_malformed_address_is_a_usage_error(argv, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    assert exit_info.value.code == 2
+    assert "host:port" in capsys.readouterr().err
