@@ -29,6 +29,9 @@ RUN python3 -m pip install \
         "pyyaml>=6" \
         "safetensors>=0.4" \
         "tokenizers>=0.20" \
+        "soundfile>=0.12" \
+        "soxr>=0.3" \
+        "sounddevice>=0.4" \
         "onnxruntime==1.23.2"
 
 # The package (backends/: every model.py imports it; client/: minicpmo-client).
