@@ -21,7 +21,9 @@ all four at once (a model that does not answer costs the probe one timeout, not 
     python -m backends.serving.health --url HOST:8000 [--grpc-url HOST:8001]
 
 prints the report and exits 0 (ready) or 1 (not ready). Both addresses take `host:port` or
-`http://host:port` (client/url.py); the gRPC address defaults to port 8001 of the `--url` host. The launcher's readiness (`ServerProcess.is_ready`) is the same probe.
+`http://host:port` (client/url.py); the gRPC address defaults to port 8001 of the `--url` host.
+`--endpoints WORKDIR/endpoints.json` takes both from the file a launcher writes there instead
+(backends/serving/endpoints.py): the container's health check, whatever ports it serves. The launcher's readiness (`ServerProcess.is_ready`) is the same probe.
 """
 from __future__ import annotations
 
@@ -34,11 +36,13 @@ import urllib.request
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from pathlib import Path
 
 from client.url import grpc_target, parse_address
 
 from backends.contracts.stage_clients import STAGES, StageCallError
 from backends.serving.duplex_health import DUPLEX_MODEL, ask_duplex
+from backends.serving.endpoints import Endpoints
 from backends.serving.stage_channel import StageChannel
 from backends.serving.stage_health import health_request
 from backends.contracts.tensor_codec import to_arrays
@@ -148,8 +152,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--grpc-url", default=None,
                         help=f"Triton gRPC address: host:port or http://host:port "
                              f"(default: the --url host, port {DEFAULT_GRPC_PORT})")
+    parser.add_argument("--endpoints", type=Path, default=None, metavar="FILE",
+                        help="read both addresses from the endpoints.json a launcher writes in its workdir "
+                             "(the container's health check: whatever ports the server was given)")
     parser.add_argument("--timeout", type=float, default=10.0)
     args = parser.parse_args(argv)
+    if args.endpoints is not None:
+        try:
+            served = Endpoints.read(args.endpoints)
+        except ValueError as exc:  # no server ready yet: not ready, not a usage error
+            print(json.dumps({"ready": False, "error": str(exc)}))
+            return 1
+        args.url, args.grpc_url = served.http, served.grpc
     try:
         http, grpc = parse_address(args.url, default_port=DEFAULT_HTTP_PORT).http, grpc_target(args.grpc_url) if args.grpc_url else None
     except ValueError as exc:  # a malformed address: a usage error

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from backends.checkpoint.prepare import prepare_checkpoint
+from backends.serving.endpoints import ENDPOINTS_FILE, Endpoints
 from backends.serving.grpc_stages import STAGE_URL_ENV
 from backends.serving.health import server_ready
 from backends.serving.metrics_stage_calls import call_metrics_enabled
@@ -312,11 +313,21 @@ def main(argv: list[str] | None = None) -> int:
     server.start()
     print(f"tritonserver ready: grpc {server.grpc_url}, http {server.http_url}, log {server.log_file}, "
           f"stage secret file {server.stage_secret_file}", flush=True)
-    supervisor = Supervisor(server, options.supervisor, say=lambda line: print(line, file=sys.stderr, flush=True))
-    given_up = supervisor.run(lambda: bool(stop_requested))
+    endpoints = write_endpoints(server)
+    try:
+        supervisor = Supervisor(server, options.supervisor, say=lambda line: print(line, file=sys.stderr, flush=True))
+        given_up = supervisor.run(lambda: bool(stop_requested))
+    finally:
+        endpoints.unlink(missing_ok=True)
     code = server.stop()
     print(f"tritonserver stopped (exit {code})", flush=True)
     return 1 if given_up else 0
+
+
+def write_endpoints(server: ServerProcess) -> Path:
+    """`<workdir>/endpoints.json`: where the health check finds this server (backends/serving/endpoints.py)."""
+    opts = server.options
+    return Endpoints.serving(opts.address, server.http_port, server.grpc_port).write(opts.workdir / ENDPOINTS_FILE)
 
 
 if __name__ == "__main__":

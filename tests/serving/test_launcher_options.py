@@ -75,3 +75,15 @@ def test_the_plain_command_puts_this_pythons_libpython_first(tmp_path):
     assert "triton_python_backend_stub" not in line and "tritonserver --model-repository=" in line
     assert (tmp_path / "triton" / "backends" / "python" / "triton_python_backend_stub").exists() \
         or "/opt/tritonserver" in line, "the wheel's stub is prepared for this Python"
+
+
+def test_the_launcher_tells_the_health_check_where_it_serves(tmp_path):
+    from backends.serving.endpoints import Endpoints
+    from backends.serving.launcher import ServerOptions, ServerProcess, write_endpoints
+    from backends.serving.profiles import get_profile
+
+    server = ServerProcess(ServerOptions(get_profile("cpu"), workdir=tmp_path, address="0.0.0.0",
+                                         http_port=9000, grpc_port=9001, metrics_port=9002))
+    path = write_endpoints(server)
+    assert path == tmp_path / "endpoints.json"
+    assert Endpoints.read(path) == Endpoints("127.0.0.1:9000", "127.0.0.1:9001")
