@@ -117,6 +117,9 @@ def _main_live(args: argparse.Namespace, url: str, params: SessionParams, config
             report = stream_live(session, mic, speaker, params, config, should_stop=stop.is_set,
                                  on_event=_printer(args))
             reply = session.reply_audio()
+    except NoAudioDevice as exc:  # a device that opened but would not start
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     finally:
         signal.signal(signal.SIGINT, previous)
     return _conclude(report, reply, args)

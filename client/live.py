@@ -74,6 +74,7 @@ class Microphone:
     """The default input device; `blocks` yields 16 kHz int16 mono, `append_ms` at a time."""
 
     def __init__(self, sd: ModuleType, device_rate: int, append_ms: int) -> None:
+        self._sd = sd
         self._captured: queue.Queue[np.ndarray] = queue.Queue()
         self._to_uplink = _Resampler(device_rate, INPUT_SAMPLE_RATE)
         self._stream = sd.InputStream(samplerate=device_rate, channels=1, dtype="int16",
@@ -94,7 +95,7 @@ class Microphone:
             yield block
 
     def __enter__(self) -> "Microphone":
-        self._stream.start()
+        _start(self._sd, self._stream, "microphone")
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -106,6 +107,7 @@ class Speaker:
     """The default output device, playing 24 kHz int16 as `play` queues it; silence between."""
 
     def __init__(self, sd: ModuleType, device_rate: int) -> None:
+        self._sd = sd
         self._lock = threading.Lock()
         self._pending: collections.deque[np.ndarray] = collections.deque()  # at the device rate
         self._from_reply = _Resampler(OUTPUT_SAMPLE_RATE, device_rate)
@@ -139,12 +141,20 @@ class Speaker:
         out[filled:] = 0
 
     def __enter__(self) -> "Speaker":
-        self._stream.start()
+        _start(self._sd, self._stream, "speaker")
         return self
 
     def __exit__(self, *exc: object) -> None:
         self._stream.stop()
         self._stream.close()
+
+
+def _start(sd: ModuleType, stream: Any, what: str) -> None:
+    """Start a PortAudio stream; NoAudioDevice when the device refuses (busy, unplugged)."""
+    try:
+        stream.start()
+    except sd.PortAudioError as exc:
+        raise NoAudioDevice(f"the {what} did not start ({exc})") from exc
 
 
 def open_audio(append_ms: int, sd: ModuleType | None = None) -> tuple[Microphone, Speaker]:

@@ -156,3 +156,16 @@ def test_missing_portaudio_is_a_clear_error(monkeypatch, capsys):
     assert cli.main(["--mic"]) == 2
     err = capsys.readouterr().err
     assert "live mode needs the PortAudio library" in err and "libportaudio2" in err
+
+
+def test_a_device_that_will_not_start_is_a_clear_error(monkeypatch, capsys, fake_client_factory, connect_to):
+    sd = fake_sounddevice()
+
+    def refuse(self) -> None:
+        raise PortAudioError("Device unavailable [PaErrorCode -9985]")
+
+    sd.InputStream.start = refuse
+    monkeypatch.setattr(live, "load_sounddevice", lambda: sd)
+    connect_to(fake_client_factory())
+    assert cli.main(["--mic", "--quiet"]) == 2
+    assert "the microphone did not start (Device unavailable" in capsys.readouterr().err
