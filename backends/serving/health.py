@@ -23,7 +23,8 @@ all four at once (a model that does not answer costs the probe one timeout, not 
 prints the report and exits 0 (ready) or 1 (not ready). Both addresses take `host:port` or
 `http://host:port` (client/url.py); the gRPC address defaults to port 8001 of the `--url` host.
 `--endpoints WORKDIR/endpoints.json` takes both from the file a launcher writes there instead
-(backends/serving/endpoints.py): the container's health check, whatever ports it serves. The launcher's readiness (`ServerProcess.is_ready`) is the same probe.
+(backends/serving/endpoints.py): the container's health check, whatever ports it serves.
+The launcher's readiness (`ServerProcess.is_ready`) is the same probe.
 """
 from __future__ import annotations
 
@@ -165,7 +166,8 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         args.url, args.grpc_url = served.http, served.grpc
     try:
-        http, grpc = parse_address(args.url, default_port=DEFAULT_HTTP_PORT).http, grpc_target(args.grpc_url) if args.grpc_url else None
+        http = parse_address(args.url, default_port=DEFAULT_HTTP_PORT).http
+        grpc = grpc_target(args.grpc_url) if args.grpc_url else None
     except ValueError as exc:  # a malformed address: a usage error
         parser.error(str(exc))
     try:
