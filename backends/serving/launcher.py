@@ -241,8 +241,8 @@ def render_only(options: ServerOptions, dest: Path) -> int:
     try:
         print("start it here with:\n  " + plain_command(options, repo))
     except RuntimeError as err:  # no tritonserver here: the rendering is still usable elsewhere
-        print(f"no tritonserver here to start it with ({err}); in the NGC container: "
-              f"tritonserver --model-repository={repo}")
+        print(f"no tritonserver here to start it with ({err}); in the NGC container:\n  "
+              + shlex.join(["tritonserver", f"--model-repository={repo}", *SHM_ARGS]))
     return 0
 
 

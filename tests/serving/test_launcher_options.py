@@ -87,3 +87,17 @@ def test_the_launcher_tells_the_health_check_where_it_serves(tmp_path):
     path = write_endpoints(server)
     assert path == tmp_path / "endpoints.json"
     assert Endpoints.read(path) == Endpoints("127.0.0.1:9000", "127.0.0.1:9001")
+
+
+def test_render_only_without_a_tritonserver_prints_the_container_line(tmp_path, monkeypatch, capsys):
+    from backends.serving import launcher
+
+    def no_triton(scratch):
+        raise RuntimeError("no tritonserver on PATH and nvidia-pytriton is not installed")
+
+    monkeypatch.setattr(launcher, "find_triton", no_triton)
+    dest = tmp_path / "repo"
+    assert launcher.main(["--profile", "gpu", "--render-only", str(dest), "--workdir", str(tmp_path / "w")]) == 0
+    out = capsys.readouterr().out
+    assert "no tritonserver here" in out
+    assert f"tritonserver --model-repository={dest} --backend-config=python,shm-default-byte-size=" in out
