@@ -1,14 +1,17 @@
-"""`minicpmo-client`: stream a wav file to the `duplex` model in real time, print the events
-and per-turn latencies, and save the spoken reply (24 kHz mono PCM16).
+"""`minicpmo-client`: stream an audio file (or, with --mic, the microphone) to the `duplex`
+model in real time, print the events and per-turn latencies, and save the spoken reply (24 kHz
+mono PCM16; with --mic it also plays as it arrives).
 
 Exit codes: 0 success; 1 an error event, a failed request, a timeout or no reply audio;
-2 bad arguments or an unreadable input file.
+2 bad arguments, an unreadable input file, or no audio device for --mic.
 """
 
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
+import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -26,11 +29,13 @@ from client.events import (
     SessionClosed,
     TextDelta,
 )
+from client.live import NoAudioDevice, open_audio, stream_live
 from client.metrics import OUTPUT_SAMPLE_RATE, SessionReport, TurnMetrics
 from client.params import SessionParams
 from client.resample import UPLINK_SAMPLE_RATE, to_uplink_pcm
 from client.session import AFFINITY_HEADER, MODEL_NAME, DuplexSession
 from client.streaming import StreamConfig, stream_utterance
+from client.url import grpc_target
 from client.wav import WavAudio, read_wav, write_wav
 
 DEFAULT_INPUT = Path(__file__).resolve().parent / "data" / "hello_16k.wav"
@@ -40,10 +45,15 @@ NON_SILENT_PEAK = 64  # |sample| above which the reply counts as audible (about 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="minicpmo-client", description=__doc__.split("\n\n")[0])
     add = parser.add_argument
-    add("--url", default="127.0.0.1:8001", help="Triton gRPC address host:port")
+    add("--url", default="127.0.0.1:8001", help="Triton gRPC address: host:port or http://host:port")
     add("--model", default=MODEL_NAME, help="model name on the server")
-    add("--input", type=Path, default=DEFAULT_INPUT, help="PCM16 wav (resampled to 16 kHz mono)")
-    add("--output", type=Path, default=Path("reply.wav"), help="where to write the reply audio")
+    add("--input", type=Path, default=DEFAULT_INPUT,
+        help="audio file: wav of any sample format, FLAC, OGG, ... (resampled to 16 kHz mono)")
+    add("--mic", action="store_true",
+        help="live: stream the default microphone and play the reply on the default speaker "
+             "until Ctrl-C or --max-seconds (needs PortAudio and both devices)")
+    add("--output", type=Path, default=Path("reply.wav"),
+        help="where to write the reply audio (PCM16; .wav, .flac, ... by the extension)")
     add("--json", type=Path, default=None, help="write the session report as JSON here")
     add("--session-id", default=None, help="sequence id of the session (default: random)")
     add("--affinity-header", default=None, metavar="NAME",
@@ -65,11 +75,12 @@ def build_parser() -> argparse.ArgumentParser:
     add("--reply-tokens-per-unit", type=int, default=None, help="force N text tokens per unit")
     add("--voice", default=None, help="server-side voice name")
     add("--force-listen-count", type=int, default=None, help="force N listen units per turn")
-    add("--ref-audio", type=Path, default=None, help="PCM16 wav voice clip (REF_AUDIO)")
+    add("--ref-audio", type=Path, default=None, help="audio file of a voice clip (REF_AUDIO)")
     add("--speed", type=float, default=1.0,
         help="pacing factor; 2.0 = twice real time (the server refuses appends once a session "
              "would run more than max_uplink_ahead_s, 5 s by default, ahead of real time)")
-    add("--max-seconds", type=float, default=60.0, help="most silence streamed awaiting a reply")
+    add("--max-seconds", type=float, default=60.0,
+        help="most silence streamed awaiting a reply; with --mic, the longest session")
     add("--timeout", type=float, default=30.0, help="seconds to wait for the server at each step")
     add("--quiet", action="store_true", help="do not print every event")
     return parser
@@ -78,26 +89,70 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
+        url = grpc_target(args.url)
         params, config = _params(args), _config(args)
+        if args.mic:
+            return _main_live(args, url, params, config)
         pcm16 = _load_uplink(args.input, "input")
         ref_audio = _load_uplink(args.ref_audio, "ref-audio") if args.ref_audio else None
     except (ValueError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    affinity = {"affinity_header": args.affinity_header} if args.affinity_header else {}
-    connect = DuplexSession.connect
-    with connect(args.url, args.session_id, model_name=args.model, **affinity) as session:
-        try:
-            session.check_ready(args.timeout)
-        except DuplexStreamError as exc:
-            print(f"error: {exc} (url {args.url})", file=sys.stderr)
+    with _connect(args, url) as session:
+        if not _ready(session, args.timeout, url):
             return 1
-        print(f"session {session.session_id}: streaming {args.input} to {args.url}")
-        printer = None if args.quiet else _EventPrinter(time.monotonic())
-        report = stream_utterance(
-            session, pcm16, params, config, ref_audio=ref_audio, on_event=printer
-        )
+        print(f"session {session.session_id}: streaming {args.input} to {url}")
+        report = stream_utterance(session, pcm16, params, config, ref_audio=ref_audio, on_event=_printer(args))
         reply = session.reply_audio()
+    return _conclude(report, reply, args)
+
+
+def _main_live(args: argparse.Namespace, url: str, params: SessionParams, config: StreamConfig) -> int:
+    """--mic: the default microphone to the session, the reply to the default speaker, until
+    Ctrl-C or --max-seconds; exit 2 with what is missing where there is no audio device."""
+    try:
+        mic, speaker = open_audio(config.append_ms)
+    except NoAudioDevice as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    stop = threading.Event()
+    previous = signal.signal(signal.SIGINT, lambda _signum, _frame: stop.set())
+    try:
+        with _connect(args, url) as session, mic, speaker:
+            if not _ready(session, args.timeout, url):
+                return 1
+            print(f"session {session.session_id}: live from the microphone to {url}; Ctrl-C ends it")
+            report = stream_live(session, mic, speaker, params, config, should_stop=stop.is_set,
+                                 on_event=_printer(args))
+            reply = session.reply_audio()
+    except NoAudioDevice as exc:  # a device that opened but would not start
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    return _conclude(report, reply, args)
+
+
+def _connect(args: argparse.Namespace, url: str) -> DuplexSession:
+    affinity = {"affinity_header": args.affinity_header} if args.affinity_header else {}
+    return DuplexSession.connect(url, args.session_id, model_name=args.model, **affinity)
+
+
+def _ready(session: DuplexSession, timeout_s: float, url: str) -> bool:
+    try:
+        session.check_ready(timeout_s)
+    except DuplexStreamError as exc:
+        print(f"error: {exc} (url {url})", file=sys.stderr)
+        return False
+    return True
+
+
+def _printer(args: argparse.Namespace) -> "_EventPrinter | None":
+    return None if args.quiet else _EventPrinter(time.monotonic())
+
+
+def _conclude(report: SessionReport, reply: np.ndarray, args: argparse.Namespace) -> int:
+    """Print the report, save the reply (and the JSON report); the exit code."""
     _print_report(report)
     _save_reply(reply, args.output)
     if args.json is not None:
@@ -140,7 +195,7 @@ def _load_uplink(path: Path, what: str) -> np.ndarray:
     if audio.sample_rate != UPLINK_SAMPLE_RATE or audio.num_channels != 1:
         print(
             f"{what}: {audio.sample_rate} Hz x {audio.num_channels} channels,"
-            f" resampled to {UPLINK_SAMPLE_RATE} Hz mono (linear interpolation)"
+            f" resampled to {UPLINK_SAMPLE_RATE} Hz mono (soxr, anti-aliased)"
         )
     return to_uplink_pcm(audio)
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import numpy as np
@@ -85,7 +85,7 @@ def stream_utterance(
     if pcm16.dtype != np.int16 or pcm16.ndim != 1:
         raise ValueError(f"pcm16 must be [n] int16 at 16 kHz, got {pcm16.dtype} {pcm16.shape}")
     started_s = session.start(params, ref_audio)
-    run = _Run(session, TurnRecorder(started_s), on_event)
+    run = SessionRun(session, TurnRecorder(started_s), on_event)
     silence_ms = 0.0
     try:
         if run.wait_created(config.created_timeout_s):
@@ -93,11 +93,12 @@ def stream_utterance(
         run.finish(config.close_timeout_s)
     except (DuplexTimeout, DuplexStreamError, DuplexProtocolError) as exc:
         run.errors.append(f"{type(exc).__name__}: {exc}")
-    return run.report(pcm16, silence_ms, started_s)
+    return run.report(pcm16.shape[0] * 1000.0 / INPUT_SAMPLE_RATE, silence_ms, started_s)
 
 
-class _Run:
-    """The state of one `stream_utterance` call."""
+class SessionRun:
+    """The state of one streamed session: `stream_utterance`'s, or the live microphone's
+    (client/live.py)."""
 
     def __init__(self, session: DuplexSession, recorder: TurnRecorder, on_event: EventHook | None):
         self.session = session
@@ -158,13 +159,24 @@ class _Run:
         for event in events:
             self.observe(event)
 
-    def report(self, pcm16: np.ndarray, silence_ms: float, started_s: float) -> SessionReport:
+    def stream_blocks(self, blocks: Iterable[np.ndarray]) -> float:
+        """Send each block as it comes (a live source paces itself), reading the events that
+        arrived meanwhile; returns the ms of audio sent."""
+        sent = 0
+        for block in blocks:
+            self.observe_all(self.session.events_until(time.monotonic()))
+            if block.size and not self._send(block):
+                break
+            sent += block.shape[0]
+        return sent * 1000.0 / INPUT_SAMPLE_RATE
+
+    def report(self, input_ms: float, silence_ms: float, started_s: float) -> SessionReport:
         timelines = self.recorder.timelines()
         return SessionReport(
             session_id=self.session.session_id,
             turns=tuple(compute_turn_metrics(timeline, i) for i, timeline in enumerate(timelines)),
             errors=tuple(self.errors),
-            input_ms=pcm16.shape[0] * 1000.0 / INPUT_SAMPLE_RATE,
+            input_ms=input_ms,
             silence_ms=float(silence_ms),
             reply_audio_ms=self.session.reply_audio().shape[0] * 1000.0 / OUTPUT_SAMPLE_RATE,
             wall_s=time.monotonic() - started_s,

@@ -1,14 +1,19 @@
-"""PCM16 wav files through the stdlib `wave` module (no audio library needed)."""
+"""Audio files through soundfile (libsndfile): any common format in, PCM16 out.
+
+Reading takes whatever libsndfile reads (wav of any sample format: 16/24/32-bit integer, float;
+FLAC, OGG/Vorbis, AIFF, ...) and quantizes it once to int16, the only sample format the duplex
+model speaks. Writing picks the container from the file name (`.wav`, `.flac`, ...), PCM16.
+"""
 
 from __future__ import annotations
 
-import wave
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import soundfile
 
-_SAMPLE_WIDTH = 2  # bytes: 16-bit PCM is the only format the duplex model speaks
+INT16_SCALE = 32768.0  # libsndfile's float <-> 16-bit scale: PCM16 in, PCM16 out, exactly
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,26 +39,25 @@ class WavAudio:
         return self.samples.shape[0] / self.sample_rate
 
 
+def to_int16(samples: np.ndarray) -> np.ndarray:
+    """Float samples in [-1, 1) -> int16, rounded; out-of-range values clip instead of wrapping."""
+    return np.clip(np.rint(samples * INT16_SCALE), -32768, 32767).astype(np.int16)
+
+
 def read_wav(path: str | Path) -> WavAudio:
-    """Read a 16-bit PCM wav file; other sample formats raise ValueError."""
+    """Read any audio file libsndfile supports as [frames, channels] int16; ValueError says why not."""
+    if not Path(path).is_file():
+        raise FileNotFoundError(f"No such file: {path}")
     try:
-        with wave.open(str(path), "rb") as reader:
-            width, channels = reader.getsampwidth(), reader.getnchannels()
-            rate, frames = reader.getframerate(), reader.readframes(reader.getnframes())
-    except wave.Error as exc:
-        # The stdlib reader rejects float and compressed wavs with terse messages.
-        raise ValueError(
-            f"{path}: not a PCM16 wav file ({exc}); convert it with"
-            " `sox in.wav -b 16 -e signed-integer out.wav`"
-        ) from exc
-    if width != _SAMPLE_WIDTH:
-        raise ValueError(f"{path}: {8 * width}-bit samples; only 16-bit PCM is supported")
-    samples = np.frombuffer(frames, dtype="<i2").astype(np.int16).reshape(-1, channels)
-    return WavAudio(samples, rate)
+        samples, rate = soundfile.read(str(path), dtype="float64", always_2d=True)  # [n, channels]
+    except soundfile.LibsndfileError as exc:
+        raise ValueError(f"{path}: not an audio file libsndfile can read ({exc})") from exc
+    return WavAudio(to_int16(samples), int(rate))
 
 
 def write_wav(path: str | Path, samples: np.ndarray, sample_rate: int) -> None:
-    """Write `samples`, [n] (mono) or [n, num_channels] int16, as a PCM16 wav file."""
+    """Write `samples`, [n] (mono) or [n, num_channels] int16, as PCM16; the container follows
+    the file name's extension (`.wav` when it names none libsndfile knows)."""
     if samples.dtype != np.int16 or samples.ndim not in (1, 2):
         raise ValueError(
             f"samples must be [n] or [n, channels] int16, got {samples.dtype} {samples.shape}"
@@ -61,8 +65,5 @@ def write_wav(path: str | Path, samples: np.ndarray, sample_rate: int) -> None:
     if sample_rate <= 0:
         raise ValueError(f"sample_rate must be > 0, got {sample_rate}")
     frames = samples[:, None] if samples.ndim == 1 else samples  # [n, num_channels]
-    with wave.open(str(path), "wb") as writer:
-        writer.setnchannels(frames.shape[1])
-        writer.setsampwidth(_SAMPLE_WIDTH)
-        writer.setframerate(sample_rate)
-        writer.writeframes(np.ascontiguousarray(frames, dtype="<i2").tobytes())
+    known = Path(path).suffix.lstrip(".").upper() in soundfile.available_formats()
+    soundfile.write(str(path), frames, sample_rate, subtype="PCM_16", format=None if known else "WAV")

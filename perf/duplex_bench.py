@@ -27,6 +27,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from client.url import grpc_targets, http_url
 from perf.bench_plot import plot_levels
 from perf.bench_report import render_markdown, write_json
 from perf.duplex_levels import LevelPlan, LevelResult, run_level, warm_up
@@ -37,14 +38,18 @@ from perf.workload import ReplyShape, Workload
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_OUT = ROOT / "perf" / "out"
+DEFAULT_WORKDIR = ROOT / "var"  # the launcher's
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add = p.add_argument
-    add("--url", help="gRPC host:port of a running server, or a comma-separated list of replicas that the "
-                      "sessions are split between (default: start one server with --profile)")
-    add("--metrics-url", help="Prometheus page of that server (comma-separated, one per replica: summed)")
+    add("--url", help="gRPC address of a running server (host:port or http://host:port), or a comma-separated "
+                      "list of replicas that the sessions are split between (default: start one server with --profile)")
+    add("--metrics-url", help="Prometheus page of that server, host:port or http://host:port[/metrics] "
+                              "(comma-separated, one per replica: summed)")
+    add("--workdir", type=Path, default=DEFAULT_WORKDIR,
+        help="where the server started here keeps its rendered repository, checkpoint, logs and secret")
     add("--profile", default="cpu", help="profile of the server started here (cpu | gpu); recorded as given with --url")
     add("--set", action="append", default=[], metavar="NAME=VALUE", help="override a server variable")
     add("--concurrency", default="1,2", help="comma-separated levels C")
@@ -73,6 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         levels = parse_levels(args.concurrency)
+        normalize_urls(args)
         shape = ReplyShape(args.reply_units_min, args.reply_units_max, args.reply_tokens_per_unit)
         workload = Workload.load(shape)
     except ValueError as exc:
@@ -148,6 +154,15 @@ def describe_device() -> str:
     return f"CPU: {_cpu_model()} ({os.cpu_count()} cores), {platform.system()}"
 
 
+def normalize_urls(args: argparse.Namespace) -> None:
+    """Either address form in, the forms the gRPC client and the scraper take out (client/url.py)."""
+    if args.url:
+        args.url = ",".join(grpc_targets(args.url))
+    if args.metrics_url:
+        pages = [http_url(item, default_path="/metrics") for item in args.metrics_url.split(",") if item.strip()]
+        args.metrics_url = ",".join(pages)
+
+
 @contextlib.contextmanager
 def _server(args: argparse.Namespace, max_concurrency: int) -> Iterator[tuple[str, str | None]]:
     if args.url:
@@ -160,7 +175,7 @@ def _server(args: argparse.Namespace, max_concurrency: int) -> Iterator[tuple[st
     profile = get_profile(args.profile).with_overrides(overrides)
     if profile.max_sessions < max_concurrency:
         profile = profile.with_overrides({"max_sessions": str(max_concurrency)})
-    with ServerProcess(ServerOptions(profile=profile)) as server:
+    with ServerProcess(ServerOptions(profile=profile, workdir=args.workdir)) as server:
         print(f"server ready: {server.grpc_url} (profile {profile.name}, log {server.log_file})", flush=True)
         yield server.grpc_url, f"http://{server.options.address}:{server.metrics_port}/metrics"
 

@@ -5,7 +5,7 @@ the same `to_arrays` the orchestrator uses, so the data cannot drift from the co
 
 Stage models keep per-request state (a resumable request id with increasing `seq` /
 `condition_seq` / `chunk_seq`), so one data file is one scripted session replayed in order:
-its requests, then a `stop` that frees the state, so the file can loop. perf_analyzer keeps
+a `stop`, its requests, then a `stop` that frees the state, so the file can loop. perf_analyzer keeps
 the order at concurrency 1; parallel sessions are parallel perf_analyzer processes, each with
 its own file (`session` picks distinct request ids).
 
@@ -120,15 +120,25 @@ def duplex_stream(speech: np.ndarray, seconds: float, append_ms: int = 200) -> l
 
 def stage_data(model: str, session: int, units: int, dims: StageDims | None, reply_units: int = 4,
                tokens_per_unit: int = 4) -> dict[str, Any]:
+    """One scripted session, opened by a `stop` of its request id as well as closed by one: a
+    run cut short mid-session (perf_analyzer ends wherever its window ends) leaves the id
+    started, and the next run's opening stop clears it instead of failing on `already started`."""
+    if model not in STAGES:
+        raise ValueError(f"model must be one of {STAGES}, got {model!r}")
+    requests = [stop_request(model, session_request_id(model, session)), *_session(model, session, units, dims,
+                                                                                   reply_units, tokens_per_unit)]
+    return {"data": [pa_request(r) for r in requests]}
+
+
+def _session(model: str, session: int, units: int, dims: StageDims | None, reply_units: int,
+             tokens_per_unit: int) -> list[Any]:
     if model == "thinker":
         requests = thinker_session(session, units, reply_units, tokens_per_unit)
     elif model == "talker":
         requests = talker_session(session, units, _need(dims), seed=session)
-    elif model == "code2wav":
-        requests = code2wav_session(session, units, seed=session)
     else:
-        raise ValueError(f"model must be one of {STAGES}, got {model!r}")
-    return {"data": [pa_request(r) for r in requests]}
+        requests = code2wav_session(session, units, seed=session)
+    return requests
 
 
 def duplex_data(speech: np.ndarray, seconds: float, num_sequences: int, append_ms: int = 200) -> dict[str, Any]:

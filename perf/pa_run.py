@@ -20,10 +20,13 @@ other users may see the server's internals anyway). Without it the stage answers
 perf_analyzer (tritonclient[all]==2.51.0) needs `libb64-0d` (apt) and libcudart.so.12 (PyPI
 nvidia-cuda-runtime-cu12); its directory is put on LD_LIBRARY_PATH here. Writes
 <out>/<model>[_<i>].json (input data), <model>[_<i>]_export.json and <model>_latency.json.
+When perf_analyzer fails (it cannot start, the server refuses it) the latency JSON holds the
+error and the end of its output instead of numbers, printed to stderr too, and the exit code is 1.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -31,11 +34,15 @@ import subprocess
 import sys
 from pathlib import Path
 
+from client.url import grpc_target
+
+from backends.contracts.stage_clients import StageCallError
 from backends.serving.stage_secret import SECRET_PARAMETER, read_secret_file
 from perf.pa_inputs import STAGES, StageDims, duplex_data, session_request_id, stage_data
 from perf.pa_latency import duplex_latency, load_requests, stream_latency, to_json
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "out" / "pa"
+LOG_TAIL_LINES = 12  # of a failed perf_analyzer's output, reported with the error
 
 
 def perf_analyzer_binary() -> str:
@@ -90,9 +97,15 @@ def run_stage(args: argparse.Namespace) -> dict:
         data.write_text(json.dumps(stage_data(args.model, session, args.units, dims)))
         procs.append(_spawn(stage_command(args, data, export, secret), args.out / f"{args.model}_{session}.log"))
         exports.append(export)
-    _wait(procs, args.timeout_s)
+    codes = _wait(procs, args.timeout_s)
+    logs = [args.out / f"{args.model}_{session}.log" for session in range(args.sessions)]
+    failure = run_failure(codes, exports, logs)
+    if failure is not None:
+        with contextlib.suppress(StageCallError):  # the server may be what failed: its error is reported
+            stop_sessions(args.url, args.model, args.sessions, secret)
+        return {"model": args.model, "sessions": args.sessions, **failure}
     stop_sessions(args.url, args.model, args.sessions, secret)
-    requests = [r for export in exports if export.is_file() for r in load_requests(export)]
+    requests = [r for export in exports for r in load_requests(export)]
     return {"model": args.model, "sessions": args.sessions, **to_json(stream_latency(requests))}
 
 
@@ -115,9 +128,32 @@ def run_duplex(args: argparse.Namespace) -> dict:
     voices = load_voices()
     data, export = args.out / "duplex.json", args.out / "duplex_export.json"
     data.write_text(json.dumps(duplex_data(voices[sorted(voices)[0]], args.seconds, 1, args.append_ms)))
-    _wait([_spawn(duplex_command(args, data, export), args.out / "duplex.log")], args.timeout_s)
-    requests = load_requests(export) if export.is_file() else []
-    return {"model": "duplex", "sequences": args.sequences, **to_json(duplex_latency(requests))}
+    log = args.out / "duplex.log"
+    codes = _wait([_spawn(duplex_command(args, data, export), log)], args.timeout_s)
+    failure = run_failure(codes, [export], [log])
+    if failure is not None:
+        return {"model": "duplex", "sequences": args.sequences, **failure}
+    return {"model": "duplex", "sequences": args.sequences, **to_json(duplex_latency(load_requests(export)))}
+
+
+def run_failure(codes: list[int], exports: list[Path], logs: list[Path]) -> dict | None:
+    """None when every perf_analyzer process exited 0 and wrote its export; else the first
+    failure's exit code, the end of its output (where perf_analyzer and the loader say why:
+    a missing library, an unreachable server, a refused request) and its log's path."""
+    for code, export, log in zip(codes, exports, logs):
+        if code != 0 or not export.is_file():
+            return {"error": f"perf_analyzer exited with {code}" + ("" if export.is_file() else
+                                                                    ", writing no profile export"),
+                    "output": log_tail(log), "log": str(log)}
+    return None
+
+
+def log_tail(log: Path, lines: int = LOG_TAIL_LINES) -> str:
+    try:
+        text = log.read_text(errors="replace")
+    except OSError as exc:
+        return f"(no output: {exc})"
+    return "\n".join([line for line in text.splitlines() if line.strip()][-lines:])
 
 
 def _spawn(command: list[str], log: Path) -> subprocess.Popen[bytes]:
@@ -125,20 +161,22 @@ def _spawn(command: list[str], log: Path) -> subprocess.Popen[bytes]:
         return subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=pa_environment())
 
 
-def _wait(procs: list[subprocess.Popen[bytes]], timeout_s: float) -> None:
+def _wait(procs: list[subprocess.Popen[bytes]], timeout_s: float) -> list[int]:
+    """Each process's exit code (negative: killed, here after `timeout_s`)."""
     for proc in procs:
         try:
             proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+    return [proc.returncode for proc in procs]
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add = parser.add_argument
     add("--model", required=True, choices=(*STAGES, "duplex"))
-    add("--url", default="127.0.0.1:8001", help="gRPC host:port")
+    add("--url", default="127.0.0.1:8001", help="gRPC address: host:port or http://host:port")
     add("--stage-secret-file", type=Path, default=None,
         help="stage models: the server's stage secret file (the launcher prints its path)")
     add("--checkpoint", default="tiny", help="tiny | full-random | a directory (the talker's hidden width)")
@@ -159,9 +197,20 @@ def main(argv: list[str] | None = None) -> int:
     if args.sessions < 1 or args.sequences < 1 or args.units < 1:
         print("error: --sessions, --sequences and --units must be >= 1", file=sys.stderr)
         return 2
+    try:
+        args.url = grpc_target(args.url)
+    except ValueError as exc:
+        print(f"error: --url: {exc}", file=sys.stderr)
+        return 2
     args.out.mkdir(parents=True, exist_ok=True)
-    result = run_duplex(args) if args.model == "duplex" else run_stage(args)
+    try:
+        result = run_duplex(args) if args.model == "duplex" else run_stage(args)
+    except (OSError, ValueError) as exc:  # no perf_analyzer, an unreadable secret file
+        result = {"model": args.model, "error": f"{type(exc).__name__}: {exc}"}
     (args.out / f"{args.model}_latency.json").write_text(json.dumps(result, indent=1) + "\n")
+    if "error" in result:
+        print(f"error: {result['error']}\n{result.get('output', '')}".rstrip(), file=sys.stderr)
+        return 1
     print(json.dumps(result, indent=1))
     measured = result.get("requests", result.get("sessions", 0))
     return 0 if measured else 1

@@ -34,12 +34,12 @@ from backends.contracts.messages import (
 )
 from backends.contracts.stage_clients import CODE2WAV, TALKER, THINKER
 from backends.contracts.tensor_codec import from_arrays, to_arrays
+from backends.serving.own_server import OwnServerNotFound, own_server_grpc_url
 from backends.serving.stage_channel import DEFAULT_CLOSE_WAIT_S, StageChannel
 
 log = logging.getLogger(__name__)
 
-STAGE_URL_ENV = "MINICPMO_STAGE_URL"  # set by the launcher: the server's own gRPC host:port
-DEFAULT_STAGE_URL = "127.0.0.1:8001"
+STAGE_URL_ENV = "MINICPMO_STAGE_URL"  # an explicit gRPC host:port of the stages (another server's)
 DEFAULT_TIMEOUT_S = 60.0  # a call that hears nothing for this long fails (stage_timeout)
 DEFAULT_MAX_IDLE = 16  # idle channels kept per stage; more are closed when their call ends
 # (draining ones are kept beyond it: closing one would wait for its request)
@@ -50,9 +50,19 @@ DEFAULT_STREAM_IDLE_S = 2.0
 SHUTDOWN_CLOSE_WAIT_S = 1.0
 
 
-def stage_url(params: dict[str, str]) -> str:
-    """The model parameter `stage_url`, else the launcher's environment, else Triton's port."""
-    return params.get("stage_url") or os.environ.get(STAGE_URL_ENV) or DEFAULT_STAGE_URL
+def stage_url(params: dict[str, str], pid: int | None = None) -> str:
+    """The model parameter `stage_url`, else the environment's, else the gRPC address on the
+    command line of the tritonserver running this process (backends/serving/own_server.py).
+    Where none gives one, ValueError names what to set: `duplex` fails its load with it."""
+    explicit = params.get("stage_url") or os.environ.get(STAGE_URL_ENV)
+    if explicit:
+        return explicit
+    try:
+        return own_server_grpc_url(os.getpid() if pid is None else pid)
+    except OwnServerNotFound as exc:
+        raise ValueError(f"duplex cannot find the gRPC address of its own server to call the stages: {exc}; "
+                         f"set {STAGE_URL_ENV}=HOST:PORT in the server's environment or the `stage_url` "
+                         f"parameter of model_repository/duplex/config.pbtxt") from exc
 
 
 class GrpcStageClients:

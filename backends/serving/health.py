@@ -18,10 +18,13 @@ all four at once (a model that does not answer costs the probe one timeout, not 
   the server's stage secret (backends/serving/stage_secret.py): it holds nothing, so the probe
   needs no secret and runs from anywhere that reaches the ports.
 
-    python -m backends.serving.health --url http://HOST:8000 [--grpc-url HOST:8001]
+    python -m backends.serving.health --url HOST:8000 [--grpc-url HOST:8001]
 
-prints the report and exits 0 (ready) or 1 (not ready); the gRPC address defaults to port
-8001 of the `--url` host. The launcher's readiness (`ServerProcess.is_ready`) is the same probe.
+prints the report and exits 0 (ready) or 1 (not ready). Both addresses take `host:port` or
+`http://host:port` (client/url.py); the gRPC address defaults to port 8001 of the `--url` host.
+`--endpoints WORKDIR/endpoints.json` takes both from the file a launcher writes there instead
+(backends/serving/endpoints.py): the container's health check, whatever ports it serves.
+The launcher's readiness (`ServerProcess.is_ready`) is the same probe.
 """
 from __future__ import annotations
 
@@ -30,21 +33,24 @@ import http.client
 import json
 import sys
 import urllib.error
-import urllib.parse
 import urllib.request
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from pathlib import Path
+
+from client.url import grpc_target, parse_address
 
 from backends.contracts.stage_clients import STAGES, StageCallError
 from backends.serving.duplex_health import DUPLEX_MODEL, ask_duplex
+from backends.serving.endpoints import Endpoints
 from backends.serving.stage_channel import StageChannel
 from backends.serving.stage_health import health_request
 from backends.contracts.tensor_codec import to_arrays
 
 MODELS = (DUPLEX_MODEL, *STAGES)
 OK = "ok"
-DEFAULT_GRPC_PORT = 8001  # Triton's and the launcher's
+DEFAULT_HTTP_PORT, DEFAULT_GRPC_PORT = 8000, 8001  # Triton's and the launcher's
 # A health answer comes at once; a stream still open this long after it is cancelled.
 STAGE_CLOSE_WAIT_S = 1.0
 # What asking an HTTP endpoint that is not (or not yet) a Triton server raises.
@@ -69,8 +75,7 @@ class HealthReport:
 
 def default_grpc_url(http_url: str) -> str:
     """The gRPC address of the server at `http_url`: its host, Triton's default gRPC port."""
-    host = urllib.parse.urlsplit(http_url).hostname or "127.0.0.1"
-    return f"[{host}]:{DEFAULT_GRPC_PORT}" if ":" in host else f"{host}:{DEFAULT_GRPC_PORT}"
+    return parse_address(http_url, default_port=DEFAULT_GRPC_PORT, allow_path=True).with_port(DEFAULT_GRPC_PORT).grpc
 
 
 def model_loaded(http_url: str, model: str, timeout_s: float) -> str:
@@ -144,13 +149,29 @@ def server_ready(http_url: str, grpc_url: str | None = None, check_stages: bool 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Exit 0 when every model of the server can serve, else 1.")
-    parser.add_argument("--url", default="http://127.0.0.1:8000", help="Triton HTTP address")
+    parser.add_argument("--url", default="127.0.0.1:8000", help="Triton HTTP address: host:port or http(s)://host:port")
     parser.add_argument("--grpc-url", default=None,
-                        help=f"Triton gRPC address, host:port (default: the --url host, port {DEFAULT_GRPC_PORT})")
+                        help=f"Triton gRPC address: host:port or http://host:port "
+                             f"(default: the --url host, port {DEFAULT_GRPC_PORT})")
+    parser.add_argument("--endpoints", type=Path, default=None, metavar="FILE",
+                        help="read both addresses from the endpoints.json a launcher writes in its workdir "
+                             "(the container's health check: whatever ports the server was given)")
     parser.add_argument("--timeout", type=float, default=10.0)
     args = parser.parse_args(argv)
+    if args.endpoints is not None:
+        try:
+            served = Endpoints.read(args.endpoints)
+        except ValueError as exc:  # no server ready yet: not ready, not a usage error
+            print(json.dumps({"ready": False, "error": str(exc)}))
+            return 1
+        args.url, args.grpc_url = served.http, served.grpc
     try:
-        report = probe(args.url.rstrip("/"), args.grpc_url, args.timeout)
+        http = parse_address(args.url, default_port=DEFAULT_HTTP_PORT).http
+        grpc = grpc_target(args.grpc_url) if args.grpc_url else None
+    except ValueError as exc:  # a malformed address: a usage error
+        parser.error(str(exc))
+    try:
+        report = probe(http, grpc, args.timeout)
     except UNREACHABLE as exc:
         print(json.dumps({"ready": False, "error": f"{type(exc).__name__}: {exc}"}))
         return 1

@@ -1,6 +1,7 @@
 """Start tritonserver on the model repository for a profile, wait for readiness, stop cleanly.
 
     minicpmo-server --profile cpu [--grpc-port 8001] [--set max_sessions=8] [--log-file F]
+    minicpmo-server --profile gpu --render-only DIR     # the rendering alone, for a plain tritonserver
 
 Binds to loopback unless --address is given. Used by the README's main job, by the test
 fixtures and by the benchmarks (through `ServerProcess`). Each start generates a new stage
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shlex
 import signal
 import socket
 import subprocess
@@ -21,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from backends.checkpoint.prepare import prepare_checkpoint
+from backends.serving.endpoints import ENDPOINTS_FILE, Endpoints
 from backends.serving.grpc_stages import STAGE_URL_ENV
 from backends.serving.health import server_ready
 from backends.serving.metrics_stage_calls import call_metrics_enabled
@@ -34,6 +37,9 @@ from backends.serving.triton_install import find_triton
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_REPOSITORY = PROJECT_ROOT / "model_repository"
 DEFAULT_WORKDIR = PROJECT_ROOT / "var"
+# Audio chunks and hidden states cross the shm region between each stub and the server.
+SHM_ARGS = ("--backend-config=python,shm-default-byte-size=16777216",
+            "--backend-config=python,shm-growth-byte-size=16777216")
 
 
 def free_port(address: str = "127.0.0.1") -> int:
@@ -95,13 +101,10 @@ class ServerProcess:
     def start(self) -> "ServerProcess":
         opts = self.options
         install = find_triton(opts.workdir / "triton")
-        checkpoint = prepare_checkpoint(opts.profile.checkpoint, opts.workdir / "checkpoints")
-        profile = opts.profile.with_overrides({"checkpoint": str(checkpoint)}) if checkpoint else opts.profile
-        repo = render_repository(opts.repository, opts.workdir / "repos" / f"{profile.name}-{self.grpc_port}", profile)
+        repo = render_for(opts, opts.workdir / "repos" / f"{opts.profile.name}-{self.grpc_port}")
         self.log_file.parent.mkdir(parents=True, exist_ok=True)
         try:
-            env = {**install.environment(), **self._start_mps(), **self.write_stage_secret(),
-                   STAGE_URL_ENV: self.stage_url}
+            env = {**server_environment(install.environment()), **self._start_mps(), **self.write_stage_secret()}
             with open(self.log_file, "wb") as log:
                 self.process = subprocess.Popen(
                     self._command(install.binary, install.backend_dir, repo), stdout=log,
@@ -144,11 +147,7 @@ class ServerProcess:
             f"--http-address={opts.address}", f"--grpc-address={opts.address}",
             f"--metrics-address={opts.address}", f"--http-port={self.http_port}",
             f"--grpc-port={self.grpc_port}", f"--metrics-port={self.metrics_port}",
-            "--exit-timeout-secs=20", "--log-verbose=0",
-            # Audio chunks and hidden states cross the shm region between each stub and the server.
-            "--backend-config=python,shm-default-byte-size=16777216",
-            "--backend-config=python,shm-growth-byte-size=16777216",
-            *opts.extra_args,
+            "--exit-timeout-secs=20", "--log-verbose=0", *SHM_ARGS, *opts.extra_args,
         ]
 
     def _wait_ready(self) -> None:
@@ -213,6 +212,47 @@ class ServerProcess:
         self.stop()
 
 
+def render_for(options: ServerOptions, dest: Path) -> Path:
+    """The repository rendered for the options' profile into `dest`, with its checkpoint
+    prepared under the workdir (the tiny one is generated on first use)."""
+    checkpoint = prepare_checkpoint(options.profile.checkpoint, options.workdir / "checkpoints")
+    profile = options.profile.with_overrides({"checkpoint": str(checkpoint)}) if checkpoint else options.profile
+    return render_repository(options.repository, dest, profile)
+
+
+def plain_command(options: ServerOptions, repo: Path) -> str:
+    """The shell line that starts a plain tritonserver on `repo` as the launcher would (without
+    supervision or a stage secret), the stub for this Python prepared under the workdir."""
+    install = find_triton(options.workdir / "triton")
+    libs = ":".join(str(path) for path in install.library_dirs)
+    args = [str(install.binary), f"--model-repository={repo}", f"--backend-directory={install.backend_dir}",
+            f"--grpc-port={options.grpc_port}", f"--http-port={options.http_port}",
+            f"--metrics-port={options.metrics_port}", *SHM_ARGS]
+    path = f"{Path(sys.executable).parent}:$PATH"
+    return f'LD_LIBRARY_PATH={shlex.quote(libs)}${{LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}} PATH="{path}" ' \
+        + shlex.join(args)
+
+
+def render_only(options: ServerOptions, dest: Path) -> int:
+    """`--render-only DIR`: write the rendering for any profile (a GPU one too: nothing is
+    loaded here) and print how to start a plain tritonserver on it."""
+    repo = render_for(options, dest.resolve())
+    print(f"rendered profile {options.profile.name} into {repo}")
+    try:
+        print("start it here with:\n  " + plain_command(options, repo))
+    except RuntimeError as err:  # no tritonserver here: the rendering is still usable elsewhere
+        print(f"no tritonserver here to start it with ({err}); in the NGC container:\n  "
+              + shlex.join(["tritonserver", f"--model-repository={repo}", *SHM_ARGS]))
+    return 0
+
+
+def server_environment(base: dict[str, str]) -> dict[str, str]:
+    """`base` without a stage address: `duplex` reads its server's gRPC port from the server's
+    command line (backends/serving/own_server.py), as under a plain tritonserver, so a
+    MINICPMO_STAGE_URL left in the shell cannot point it at another server."""
+    return {key: value for key, value in base.items() if key != STAGE_URL_ENV}
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--profile", default="cpu", help="cpu | gpu | gpu-split (deploy/README.md)")
@@ -231,6 +271,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="restarts of a server that died or failed its readiness probes, within "
                              "--restart-window-s, before the launcher gives up and exits 1 (0: never restart)")
     parser.add_argument("--restart-window-s", type=float, default=SupervisorPolicy().restart_window_s)
+    parser.add_argument("--render-only", type=Path, default=None, metavar="DIR",
+                        help="write the repository rendered for the profile into DIR, print the plain "
+                             "tritonserver command that serves it, and exit without starting a server")
     parser.add_argument("--server-id", default=None,
                         help="name of this replica (Triton --id; the `name` of server metadata)")
     return parser.parse_args(argv)
@@ -255,11 +298,14 @@ def server_options(args: argparse.Namespace) -> ServerOptions:
 
 
 def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
     try:
-        options = server_options(parse_args(argv))
+        options = server_options(args)
     except ValueError as err:  # a usage error: one line, no traceback, nothing started
         print(f"minicpmo launcher: {err}", file=sys.stderr)
         return 2
+    if args.render_only is not None:
+        return render_only(options, args.render_only)
     server = ServerProcess(options)
     stop_requested: list[int] = []
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -267,11 +313,21 @@ def main(argv: list[str] | None = None) -> int:
     server.start()
     print(f"tritonserver ready: grpc {server.grpc_url}, http {server.http_url}, log {server.log_file}, "
           f"stage secret file {server.stage_secret_file}", flush=True)
-    supervisor = Supervisor(server, options.supervisor, say=lambda line: print(line, file=sys.stderr, flush=True))
-    given_up = supervisor.run(lambda: bool(stop_requested))
+    endpoints = write_endpoints(server)
+    try:
+        supervisor = Supervisor(server, options.supervisor, say=lambda line: print(line, file=sys.stderr, flush=True))
+        given_up = supervisor.run(lambda: bool(stop_requested))
+    finally:
+        endpoints.unlink(missing_ok=True)
     code = server.stop()
     print(f"tritonserver stopped (exit {code})", flush=True)
     return 1 if given_up else 0
+
+
+def write_endpoints(server: ServerProcess) -> Path:
+    """`<workdir>/endpoints.json`: where the health check finds this server (backends/serving/endpoints.py)."""
+    opts = server.options
+    return Endpoints.serving(opts.address, server.http_port, server.grpc_port).write(opts.workdir / ENDPOINTS_FILE)
 
 
 if __name__ == "__main__":

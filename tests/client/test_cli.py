@@ -104,6 +104,7 @@ def test_non_16k_stereo_input_is_resampled(tmp_path, capsys, fake_client_factory
         (["--input", "/nonexistent/in.wav"], "No such file"),
         (["--speed", "0"], "speed must be > 0"),
         (["--reply-units", "0"], "reply_units"),
+        (["--url", "127.0.0.1"], "expected host:port or http(s)://host:port"),
     ],
 )
 def test_bad_arguments_exit_2(argv, message, capsys):
@@ -115,5 +116,5 @@ def test_unreachable_server_exits_1(capsys):
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]  # closed again before the client dials it
-    assert cli.main(["--url", f"127.0.0.1:{port}", "--timeout", "5"]) == 1
+    assert cli.main(["--url", f"http://127.0.0.1:{port}", "--timeout", "5"]) == 1
     assert "cannot reach the server" in capsys.readouterr().err

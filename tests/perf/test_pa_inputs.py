@@ -28,24 +28,30 @@ def decode(cls, request):
 
 
 @pytest.mark.parametrize("model", sorted(CONTRACTS))
-def test_every_request_decodes_and_the_session_ends_with_a_stop(model):
+def test_every_request_decodes_and_the_session_is_framed_by_stops(model):
+    """A stop first (clears a session a cut-short run left started), one last (frees it)."""
     data = stage_data(model, session=3, units=4, dims=DIMS)["data"]
     requests = [decode(CONTRACTS[model], r) for r in data]
     assert all(r.request_id == requests[0].request_id for r in requests)
     assert f"-{3}" in requests[0].request_id
-    assert requests[-1].action == ACTION_STOP and is_stop(data[-1])
-    assert not any(is_stop(r) for r in data[:-1])
+    assert requests[0].action == requests[-1].action == ACTION_STOP and is_stop(data[0]) and is_stop(data[-1])
+    assert not any(is_stop(r) for r in data[1:-1])
+
+
+def test_an_unknown_stage_is_refused():
+    with pytest.raises(ValueError, match="model must be one of"):
+        stage_data("duplex", 0, 1, None)
 
 
 def test_thinker_session_opens_with_text_and_counts_seq():
-    requests = [decode(ThinkerRequest, r) for r in stage_data("thinker", 0, 5, None, reply_units=3)["data"][:-1]]
+    requests = [decode(ThinkerRequest, r) for r in stage_data("thinker", 0, 5, None, reply_units=3)["data"][1:-1]]
     assert [r.seq for r in requests] == [0, 1, 2, 3, 4]
     assert requests[0].initial_user_text and requests[0].reply_units == 3 and requests[0].reply_tokens_per_unit == 4
     assert all(r.audio.shape == (16000,) for r in requests)
 
 
 def test_talker_conditions_carry_hidden_rows_and_end_the_turn():
-    requests = [decode(TalkerRequest, r) for r in stage_data("talker", 0, 3, DIMS)["data"][:-1]]
+    requests = [decode(TalkerRequest, r) for r in stage_data("talker", 0, 3, DIMS)["data"][1:-1]]
     assert [r.condition_seq for r in requests] == [0, 1, 2]
     assert [r.turn_start for r in requests] == [True, False, False]
     assert [r.turn_end for r in requests] == [False, False, True]
@@ -54,7 +60,7 @@ def test_talker_conditions_carry_hidden_rows_and_end_the_turn():
 
 
 def test_code2wav_windows_are_consecutive_and_close_the_epoch():
-    requests = [decode(Code2WavRequest, r) for r in stage_data("code2wav", 0, 3, None)["data"][:-1]]
+    requests = [decode(Code2WavRequest, r) for r in stage_data("code2wav", 0, 3, None)["data"][1:-1]]
     assert [r.chunk_seq for r in requests] == list(range(len(requests)))
     assert requests[-1].last_chunk and not any(r.last_chunk for r in requests[:-1])
     assert all(0 <= int(c) < 6561 for r in requests for c in r.codes)

@@ -2,6 +2,9 @@
 scripted session; `duplex` in request-rate mode at real-time pace per sequence)."""
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 
 import perf.pa_run as pa_run
@@ -47,3 +50,40 @@ def test_environment_puts_libcudart_first(monkeypatch):
     paths = pa_run.pa_environment()["LD_LIBRARY_PATH"].split(":")
     assert paths[-1] == "/elsewhere"
     assert any(p.endswith("cuda_runtime/lib") for p in paths[:-1])
+
+
+def _fake_perf_analyzer(tmp_path, body: str) -> str:
+    script = tmp_path / "perf_analyzer"
+    script.write_text(f"#!/bin/sh\n{body}\n")
+    script.chmod(0o755)
+    return str(script)
+
+
+@pytest.mark.parametrize("model", ["thinker", "duplex"])
+def test_a_perf_analyzer_that_cannot_start_reports_its_error(model, tmp_path, monkeypatch, capsys):
+    """The loader's own message, not a JSON of nulls: what failed, its output, its log."""
+    loader = "perf_analyzer: error while loading shared libraries: libb64.so.0d: cannot open shared object file"
+    binary = _fake_perf_analyzer(tmp_path, f"echo '{loader}' >&2; exit 127")
+    monkeypatch.setattr(pa_run, "perf_analyzer_binary", lambda: binary)
+    monkeypatch.setattr(pa_run, "stop_sessions", lambda *args: None)
+    out = tmp_path / "out"
+    assert pa_run.main(["--model", model, "--url", "http://h:1", "--out", str(out), "--timeout-s", "20"]) == 1
+    assert loader in capsys.readouterr().err
+    result = json.loads((out / f"{model}_latency.json").read_text())
+    assert result["error"] == "perf_analyzer exited with 127, writing no profile export"
+    assert loader in result["output"] and Path(result["log"]).is_file()
+    assert None not in result.values()
+
+
+def test_a_missing_perf_analyzer_is_reported(tmp_path, monkeypatch, capsys):
+    def missing() -> str:
+        raise FileNotFoundError("perf_analyzer not found: pip install 'tritonclient[all]==2.51.0'")
+
+    monkeypatch.setattr(pa_run, "perf_analyzer_binary", missing)
+    assert pa_run.main(["--model", "duplex", "--out", str(tmp_path)]) == 1
+    assert "perf_analyzer not found" in capsys.readouterr().err
+
+
+def test_a_malformed_url_exits_2(tmp_path, capsys):
+    assert pa_run.main(["--model", "duplex", "--url", "h", "--out", str(tmp_path)]) == 2
+    assert "host:port" in capsys.readouterr().err

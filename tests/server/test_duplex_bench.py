@@ -10,19 +10,25 @@ least N - 1 seconds of audio.
 from __future__ import annotations
 
 import json
+import os
+import re
 import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 from server_resources import wait_for_gauges
 
 from perf.duplex_bench import main as bench_main
-from perf.pa_run import main as pa_main, pa_environment, perf_analyzer_binary
+from perf.pa_run import main as pa_main, pa_environment, perf_analyzer_binary, stop_sessions
 
 pytestmark = pytest.mark.server
 
 CLOCK_SLACK_MS = 5.0  # client and server stamps come from two processes' monotonic clocks
 REPLY_UNITS = 2
 PA_UNITS = 3  # unit requests of perf_analyzer's scripted Thinker session, before its stop
+ROOT = Path(__file__).resolve().parents[2]
+PA_README = ROOT / "perf" / "pa_data" / "README.md"
 
 
 @pytest.fixture(scope="module")
@@ -92,3 +98,33 @@ def test_perf_analyzer_on_the_thinker(server, tmp_path):
     # perf_analyzer stops wherever its window ends; pa_run stops the sessions it cut short.
     idle = {("requests", "thinker"): 0.0, ("runner_requests", "thinker"): 0.0}
     assert wait_for_gauges(server, idle) == idle, "perf_analyzer's thinker sessions still hold KV"
+
+
+def readme_block(url: str, secret_file: Path) -> list[str]:
+    """perf/pa_data/README.md's command block, one command a line, pointed at this server."""
+    [block] = re.findall(r"```bash\n(.*?)```", PA_README.read_text(), re.S)
+    block = block.replace("127.0.0.1:8001", url).replace("var/secrets/stage-8001", str(secret_file))
+    return [line for line in block.replace("\\\n", " ").splitlines() if line.strip()]
+
+
+@pytest.mark.parametrize("model", ["thinker", "duplex"])
+def test_the_documented_perf_analyzer_line_runs_as_written(server, model):
+    """The README's variable lines and its `perf_analyzer -m MODEL` line, in bash, from the
+    repository root, with the README's PATH and LD_LIBRARY_PATH set-up."""
+    if not _perf_analyzer_runs():
+        pytest.skip("perf_analyzer cannot start here (needs libb64-0d and libcudart.so.12)")
+    lines = readme_block(server.grpc_url, server.stage_secret_file)
+    script = "\n".join([line for line in lines if "=" in line.split()[0]] +
+                        [line for line in lines if line.startswith(f"perf_analyzer -m {model} ")])
+    env = {**pa_environment(), "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ["PATH"]])}
+    try:
+        run = subprocess.run(["bash", "-ec", script], cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
+    finally:
+        if model != "duplex":  # the run ends wherever its last window does, often inside the session
+            stop_sessions(server.grpc_url, model, 1, server.stage_secret.strip())
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+    assert "Successfully read data for 1 stream" in run.stdout
+    throughput = re.search(r"(?:Concurrency|Request Rate): \S+, throughput: ([0-9.]+) infer/sec", run.stdout)
+    assert throughput and float(throughput.group(1)) > 0, run.stdout
+    idle = {("requests", "thinker"): 0.0, ("sessions", "duplex"): 0.0}
+    assert wait_for_gauges(server, idle) == idle, "the documented run left state behind"

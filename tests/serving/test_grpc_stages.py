@@ -16,7 +16,7 @@ import pytest
 from backends.contracts.messages import ACTION_EXPECT, Code2WavAudio, TalkerCodes, TalkerRequest, stop_request
 from backends.contracts.stage_clients import StageCallError
 from backends.contracts.tensor_codec import to_arrays
-from backends.serving.grpc_stages import GrpcStageClients, stage_url
+from backends.serving.grpc_stages import GrpcStageClients
 
 REQUEST = TalkerRequest(request_id="s.e0", condition_seq=0, token_ids=np.array([5, 6], np.int32),
                         hidden=np.zeros((2, 4), np.float32), turn_start=True)
@@ -194,13 +194,6 @@ def test_the_closer_thread_ends_idle_streams_on_its_own_and_stops_with_close():
     clients.close()
     assert not any(t.name == "stage-stream-closer" and t.is_alive() for t in threading.enumerate())
     assert channel.closed
-
-
-def test_stage_url_comes_from_the_parameter_then_the_environment(monkeypatch):
-    monkeypatch.delenv("MINICPMO_STAGE_URL", raising=False)
-    assert stage_url({}) == "127.0.0.1:8001"
-    monkeypatch.setenv("MINICPMO_STAGE_URL", "127.0.0.1:9")
-    assert stage_url({}) == "127.0.0.1:9" and stage_url({"stage_url": "h:1"}) == "h:1"
 
 
 class FakeResponse:

@@ -244,3 +244,42 @@ def test_an_unreachable_grpc_port_fails_every_model(fake_triton, monkeypatch):
     report = probe(fake_triton, f"127.0.0.1:{free_port()}", timeout_s=5, channel_factory=StageChannel)
     assert report.down == sorted(MODELS)
     assert time.monotonic() - start < 5, "a refused connection is not a timeout"
+
+
+def test_the_probe_takes_either_address_form(fake_triton, capsys):
+    """host:port as the client takes it, or the http:// form: the same probe."""
+    hostport = fake_triton.removeprefix("http://")
+    assert main(["--url", hostport, "--grpc-url", "http://stages:1"]) == 0
+    assert FakeDuplex.asked == ["stages:1"]
+    assert json.loads(capsys.readouterr().out)["ready"] is True
+
+
+@pytest.mark.parametrize("argv", [["--url", "ftp://host:8000"], ["--url", "host:port"],
+                                  ["--grpc-url", "host"], ["--grpc-url", "https://host:8001"]])
+def test_a_malformed_address_is_a_usage_error(argv, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    assert exit_info.value.code == 2
+    assert "host:port" in capsys.readouterr().err
+
+
+def test_the_probe_reads_the_launchers_endpoints_file(fake_triton, tmp_path, capsys):
+    from backends.serving.endpoints import Endpoints
+
+    port = int(fake_triton.rsplit(":", 1)[1])
+    path = Endpoints.serving("0.0.0.0", port, 1).write(tmp_path / "endpoints.json")
+    assert Endpoints.read(path) == Endpoints(f"127.0.0.1:{port}", "127.0.0.1:1")
+    FakeChannel.answers = {}
+    assert main(["--endpoints", str(path)]) == 0
+    assert FakeDuplex.asked == ["127.0.0.1:1"], "the gRPC port of the file, not Triton's default"
+    capsys.readouterr()
+
+
+@pytest.mark.parametrize("content, message", [(None, "no server is ready yet"), ("{}", "not an endpoints file")])
+def test_no_endpoints_file_is_not_ready(tmp_path, capsys, content, message):
+    path = tmp_path / "endpoints.json"
+    if content is not None:
+        path.write_text(content)
+    assert main(["--endpoints", str(path)]) == 1
+    report = json.loads(capsys.readouterr().out)
+    assert report["ready"] is False and message in report["error"]
