@@ -48,13 +48,14 @@ class EosBiasedTalker(TalkerModel):
         return logits
 
 
-def tiny_config() -> TalkerConfig:
+def tiny_config(num_heads: int = 2) -> TalkerConfig:
+    """num_heads: the interpreted fast-path tests take 1 (half the attention programs)."""
     return TalkerConfig(
         llm_dim=LLM_DIM,
         hidden_size=32,
         intermediate_size=64,
-        num_attention_heads=2,
-        num_key_value_heads=2,
+        num_attention_heads=num_heads,
+        num_key_value_heads=num_heads,
         num_hidden_layers=2,
         max_position_embeddings=CONTEXT,
         num_text_tokens=64,
