@@ -64,9 +64,9 @@ def tiny_config(num_heads: int = 2) -> TalkerConfig:
     )
 
 
-def build_model(eos_bias: float = 0.0) -> TalkerModel:
+def build_model(eos_bias: float = 0.0, num_heads: int = 2) -> TalkerModel:
     torch.manual_seed(7)
-    return EosBiasedTalker(tiny_config(), eos_bias).eval()
+    return EosBiasedTalker(tiny_config(num_heads), eos_bias).eval()
 
 
 @pytest.fixture(scope="module")
