@@ -22,6 +22,7 @@ from backends.stages.talker_engine import TalkerEngine
 from test_talker_engine import (
     BLOCK_SIZE,
     CONTEXT,
+    INTERPRETED,
     build_model,
     codes_of,
     condition,
@@ -87,7 +88,7 @@ def test_sixteen_requests_admitted_together_cost_one_prefill(
 @pytest.mark.interpreter
 def test_chained_requests_admitted_together_cost_one_prefill_and_the_chains() -> None:
     pytest.importorskip("triton")
-    model = build_model(-1e4, num_heads=1)  # one head: half the interpreted attention programs
+    model = build_model(-1e4, **INTERPRETED)
 
     def make(n: int) -> TalkerEngine:
         config = RunnerConfig(

@@ -37,6 +37,7 @@ from test_talker_engine import (  # noqa: E402
     CONTEXT,
     EOS_UNWANTED,
     EOS_WANTED,
+    INTERPRETED,
     LLM_DIM,
     EosBiasedTalker,
     codes_of,
@@ -65,9 +66,10 @@ class RepetitiveTalker(TalkerModel):
         return logits
 
 
-def build_model(eos_bias: float = 0.0, num_heads: int = 2) -> TalkerModel:
+def build_model(eos_bias: float = 0.0, **shape: int) -> TalkerModel:
+    """shape: tiny_config's (INTERPRETED for the fast path)."""
     torch.manual_seed(7)
-    return RepetitiveTalker(tiny_config(num_heads), eos_bias).eval()
+    return RepetitiveTalker(tiny_config(**shape), eos_bias).eval()
 
 
 def make_engine(model, device_policy: bool | None, penalty: float, backend: str = "reference"):
@@ -172,10 +174,9 @@ def test_budgets_are_exact_on_the_device(eos_bias: float, expected: list[int]) -
 @pytest.mark.interpreter
 def test_fast_path_device_policy_matches_its_host_hook() -> None:
     """Same fast-path forward on both sides (bitwise the same logits); only the policy and
-    sampler differ: host hook + host draw against device table + device draw. One attention
-    head: the policy sits after the logits, and the interpreter's time grows with heads."""
+    sampler differ: host hook + host draw against device table + device draw."""
     pytest.importorskip("triton")
-    model = build_model(3.0, num_heads=1)
+    model = build_model(3.0, **INTERPRETED)
     host = make_engine(model, device_policy=False, penalty=1.5, backend="triton")
     device = make_engine(model, device_policy=None, penalty=1.5, backend="triton")
     codes = assert_same_run(host, device, short_plan, num_sessions=3)
