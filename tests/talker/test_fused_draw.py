@@ -27,8 +27,8 @@ from backends.runner.types import SamplingParams
 from backends.talker.policy_table import TalkerPolicyTable
 
 pytestmark = pytest.mark.interpreter  # CPU tensors through the kernel (tests/interpreter_mark.py)
-# Padded to 512 in the kernel (112 masked lanes). The interpreter's time grows with the padded
-# width and, for a top-p walk, with the distinct values; the real vocabulary runs in
+# Padded to 512 in the kernel (112 masked lanes). A top-p walk takes one interpreted pass per
+# distinct value, so its time grows with the vocabulary; the real vocabulary runs in
 # test_fused_draw_gpu.py. top-k VOCAB + 100 still falls between the vocabulary and the padding.
 VOCAB = 400
 EOS = VOCAB - 1
