@@ -155,9 +155,10 @@ def test_norm_qkv_rope_folds_where_it_fits(rope_calls: list) -> None:
 def test_decoder_fast_path_with_the_rope_epilogue_keeps_hidden_states(
     make_runner, qwen3, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The tiny Qwen3 without its q/k norm (a Llama layer, as the Talker's), each 2-row decode
-    step's q|k|v on the one-head tile with the epilogue (forced on CPU): hidden states match
-    the unfused path's and the greedy tokens are the same."""
+    """The tiny Qwen3 without its q/k norm (a Llama layer, as the Talker's), the 2-row decode
+    step's q|k|v on the one-head tile with the epilogue (forced on CPU), its attention reading
+    the K/V the epilogue wrote: hidden states match the unfused path's and the greedy tokens
+    are the same."""
     from backends.models.decoder_backbone import PagedSelfAttention
 
     calls: list = []
@@ -173,5 +174,5 @@ def test_decoder_fast_path_with_the_rope_epilogue_keeps_hidden_states(
     n, k = attn.qkv_weights()[0].shape
     monkeypatch.setitem(gemv_configs.PROLOGUE_CONFIGS, (2, n, k, ADD_NORM), GemvConfig(HEAD_DIM, 32, 1, 4, 1, True))
     fused, unfused = fused_and_unfused_steps(make_runner, qwen3, calls)
-    assert sum(c is not None for c in calls) == 2 * len(qwen3.model.layers)  # q|k|v of 2 decodes
+    assert sum(c is not None for c in calls) == len(qwen3.model.layers)  # the decode's q|k|v
     assert_same_steps(fused, unfused)

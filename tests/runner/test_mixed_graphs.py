@@ -191,19 +191,22 @@ def random_input(rnd: random.Random, rid: str, token: int | None, qwen3) -> Step
 
 @pytest.mark.interpreter
 def test_runner_serves_the_same_tokens_with_and_without_mixed_graphs(
-    make_runner, qwen3, monkeypatch
+    make_runner, qwen3_one_layer, monkeypatch
 ) -> None:
+    """One decoder layer (what mixed graphs stage is per step, not per layer) and 7 steps:
+    appends, injected and unsampled rows, decodes, two finished sessions and two new ones."""
     settings = dict(attention_backend="triton", max_num_reqs=4, cuda_graph_sizes=(1, 2, 4),
                     mixed_graph_tokens=(8, 16, 32), mixed_graph_max_query_len=6)  # fmt: skip
-    graphed = make_runner(**settings)
-    eager = make_runner(**settings, mixed_cuda_graphs=False)
+    model = qwen3_one_layer
+    graphed = make_runner(model, **settings)
+    eager = make_runner(model, **settings, mixed_cuda_graphs=False)
     assert eager.fast_path.mixed is None
     used = []
     run = MixedGraphs.run
     monkeypatch.setattr(MixedGraphs, "run", lambda self, b: used.append(b) or run(self, b))
-    got = serve_random_steps(graphed, qwen3, seed=5, num_steps=9)
+    got = serve_random_steps(graphed, model, seed=5, num_steps=7)
     assert used, "no step went through the mixed buffers"
-    expected = serve_random_steps(eager, qwen3, seed=5, num_steps=9)
+    expected = serve_random_steps(eager, model, seed=5, num_steps=7)
     for step, (g_step, e_step) in enumerate(zip(got, expected)):
         for g, e in zip(g_step, e_step):
             assert g[:3] == e[:3], f"step {step}: {g[:3]} != {e[:3]}"

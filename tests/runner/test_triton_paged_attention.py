@@ -111,16 +111,20 @@ def test_warm_variants_compile_every_variant_a_batch_can_launch(monkeypatch) -> 
     """The warm-up launches each (row tile, split, key tile) attention variant and each (merge
     width, padded tail) merge variant that any batch of up to 64 requests, 600 query rows and 8192
     keys would launch (the launch-shape heuristic at the Thinker's heads on a 132-SM GPU), and
-    reads the caches only."""
+    reads the caches only. The interpreted warm-up runs one kv head of the same group of 4
+    (the variants depend on the group, the programs per launch on the kv heads)."""
     import triton
 
     from backends.runner import split_merge, triton_paged_attention as tpa
 
     num_heads, num_kv_heads, head_dim, page = 32, 8, 16, 4
+    group = num_heads // num_kv_heads
+    k_small = torch.randn(3, page, 1, head_dim)
+    v_small, before = torch.randn_like(k_small), k_small.clone()
+    assert tpa.warm_variants(k_small, v_small, group, blocks_per_req=5) == 30
+    assert torch.equal(k_small, before)
     k_cache = torch.randn(3, page, num_kv_heads, head_dim)
-    v_cache, before = torch.randn_like(k_cache), k_cache.clone()
-    assert tpa.warm_variants(k_cache, v_cache, num_heads, blocks_per_req=5) == 30
-    assert torch.equal(k_cache, before)
+    v_cache = torch.randn_like(k_cache)
     attention = _Recorder(("BLOCK_Q", "IS_SPLIT", "TILE"))
     merge = _Recorder(("SPLITS_PAD", "ZERO_TAIL"))
     monkeypatch.setattr(tpa, "_paged_attention_kernel", attention)

@@ -4,7 +4,8 @@ Strategy: B mid-turn conditions submitted together (what `perf/bench_audio_tail.
 must cost the same runner forwards as one condition alone (one batched prefill, then the
 decode steps or chains), and give every request the codes it gets alone. Forwards are counted
 by wrapping the runner's two entry points. Run on the reference path (host hook, single steps)
-with 16 requests, and on the fast path (Triton interpreted, device policy, chains) with 3.
+with 16 requests, and on the fast path (Triton interpreted, device policy, chains) with 2:
+each request also runs alone, and every interpreted run is a whole chunk.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from backends.stages.talker_engine import TalkerEngine
 from test_talker_engine import (
     BLOCK_SIZE,
     CONTEXT,
+    INTERPRETED,
     build_model,
     codes_of,
     condition,
@@ -84,18 +86,17 @@ def test_sixteen_requests_admitted_together_cost_one_prefill(
 
 
 @pytest.mark.interpreter
-def test_chained_requests_admitted_together_cost_one_prefill_and_the_chains(
-    eos_unwanted_model: TalkerModel,
-) -> None:
+def test_chained_requests_admitted_together_cost_one_prefill_and_the_chains() -> None:
     pytest.importorskip("triton")
+    model = build_model(-1e4, **INTERPRETED)
 
     def make(n: int) -> TalkerEngine:
         config = RunnerConfig(
             num_blocks=n * CONTEXT // BLOCK_SIZE, max_num_reqs=n, max_model_len=CONTEXT,
             block_size=BLOCK_SIZE, attention_backend="triton", cuda_graph_sizes=(1, 2, 4),
         )  # fmt: skip
-        return TalkerEngine(eos_unwanted_model, config)
+        return TalkerEngine(model, config)
 
-    calls = check_batch_like_alone(make, 3)
+    calls = check_batch_like_alone(make, 2)
     # 1 prefill + chains of 12 + 12 (the default length), then the forced EOS as one step
     assert calls == {"launch_step": 2, "launch_chain": 2}

@@ -48,14 +48,21 @@ class EosBiasedTalker(TalkerModel):
         return logits
 
 
-def tiny_config() -> TalkerConfig:
+# The tiny Talker of the engine tests that run the fast path in Triton's interpreter: its time
+# grows with attention programs (heads) and kernel launches (layers), and what those tests check
+# (policy, chains, admission) does not depend on either; the runner tests cover chains over
+# several layers and heads (tests/runner/test_decode_chain.py).
+INTERPRETED = {"num_heads": 1, "num_layers": 1}
+
+
+def tiny_config(num_heads: int = 2, num_layers: int = 2) -> TalkerConfig:
     return TalkerConfig(
         llm_dim=LLM_DIM,
         hidden_size=32,
         intermediate_size=64,
-        num_attention_heads=2,
-        num_key_value_heads=2,
-        num_hidden_layers=2,
+        num_attention_heads=num_heads,
+        num_key_value_heads=num_heads,
+        num_hidden_layers=num_layers,
         max_position_embeddings=CONTEXT,
         num_text_tokens=64,
         audio_bos_token_id=60,
@@ -63,9 +70,10 @@ def tiny_config() -> TalkerConfig:
     )
 
 
-def build_model(eos_bias: float = 0.0) -> TalkerModel:
+def build_model(eos_bias: float = 0.0, **shape: int) -> TalkerModel:
+    """shape: tiny_config's (INTERPRETED for the fast path)."""
     torch.manual_seed(7)
-    return EosBiasedTalker(tiny_config(), eos_bias).eval()
+    return EosBiasedTalker(tiny_config(**shape), eos_bias).eval()
 
 
 @pytest.fixture(scope="module")

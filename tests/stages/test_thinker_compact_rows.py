@@ -20,7 +20,9 @@ pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")  # Triton'
 
 @pytest.fixture(scope="module")
 def parts() -> Parts:
-    return tiny_audio_parts()
+    """One decoder layer of 2 query heads over 1 kv head: which form a row reaches the host
+    in depends on neither."""
+    return tiny_audio_parts(num_layers=1, num_heads=2)
 
 
 def _requests() -> list[ThinkerRequest]:

@@ -23,15 +23,17 @@ MAX_STEPS = 2000
 Parts = tuple[Qwen3ForCausalLM, AudioEncoderModel, TextTokenizer, SpecialTokens]
 
 
-def tiny_audio_parts() -> Parts:
+def tiny_audio_parts(num_layers: int = 2, num_heads: int = 4) -> Parts:
     """Seeded, without touching the global RNG; a position table of 200 encoder frames, so
-    a few units restart the encoder caches."""
+    a few units restart the encoder caches. num_layers, num_heads: the Qwen3's decoder layers
+    and query heads (over half as many kv heads); Triton's interpreter runs a set of kernel
+    launches per layer and programs per head and token."""
     tokenizer = TextTokenizer(train_tiny_tokenizer(), EOS_TOKEN)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)
         llm = Qwen3ForCausalLM(Qwen3Config(
-            hidden_size=HIDDEN, num_hidden_layers=2, num_attention_heads=4,
-            num_key_value_heads=2, head_dim=8, intermediate_size=64, vocab_size=1024,
+            hidden_size=HIDDEN, num_hidden_layers=num_layers, num_attention_heads=num_heads,
+            num_key_value_heads=num_heads // 2, head_dim=8, intermediate_size=64, vocab_size=1024,
         )).eval()
         whisper = WhisperEncoderConfig(d_model=32, encoder_layers=2, encoder_attention_heads=4,
                                        encoder_ffn_dim=128, max_source_positions=200)

@@ -1,13 +1,14 @@
 """The Talker engine with decode chains against the same engine stepping one frame at a time.
 
 Strategy: two fast-path engines (Triton interpreted on CPU, device chunk policy) over the same
-tiny Talker, one with chains (lengths 4 and 8) and one without, get the same staggered plans:
-turn starts, mid-turn units, turn ends (103 frames in groups of 25) and new turns, with EOS
-unwanted (every budget runs out inside a chain) or favoured (early EOS mid-chain: the chain's
-tail is dropped). Every group each sink receives (codes, finished flags), every KV ledger and
-every penalty window must be identical, and chains must really have run. Then: a request
-stopped between chains, or stopped by its own sink mid-chain, or failing mid-chain, ends
-alone, leaves the others' codes as they would be without it, and leaks no slot or block.
+tiny Talker (one head, one layer: test_talker_engine.INTERPRETED), one with chains (lengths 4
+and 8) and one without, get the same staggered plans: turn starts, mid-turn units, turn ends
+(103 frames in groups of 25) and new turns, with EOS unwanted (every budget runs out inside a
+chain) or favoured (early EOS mid-chain: the chain's tail is dropped). Every group each sink
+receives (codes, finished flags), every KV ledger and every penalty window must be identical,
+and chains must really have run. Then: a request stopped between chains, or stopped by its own
+sink mid-chain, or failing mid-chain, ends alone, leaves the others' codes as they would be
+without it, and leaks no slot or block.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "stages"))
 from test_talker_engine import (  # noqa: E402
     BLOCK_SIZE,
     CONTEXT,
+    INTERPRETED,
     codes_of,
     condition,
     run_until_idle,
@@ -42,6 +44,10 @@ from test_talker_engine import (  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 CHAINS = (4, 8)
+
+
+def fast_model(eos_bias: float) -> TalkerModel:
+    return build_model(eos_bias, **INTERPRETED)
 
 
 def make_engine(model: TalkerModel, chains: tuple[int, ...] | None) -> TalkerEngine:
@@ -111,13 +117,15 @@ def assert_no_leak(engine: TalkerEngine) -> None:
     assert counts["runner_requests"] == 0 and counts["kv_free_blocks"] == counts["kv_blocks"]
 
 
+# EOS bias 3.0 on the tiny Talker: chunks of 0 to 19 frames end early (at the chain's first
+# step, mid-chain, after several chains) next to the mid-turn unit's forced 25.
 @pytest.mark.parametrize(
-    "eos_bias,plan_of", [(-9.0, turn_end_plan), (2.5, plan)], ids=["budgets", "early-eos"]
+    "eos_bias,plan_of", [(-9.0, turn_end_plan), (3.0, plan)], ids=["budgets", "early-eos"]
 )
 @pytest.mark.interpreter
 def test_chains_stream_the_single_step_groups(eos_bias: float, plan_of) -> None:
     num_sessions = 1 if eos_bias < 0 else 2  # one 103-frame turn is slow enough interpreted
-    model = build_model(eos_bias)
+    model = fast_model(eos_bias)
     stepped, chained = make_engine(model, ()), make_engine(model, CHAINS)
     assert stepped.runner.chain_lengths == () and chained.runner.chain_lengths == CHAINS
     counter = ChainCounter(chained)
@@ -137,7 +145,7 @@ def test_chains_stream_the_single_step_groups(eos_bias: float, plan_of) -> None:
 
 
 def test_chains_are_on_by_default_with_the_device_policy_only() -> None:
-    model = build_model(-9.0)
+    model = fast_model(-9.0)
     config = make_engine(model, None).runner.config
     assert config.decode_chain_lengths == DEFAULT_CHAIN_LENGTHS == (12,)
     host = TalkerEngine(model, config, device_policy=False)
@@ -149,7 +157,7 @@ def test_chains_are_on_by_default_with_the_device_policy_only() -> None:
 @pytest.fixture(scope="module")
 def other_alone() -> list:
     """The codes of request "o" (seed 2, one turn start) run alone, EOS unwanted."""
-    engine = make_engine(build_model(-9.0), CHAINS)
+    engine = make_engine(fast_model(-9.0), CHAINS)
     sinks = [submit(engine, r) for r in short_plan("o", 2)[:1]]
     run_until_idle(engine)
     return [codes_of(sink).tolist() for sink in sinks]
@@ -157,7 +165,7 @@ def other_alone() -> list:
 
 @pytest.mark.interpreter
 def test_stop_between_chains_ends_only_that_request(other_alone: list) -> None:
-    model = build_model(-9.0)
+    model = fast_model(-9.0)
     engine = make_engine(model, CHAINS)
     victim = [submit(engine, r) for r in short_plan("v", 1)]
     other = [submit(engine, r) for r in short_plan("o", 2)[:1]]
@@ -186,7 +194,7 @@ class StoppingSink(ListSink):
 @pytest.mark.parametrize("how", ["sink-stop", "fault"])
 @pytest.mark.interpreter
 def test_a_request_ending_mid_chain_ends_alone(how: str, other_alone: list) -> None:
-    model = build_model(-9.0)
+    model = fast_model(-9.0)
     engine = make_engine(model, CHAINS)
     if how == "sink-stop":
         sink = StoppingSink(engine, "v")

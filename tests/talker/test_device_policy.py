@@ -9,7 +9,8 @@ turns (re-admission into another slot: the penalty window must follow), an empty
 and turn ends. The model favours a few codes, so codes repeat inside the 16-code window and
 the penalty keeps steering the draws; an EOS bias makes turn starts and turn ends stop early. The
 reference runner path is the fast one to run here; one shorter run goes through the fast
-path (Triton interpreted, decode batches through the sampling-graph code run eagerly).
+path (Triton interpreted, decode batches through the sampling-graph code run eagerly): two
+staggered sessions on the interpreted tiny shape (test_talker_engine.INTERPRETED).
 Semantics of the table against the host policy step by step: test_policy_table.py.
 """
 
@@ -37,6 +38,7 @@ from test_talker_engine import (  # noqa: E402
     CONTEXT,
     EOS_UNWANTED,
     EOS_WANTED,
+    INTERPRETED,
     LLM_DIM,
     EosBiasedTalker,
     codes_of,
@@ -65,9 +67,10 @@ class RepetitiveTalker(TalkerModel):
         return logits
 
 
-def build_model(eos_bias: float = 0.0) -> TalkerModel:
+def build_model(eos_bias: float = 0.0, **shape: int) -> TalkerModel:
+    """shape: tiny_config's (INTERPRETED for the fast path)."""
     torch.manual_seed(7)
-    return RepetitiveTalker(tiny_config(), eos_bias).eval()
+    return RepetitiveTalker(tiny_config(**shape), eos_bias).eval()
 
 
 def make_engine(model, device_policy: bool | None, penalty: float, backend: str = "reference"):
@@ -174,10 +177,10 @@ def test_fast_path_device_policy_matches_its_host_hook() -> None:
     """Same fast-path forward on both sides (bitwise the same logits); only the policy and
     sampler differ: host hook + host draw against device table + device draw."""
     pytest.importorskip("triton")
-    model = build_model(3.0)
+    model = build_model(3.0, **INTERPRETED)
     host = make_engine(model, device_policy=False, penalty=1.5, backend="triton")
     device = make_engine(model, device_policy=None, penalty=1.5, backend="triton")
-    codes = assert_same_run(host, device, short_plan, num_sessions=3)
+    codes = assert_same_run(host, device, short_plan, num_sessions=2)
     assert all(isinstance(device._streams[rid].hook, DevicePolicy) for rid in codes)
     assert device.runner.logits_processor is not None and host.runner.logits_processor is None
 

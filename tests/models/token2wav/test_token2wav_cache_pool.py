@@ -17,6 +17,7 @@ import gc
 import numpy as np
 import pytest
 import torch
+from tiny_steps import tiny_with_steps
 
 from backends.models.token2wav import StreamWindow, Token2Wav, Token2WavConfig, Voice
 from backends.models.token2wav.assets import random_token2wav, random_voice_prompt
@@ -28,8 +29,8 @@ from backends.models.token2wav.graphs import pad_pooled_inputs
 PAD_ATOL = 1e-5  # padding changes matmul shapes only (as in test_token2wav_graphs)
 
 
-def _model(pool_streams: int) -> Token2Wav:
-    model = random_token2wav(Token2WavConfig.tiny(), seed=0)
+def _model(pool_streams: int, config: Token2WavConfig | None = None) -> Token2Wav:
+    model = random_token2wav(config or Token2WavConfig.tiny(), seed=0)
     if pool_streams:
         model.enable_cache_pool(pool_streams)
     return model
@@ -297,7 +298,8 @@ def test_commit_through_the_kernel_equals_commit_through_indexing() -> None:
     """A pool whose estimator runs fused kernels commits with `scatter_frames`: pools and
     slot orders come out equal to the torch commit's over windows whose cuts fire."""
     pytest.importorskip("triton")
-    models = [_model(2), _model(2)]
+    # Two Euler steps: the kernel's grid is (writes, steps x DiT blocks), the rule is per step
+    models = [_model(2, tiny_with_steps(2)), _model(2, tiny_with_steps(2))]
     models[1].flow.decoder.estimator.fused = True
     pools = [model.cache_pool for model in models]
     steps, depth, _, heads, _, width = pools[0].att.shape
