@@ -1,0 +1,165 @@
+"""The session bridge: one WebSocket connection <-> one duplex session, whatever the protocol.
+
+admit (queue messages) -> the client's init -> START (session.created or a refusal) -> two
+loops until the session ends: client messages to duplex requests (uplink) and downlink events
+to client messages. The admission slot is held from admission until the server has closed the
+session (or its stream is gone), so the gateway never admits more than the server holds.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+from aiohttp import WSMsgType, web
+
+from backends.gateway.admission import QueueFull, QueueStatus
+from backends.gateway.commands import Close, Command, Init
+from backends.gateway.errors import (
+    INIT_TIMEOUT, MESSAGE_TOO_LARGE, NOT_INITIALIZED, QUEUE_FULL, SERVER_SHUTDOWN, ClientGone, GatewayError,
+)
+from backends.gateway.gateway_state import GatewayState
+from backends.gateway.session_context import SessionContext
+from backends.gateway.session_open import open_session
+from backends.gateway.uplink import Uplink
+
+log = logging.getLogger("minicpmo.gateway")
+SHUTDOWN_CLOSE_CODE = 1001  # "going away"
+
+
+class Bridge:
+    def __init__(self, ws: web.WebSocketResponse, codec_type: Callable[[SessionContext], Any], state: GatewayState) -> None:
+        self.ws, self.state = ws, state
+        self.context = SessionContext(f"gw-{uuid.uuid4().hex[:16]}")
+        self.codec = codec_type(self.context)
+        self.uplink: Uplink | None = None
+        self.task: asyncio.Task | None = None
+        self.closed_told = False
+
+    # ---- sending -----------------------------------------------------------------------------
+
+    async def send(self, message: dict[str, Any]) -> None:
+        if self.ws.closed:
+            return
+        text = json.dumps(message, ensure_ascii=False)
+        try:
+            await self.ws.send_str(text)
+        except (ConnectionError, RuntimeError):
+            return
+        self.state.metrics.frame("out", len(text))
+        if message.get("type") == "error":
+            self.state.metrics.add("minicpmo_gateway_errors_total", code=str(message.get("code", "error")))
+
+    async def send_error(self, err: GatewayError) -> None:
+        await self.send(self.codec.error(err.code, err.message))
+
+    async def send_closed(self, reason: str) -> None:
+        if not self.closed_told:
+            self.closed_told = True
+            for message in self.codec.closed(reason):
+                await self.send(message)
+
+    # ---- receiving ---------------------------------------------------------------------------
+
+    async def receive(self) -> Command:
+        """The next client command; GatewayError for a bad message, ClientGone at the end."""
+        message = await self.ws.receive()
+        if message.type in (WSMsgType.CLOSE, WSMsgType.CLOSING, WSMsgType.CLOSED, WSMsgType.ERROR):
+            raise ClientGone()
+        data = message.data if message.type == WSMsgType.TEXT else message.data.decode("utf-8", "replace")
+        self.state.metrics.frame("in", len(data))
+        if len(data) > self.state.config.max_message_bytes:
+            raise GatewayError(MESSAGE_TOO_LARGE, f"a message is at most {self.state.config.max_message_bytes} bytes")
+        return self.codec.parse(data)
+
+    # ---- the connection ----------------------------------------------------------------------
+
+    async def run(self) -> None:
+        self.task = asyncio.current_task()
+        self.state.live.add(self)
+        try:
+            await self._admitted_session()
+        except ClientGone:
+            pass
+        except asyncio.CancelledError:
+            if not self.state.shutting_down:
+                raise
+            await self.send_closed(SERVER_SHUTDOWN)
+        finally:
+            self.state.live.discard(self)
+            await self.ws.close(code=SHUTDOWN_CLOSE_CODE if self.state.shutting_down else 1000,
+                                 message=(SERVER_SHUTDOWN if self.state.shutting_down else "").encode())
+
+    async def _admitted_session(self) -> None:
+        try:
+            slot = await self.state.admission.admit(self._queued)
+        except QueueFull as err:
+            self.state.metrics.add("minicpmo_gateway_refusals_total", reason=QUEUE_FULL)
+            await self.send_error(GatewayError(QUEUE_FULL, str(err)))
+            await self.send_closed("error")
+            return
+        finally:
+            self.state.queue_gauges()
+        self.state.metrics.add("minicpmo_gateway_queue_wait_seconds_sum", slot.waited_s)
+        self.state.metrics.add("minicpmo_gateway_queue_wait_seconds_count")
+        self.state.metrics.add("minicpmo_gateway_sessions", 1, protocol=self.codec.name)
+        try:
+            await self.send(self.codec.queue_done())
+            init = await self._init()
+            if init is None:
+                await self.send_closed("error")  # told already when the client closed
+            else:
+                await self._session(init)
+        finally:
+            self.state.admission.release(slot)
+            self.state.metrics.add("minicpmo_gateway_sessions", -1, protocol=self.codec.name)
+            self.state.queue_gauges()
+
+    async def _queued(self, status: QueueStatus) -> None:
+        self.state.queue_gauges()
+        await self.send(self.codec.queued(status, first=False))
+
+    async def _init(self) -> Init | None:
+        """The client's init message; None when the connection ends before one."""
+        try:
+            return await asyncio.wait_for(self._first_init(), self.state.config.init_timeout_s)
+        except asyncio.TimeoutError:
+            await self.send_error(GatewayError(INIT_TIMEOUT, "no session init in time"))
+            return None
+
+    async def _first_init(self) -> Init | None:
+        while True:
+            try:
+                command = await self.receive()
+            except GatewayError as err:
+                await self.send_error(err)
+                if self.codec.errors_end_session:
+                    return None
+                continue
+            if isinstance(command, Init):
+                return command
+            if isinstance(command, Close):
+                await self.send_closed(command.reason)
+                return None
+            await self.send_error(GatewayError(NOT_INITIALIZED, "send the session init first"))
+            if self.codec.errors_end_session:
+                return None
+
+    async def _session(self, init: Init) -> None:
+        self.context.not_applied = init.not_applied
+        stream = await open_session(self, init)
+        if stream is None:
+            return
+        self.uplink = Uplink(self, stream)
+        await self.uplink.run()
+
+    def shutdown(self) -> None:
+        """Close for a server shutdown: a session ENDs (its downlink closes it), others stop."""
+        self.context.close_reason = self.context.close_reason or SERVER_SHUTDOWN
+        if self.uplink is not None:
+            self.uplink.end()
+        elif self.task is not None:
+            self.task.cancel()
