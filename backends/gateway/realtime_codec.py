@@ -24,6 +24,9 @@ from backends.gateway.session_context import SessionContext
 
 SUBPROTOCOL = "map.realtime"
 CONFIG_TO_START = {"temperature": "temperature"}
+# An extension of session.init's payload: START parameters of the duplex contract passed as they
+# are (the server validates them), for clients that need more than the SDK's fields.
+DUPLEX_PARAMS = "duplex_params"
 # Video needs a server that sees images; until then a video session is refused with this code.
 VIDEO_MESSAGE = "video input is not supported by this server: use mode=audio"
 
@@ -96,13 +99,13 @@ class RealtimeCodec:
     def _on_response_text_delta(self, event: DuplexEvent) -> list[dict[str, Any]]:
         self._listening_told = False
         return [{"type": "response.output_text.delta", "response_id": event.fields.get("response_id"),
-                 "text": event.fields.get("text", ""), "end_of_turn": False}]
+                 "text": event.fields.get("text", ""), "end_of_turn": False, **_latency(event, "ttft_ms")}]
 
     def _on_response_audio_delta(self, event: DuplexEvent) -> list[dict[str, Any]]:
         if event.audio is None:
             return []
         return [{"type": "response.output_audio.delta", "response_id": event.fields.get("response_id"),
-                 "audio": pcm16_to_float32_base64(event.audio), **OUTPUT_FORMAT}]
+                 "audio": pcm16_to_float32_base64(event.audio), **OUTPUT_FORMAT, **_latency(event, "ttfp_ms")}]
 
     def _on_response_done(self, event: DuplexEvent) -> list[dict[str, Any]]:
         self._listening_told = False
@@ -118,11 +121,17 @@ class RealtimeCodec:
         return [self.error(str(event.fields.get("code", "error")), str(event.fields.get("message", "")))]
 
 
+def _latency(event: DuplexEvent, name: str) -> dict[str, Any]:
+    """The server's latency field of a reply's first text or audio (docs/metrics.md)."""
+    return {name: event.fields[name]} if name in event.fields else {}
+
+
 def _init(payload: dict[str, Any]) -> Init:
     params, not_applied = sampling_params(object_field(payload, "config"), CONFIG_TO_START)
     prompt = text_field(payload, "system_prompt")
     if prompt is not None:
         params["instructions"] = prompt
+    params.update(object_field(payload, DUPLEX_PARAMS))
     voice = object_field(payload, "voice")
     ref_audio, voice_not_applied = voice_audio(voice.get("ref_audio_base64"), voice.get("tts_ref_audio_base64"))
     extra = ("max_slice_nums",) if payload.get("max_slice_nums") is not None else ()
