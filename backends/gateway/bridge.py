@@ -90,8 +90,13 @@ class Bridge:
             await self.send_closed(SERVER_SHUTDOWN)
         finally:
             self.state.live.discard(self)
-            await self.ws.close(code=SHUTDOWN_CLOSE_CODE if self.state.shutting_down else 1000,
-                                 message=(SERVER_SHUTDOWN if self.state.shutting_down else "").encode())
+            await self.close_socket()
+
+    async def close_socket(self) -> None:
+        """Close the WebSocket (1001 with the reason during a shutdown); idempotent."""
+        shutting_down = self.state.shutting_down
+        await self.ws.close(code=SHUTDOWN_CLOSE_CODE if shutting_down else 1000,
+                            message=(SERVER_SHUTDOWN if shutting_down else "").encode())
 
     async def _admitted_session(self) -> None:
         try:
@@ -161,5 +166,13 @@ class Bridge:
         self.context.close_reason = self.context.close_reason or SERVER_SHUTDOWN
         if self.uplink is not None:
             self.uplink.end()
-        elif self.task is not None:
+        else:
+            asyncio.ensure_future(self._close_unopened())
+
+    async def _close_unopened(self) -> None:
+        """A connection in the queue or before its session: told, closed, then stopped (the
+        close first, so that a pending receive ends instead of being cancelled)."""
+        await self.send_closed(SERVER_SHUTDOWN)
+        await self.close_socket()
+        if self.task is not None:
             self.task.cancel()

@@ -37,15 +37,20 @@ class Uplink:
             await asyncio.wait({down, up}, return_when=asyncio.FIRST_COMPLETED)
             if not down.done():
                 await self._drain(down)
+        except BaseException:
+            up.cancel()
+            raise
         finally:
             self._stop_pause()
-            up.cancel()
-            await asyncio.gather(up, return_exceptions=True)
             if not down.done():
                 self.stream.abort()
                 await asyncio.gather(down, return_exceptions=True)
         reason = down.result() if not down.cancelled() and down.exception() is None else "error"
         await self.bridge.send_closed(self.bridge.context.close_reason or reason)
+        # Closing the socket ends the uplink's pending receive (cancelling it instead would
+        # leave aiohttp waiting for the client's close frame until its close timeout).
+        await self.bridge.close_socket()
+        await asyncio.gather(up, return_exceptions=True)
 
     async def _drain(self, down: asyncio.Future) -> None:
         try:
