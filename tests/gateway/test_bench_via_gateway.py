@@ -21,4 +21,4 @@ def test_bench_runs_direct_and_via_gateway(server, tmp_path, capsys):
         assert summary["num_turns"] == 1 and summary["failed_turns"] == 0
         assert summary["metrics"]["client_ttfp_ms"]["mean"] > 0
         assert summary["metrics"]["server_ttfp_ms"]["mean"] > 0
-    assert "via gateway (added" in capsys.readouterr().out
+    assert "the gateway added" in capsys.readouterr().out

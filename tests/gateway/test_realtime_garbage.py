@@ -18,6 +18,8 @@ pytestmark = pytest.mark.server
 
 HEADERS = {"Authorization": f"Bearer {API_KEY}"}
 SILENCE = base64.b64encode(np.zeros(1600, np.float32).tobytes()).decode()
+ONE_SECOND = json.dumps({"type": "input.append", "input": {"audio": base64.b64encode(np.zeros(16000, np.float32)
+                                                                                      .tobytes()).decode()}})
 
 
 async def _answer_to(url: str, messages: list[str | bytes], init: bool) -> dict:
@@ -52,6 +54,7 @@ GARBAGE = {
                        "invalid_audio"),
     "oversize": ([json.dumps({"type": "input.append", "input": {"audio": "A" * 300_000}})], True,
                  "message_too_large"),
+    "too_fast": ([ONE_SECOND] * 6, True, "input_rate_exceeded"),  # 6 s at once: past the 4 s of slack
     "video_frames": ([json.dumps({"type": "input.append", "input": {"audio": SILENCE, "video_frames": ["AAAA"]}})],
                      True, "video_not_supported"),
 }
@@ -74,3 +77,8 @@ def test_garbage_is_answered_while_another_session_goes_on(gateway):
         assert errors[name]["error"]["code"] == code, (name, errors[name])
         assert errors[name]["error"]["message"]
     assert got.of(TextDelta), "the healthy session got its reply"
+    metrics = gateway.metrics()
+    for _, _, code in GARBAGE.values():
+        assert metrics[f'minicpmo_gateway_errors_total{{code="{code}"}}'] >= 1
+    assert metrics['minicpmo_gateway_frames_total{direction="in"}'] > 0
+    assert metrics['minicpmo_gateway_bytes_total{direction="out"}'] > 0

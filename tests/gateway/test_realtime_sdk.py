@@ -3,13 +3,14 @@ against the real server (tiny model) through one shared gateway."""
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 
 import numpy as np
 import pytest
-from openbmb_realtime import (
-    AudioDelta, RealtimeError, SessionReady, TextDelta,
-)
+from openbmb_realtime import AudioDelta, RealtimeError, SessionReady, TextDelta
+from websockets.asyncio.client import connect as ws_connect
+from websockets.exceptions import InvalidStatus
 
 from conftest import API_KEY
 from sdk_helpers import collect, connect, send_paced, speech_then_silence
@@ -65,3 +66,23 @@ def test_video_mode_is_refused_with_its_code(gateway):
         return err.value
 
     assert run(attempt()).code == "video_not_supported"
+
+
+def test_foreign_browser_origin_is_refused(gateway):
+    async def attempt(origin: str):
+        with pytest.raises(InvalidStatus) as refused:
+            async with ws_connect(f"{gateway.ws_url}/v1/realtime?mode=audio&model=m", origin=origin,
+                                  subprotocols=["map.realtime", f"apikey.{API_KEY}"]):
+                pass
+        return refused.value.response.status_code
+
+    assert run(attempt("http://elsewhere.example")) == 403
+
+
+def test_browser_key_as_subprotocol_entry(gateway):
+    async def attempt():
+        async with ws_connect(f"{gateway.ws_url}/v1/realtime?mode=audio&model=m",
+                              subprotocols=["map.realtime", f"apikey.{API_KEY}"]) as ws:
+            return ws.subprotocol, json.loads(await ws.recv())["type"]
+
+    assert run(attempt()) == ("map.realtime", "session.queue_done")
