@@ -125,15 +125,22 @@ class Bridge:
 
     async def _queued(self, status: QueueStatus) -> None:
         self.state.queue_gauges()
-        await self.send(self.codec.queued(status, first=False))
+        await self.send(self.codec.queued(status))
 
     async def _init(self) -> Init | None:
-        """The client's init message; None when the connection ends before one."""
+        """The client's init message; None when the client closed or broke the protocol first.
+        Past the init timeout the socket is closed (which ends the pending receive)."""
+        timer = asyncio.get_running_loop().call_later(self.state.config.init_timeout_s,
+                                                      lambda: asyncio.ensure_future(self._init_expired()))
         try:
-            return await asyncio.wait_for(self._first_init(), self.state.config.init_timeout_s)
-        except asyncio.TimeoutError:
-            await self.send_error(GatewayError(INIT_TIMEOUT, "no session init in time"))
-            return None
+            return await self._first_init()
+        finally:
+            timer.cancel()
+
+    async def _init_expired(self) -> None:
+        await self.send_error(GatewayError(INIT_TIMEOUT, "no session init in time"))
+        await self.send_closed("error")
+        await self.close_socket()
 
     async def _first_init(self) -> Init | None:
         while True:

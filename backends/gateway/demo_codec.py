@@ -39,7 +39,7 @@ class DemoCodec:
         self._told_queued = False
         self._text, self._tokens, self._unit, self._text_at = "", 0, None, 0.0
 
-    def queued(self, status: QueueStatus, first: bool) -> dict[str, Any]:
+    def queued(self, status: QueueStatus) -> dict[str, Any]:
         kind = "queue_update" if self._told_queued else "queued"
         self._told_queued = True
         return {"type": kind, "ticket_id": self.ticket_id, "position": status.position,

@@ -51,7 +51,7 @@ class RealtimeCodec:
 
     # ---- gateway -> client: admission --------------------------------------------------------
 
-    def queued(self, status: QueueStatus, first: bool) -> dict[str, Any]:
+    def queued(self, status: QueueStatus) -> dict[str, Any]:
         return {"type": "session.queued", "position": status.position, "queue_length": status.queue_length,
                 "estimated_wait_s": status.estimated_wait_s}
 

@@ -4,10 +4,12 @@ nothing afterwards."""
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 
 import pytest
 from openbmb_realtime import RealtimeError, SessionClosed
+from websockets.asyncio.client import connect as ws_connect
 
 from conftest import API_KEY, CAPACITY, GatewayProcess
 from sdk_helpers import collect, connect
@@ -17,9 +19,10 @@ pytestmark = pytest.mark.server
 
 
 def test_shutdown_closes_sessions_and_the_queue_with_a_reason(server, tmp_path):
-    gateway = GatewayProcess(server.grpc_url, tmp_path)
+    gateway = GatewayProcess(server.grpc_url, tmp_path, ["--init-timeout-s", "1"])
 
     async def scenario():
+        assert await _init_timeout(gateway) == ("init_timeout", "error")
         sessions = [await connect(gateway.ws_url, API_KEY) for _ in range(CAPACITY)]
         queued = asyncio.ensure_future(connect(gateway.ws_url, API_KEY))
         while gateway.metrics().get("minicpmo_gateway_queue_length") != 1:
@@ -38,3 +41,12 @@ def test_shutdown_closes_sessions_and_the_queue_with_a_reason(server, tmp_path):
     assert [events[-1].reason for events in closed] == ["server_shutdown"] * CAPACITY
     assert refused.code == "session_closed_before_ready"
     assert not settle(lambda: held(server)), held(server)
+
+
+async def _init_timeout(gateway) -> tuple[str, str]:
+    """A connection that never sends its init: an error and the close, after the init timeout."""
+    async with ws_connect(f"{gateway.ws_url}/v1/realtime?mode=audio&model=m", subprotocols=["map.realtime"],
+                          additional_headers={"Authorization": f"Bearer {API_KEY}"}) as ws:
+        events = [json.loads(message) async for message in ws]
+    error = next(event for event in events if event["type"] == "error")
+    return error["error"]["code"], events[-1]["reason"]
