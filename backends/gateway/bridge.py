@@ -8,6 +8,7 @@ session (or its stream is gone), so the gateway never admits more than the serve
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import uuid
@@ -16,7 +17,7 @@ from typing import Any
 
 from aiohttp import WSMsgType, web
 
-from backends.gateway.admission import QueueFull, QueueStatus
+from backends.gateway.admission import QueueFull, QueueStatus, Slot
 from backends.gateway.commands import Close, Command, Init
 from backends.gateway.errors import (
     INIT_TIMEOUT, MESSAGE_TOO_LARGE, NOT_INITIALIZED, QUEUE_FULL, SERVER_SHUTDOWN, ClientGone, GatewayError,
@@ -28,6 +29,8 @@ from backends.gateway.uplink import Uplink
 
 log = logging.getLogger("minicpmo.gateway")
 SHUTDOWN_CLOSE_CODE = 1001  # "going away"
+INBOX_MESSAGES = 16
+CLOSING = (WSMsgType.CLOSE, WSMsgType.CLOSING, WSMsgType.CLOSED, WSMsgType.ERROR)
 
 
 class Bridge:
@@ -38,6 +41,11 @@ class Bridge:
         self.uplink: Uplink | None = None
         self.task: asyncio.Task | None = None
         self.closed_told = False
+        # One reader task owns the socket's receive for the connection's whole life (a cancelled
+        # receive would leave the close waiting on the client); messages wait here, bounded so
+        # that a flooding client is held back by TCP.
+        self._inbox: asyncio.Queue = asyncio.Queue(maxsize=INBOX_MESSAGES)
+        self._gone = asyncio.Event()
 
     # ---- sending -----------------------------------------------------------------------------
 
@@ -64,10 +72,22 @@ class Bridge:
 
     # ---- receiving ---------------------------------------------------------------------------
 
+    async def _read(self) -> None:
+        """The connection's only reader of the socket, until it closes."""
+        try:
+            while (message := await self.ws.receive()).type not in CLOSING:
+                await self._inbox.put(message)
+        finally:
+            self._gone.set()
+            with contextlib.suppress(asyncio.QueueFull):
+                self._inbox.put_nowait(None)
+
     async def receive(self) -> Command:
         """The next client command; GatewayError for a bad message, ClientGone at the end."""
-        message = await self.ws.receive()
-        if message.type in (WSMsgType.CLOSE, WSMsgType.CLOSING, WSMsgType.CLOSED, WSMsgType.ERROR):
+        if self._gone.is_set() and self._inbox.empty():
+            raise ClientGone()
+        message = await self._inbox.get()
+        if message is None:
             raise ClientGone()
         data = message.data if message.type == WSMsgType.TEXT else message.data.decode("utf-8", "replace")
         self.state.metrics.frame("in", len(data))
@@ -80,6 +100,7 @@ class Bridge:
     async def run(self) -> None:
         self.task = asyncio.current_task()
         self.state.live.add(self)
+        reader = asyncio.ensure_future(self._read())
         try:
             await self._admitted_session()
         except ClientGone:
@@ -91,6 +112,8 @@ class Bridge:
         finally:
             self.state.live.discard(self)
             await self.close_socket()
+            reader.cancel()
+            await asyncio.gather(reader, return_exceptions=True)
 
     async def close_socket(self) -> None:
         """Close the WebSocket (1001 with the reason during a shutdown); idempotent."""
@@ -98,9 +121,21 @@ class Bridge:
         await self.ws.close(code=SHUTDOWN_CLOSE_CODE if shutting_down else 1000,
                             message=(SERVER_SHUTDOWN if shutting_down else "").encode())
 
+    async def _admit(self) -> Slot:
+        """An admission slot; ClientGone when the client leaves while it waits in line."""
+        admit = asyncio.ensure_future(self.state.admission.admit(self._queued))
+        gone = asyncio.ensure_future(self._gone.wait())
+        await asyncio.wait({admit, gone}, return_when=asyncio.FIRST_COMPLETED)
+        gone.cancel()
+        if not admit.done():
+            admit.cancel()
+            await asyncio.gather(admit, return_exceptions=True)
+            raise ClientGone()
+        return admit.result()
+
     async def _admitted_session(self) -> None:
         try:
-            slot = await self.state.admission.admit(self._queued)
+            slot = await self._admit()
         except QueueFull as err:
             self.state.metrics.add("minicpmo_gateway_refusals_total", reason=QUEUE_FULL)
             await self.send_error(GatewayError(QUEUE_FULL, str(err)))
@@ -177,8 +212,7 @@ class Bridge:
             asyncio.ensure_future(self._close_unopened())
 
     async def _close_unopened(self) -> None:
-        """A connection in the queue or before its session: told, closed, then stopped (the
-        close first, so that a pending receive ends instead of being cancelled)."""
+        """A connection in the queue or before its session: told, closed, then stopped."""
         await self.send_closed(SERVER_SHUTDOWN)
         await self.close_socket()
         if self.task is not None:

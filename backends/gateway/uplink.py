@@ -47,9 +47,7 @@ class Uplink:
                 await asyncio.gather(down, return_exceptions=True)
         reason = down.result() if not down.cancelled() and down.exception() is None else "error"
         await self.bridge.send_closed(self.bridge.context.close_reason or reason)
-        # Closing the socket ends the uplink's pending receive (cancelling it instead would
-        # leave aiohttp waiting for the client's close frame until its close timeout).
-        await self.bridge.close_socket()
+        await self.bridge.close_socket()  # the client's messages end: so does the uplink
         await asyncio.gather(up, return_exceptions=True)
 
     async def _drain(self, down: asyncio.Future) -> None:

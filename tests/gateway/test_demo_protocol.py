@@ -84,3 +84,30 @@ def test_demo_protocol_session(gateway):
     assert prepared["config_not_applied"] == ["generate_audio", "chunk_ms", "top_p"]
     assert next(m for m in seen if m["type"] == "error")["code"] == "video_not_supported"
     assert seen[-1] == {**seen[-1], "type": "stopped", "session_id": "adx_test1", "reason": "client"}
+
+
+def test_demo_queue_messages(gateway):
+    from conftest import CAPACITY
+    from sdk_helpers import connect
+
+    async def scenario():
+        holders = [await connect(gateway.ws_url, API_KEY) for _ in range(CAPACITY)]
+        protocols = ["minicpmo.duplex", f"apikey.{API_KEY}"]
+        seen_first, seen_second = [], []
+        first = await ws_connect(f"{gateway.ws_url}/ws/duplex/adx_q1", subprotocols=protocols)
+        await _next(first, "queued", seen_first)
+        async with ws_connect(f"{gateway.ws_url}/ws/duplex/adx_q2", subprotocols=protocols) as second:
+            await _next(second, "queued", seen_second)
+            await first.close()  # leaves the line: the second moves up
+            update = await _next(second, "queue_update", seen_second)
+            await holders[0].close()
+            await _next(second, "queue_done", seen_second)
+            await second.send(json.dumps({"type": "stop"}))
+            await _next(second, "stopped", seen_second)
+        for session in holders[1:]:
+            await session.close()
+        return seen_first[0], seen_second[0], update
+
+    queued_first, queued_second, update = asyncio.run(asyncio.wait_for(scenario(), 60))
+    assert queued_first["position"] == 1 and queued_second["position"] == 2 and update["position"] == 1
+    assert queued_second["eta_seconds"] > update["eta_seconds"] > 0 and queued_second["ticket_id"]
