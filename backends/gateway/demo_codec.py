@@ -42,8 +42,10 @@ class DemoCodec:
     def queued(self, status: QueueStatus) -> dict[str, Any]:
         kind = "queue_update" if self._told_queued else "queued"
         self._told_queued = True
+        # eta_seconds as the demo's documentation names it, estimated_wait_s as its app reads it
         return {"type": kind, "ticket_id": self.ticket_id, "position": status.position,
-                "eta_seconds": status.estimated_wait_s, "queue_length": status.queue_length}
+                "eta_seconds": status.estimated_wait_s, "estimated_wait_s": status.estimated_wait_s,
+                "queue_length": status.queue_length}
 
     def queue_done(self) -> dict[str, Any]:
         return {"type": "queue_done", "ticket_id": self.ticket_id}
@@ -64,14 +66,12 @@ class DemoCodec:
         if kind == "video_frame" or (kind == "audio_chunk" and message.get("frame_base64_list")):
             raise GatewayError(VIDEO_UNSUPPORTED, VIDEO_MESSAGE)
         if kind == "audio_chunk":
-            try:
-                return Append(float32_base64_to_pcm16(message.get("audio")))
-            except AudioDecodeError as err:
-                raise GatewayError(INVALID_AUDIO, str(err)) from None
+            return _audio_chunk(message)
         raise GatewayError(UNKNOWN_TYPE, f"unknown message type {kind!r}")
 
     def error(self, code: str, message: str) -> dict[str, Any]:
-        return {"type": "error", "code": code, "message": message}
+        # `error`: the text as the demo's app reads it
+        return {"type": "error", "code": code, "message": message, "error": f"[{code}] {message}"}
 
     def closed(self, reason: str) -> list[dict[str, Any]]:
         if reason == "timeout":
@@ -113,6 +113,16 @@ class DemoCodec:
                 "end_of_turn": end_of_turn, "current_time": self.context.clock.audio_ms,
                 "cost_llm_ms": round(max(all_ms - tts_ms, 0.0), 1), "cost_tts_ms": tts_ms, "cost_all_ms": all_ms,
                 "n_tokens": tokens, "n_tts_tokens": int(tts_tokens), "server_send_ts": time.time()}
+
+
+def _audio_chunk(message: dict[str, Any]) -> Append:
+    """`audio` as the demo's documentation names it, `audio_base64` as its app sends it;
+    `force_listen` (the app's interrupt) is a barge-in."""
+    audio = message.get("audio", message.get("audio_base64"))
+    try:
+        return Append(float32_base64_to_pcm16(audio), interrupt=bool(message.get("force_listen")))
+    except AudioDecodeError as err:
+        raise GatewayError(INVALID_AUDIO, str(err)) from None
 
 
 def _prepare(message: dict[str, Any]) -> Init:
