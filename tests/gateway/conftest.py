@@ -3,6 +3,7 @@ of it, shared by every gateway test of the run; SDK and raw WebSocket helpers.""
 from __future__ import annotations
 
 import os
+import ssl
 import subprocess
 import sys
 import time
@@ -31,8 +32,8 @@ def server(tmp_path_factory):
 
 
 class GatewayProcess:
-    def __init__(self, triton_url: str, workdir, extra: list[str] = ()) -> None:
-        self.port = free_port()
+    def __init__(self, triton_url: str, workdir, extra: list[str] = (), tls: ssl.SSLContext | None = None) -> None:
+        self.port, self.tls = free_port(), tls
         keys = workdir / "keys"
         keys.write_text(f"# test keys\n{key_line(API_KEY)}\n")
         self.log = workdir / "gateway.log"
@@ -46,14 +47,14 @@ class GatewayProcess:
 
     @property
     def http_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"https://localhost:{self.port}" if self.tls else f"http://127.0.0.1:{self.port}"
 
     @property
     def ws_url(self) -> str:
-        return f"ws://127.0.0.1:{self.port}"
+        return f"wss://localhost:{self.port}" if self.tls else f"ws://127.0.0.1:{self.port}"
 
     def metrics(self) -> dict[str, float]:
-        text = urllib.request.urlopen(f"{self.http_url}/metrics", timeout=5).read().decode()
+        text = urllib.request.urlopen(f"{self.http_url}/metrics", timeout=5, context=self.tls).read().decode()
         values = {}
         for line in text.splitlines():
             if line and not line.startswith("#"):
