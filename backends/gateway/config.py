@@ -49,6 +49,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="how far input audio may run ahead of real time")
     parser.add_argument("--init-timeout-s", type=float, default=30.0,
                         help="how long an admitted connection may take to send its session init")
+    parser.add_argument("--pause-timeout-s", type=float, default=60.0,
+                        help="how long a paused session of the demo protocol stays open")
     parser.add_argument("--certfile", type=Path, help="TLS certificate (PEM); with --keyfile")
     parser.add_argument("--keyfile", type=Path)
     parser.add_argument("--session-default", action="append", default=[], metavar="NAME=VALUE",
@@ -61,14 +63,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def config_of(args: argparse.Namespace) -> GatewayConfig:
     if (args.certfile is None) != (args.keyfile is None):
         raise ValueError("--certfile and --keyfile go together")
-    if args.max_message_bytes < 1024 or args.max_waiting < 0 or args.rate_slack_s <= 0 or args.init_timeout_s <= 0:
-        raise ValueError("--max-message-bytes >= 1024, --max-waiting >= 0, --rate-slack-s > 0 and --init-timeout-s > 0")
+    positive = min(args.rate_slack_s, args.init_timeout_s, args.pause_timeout_s) > 0
+    if args.max_message_bytes < 1024 or args.max_waiting < 0 or not positive:
+        raise ValueError("need --max-message-bytes >= 1024, --max-waiting >= 0, and --rate-slack-s and the "
+                         "timeouts > 0")
     return GatewayConfig(
         triton_url=args.triton, host=args.host, port=args.port, api_keys_file=args.api_keys,
         allowed_origins=tuple(args.allowed_origin), max_message_bytes=args.max_message_bytes,
         max_waiting=args.max_waiting, rate_slack_s=args.rate_slack_s, init_timeout_s=args.init_timeout_s,
-        certfile=args.certfile,
-        keyfile=args.keyfile, session_defaults=session_defaults(args.session_default),
+        pause_timeout_s=args.pause_timeout_s, certfile=args.certfile, keyfile=args.keyfile,
+        session_defaults=session_defaults(args.session_default),
     )
 
 

@@ -19,10 +19,11 @@ pytestmark = pytest.mark.server
 
 
 def test_shutdown_closes_sessions_and_the_queue_with_a_reason(server, tmp_path):
-    gateway = GatewayProcess(server.grpc_url, tmp_path, ["--init-timeout-s", "1"])
+    gateway = GatewayProcess(server.grpc_url, tmp_path, ["--init-timeout-s", "1", "--pause-timeout-s", "1"])
 
     async def scenario():
         assert await _init_timeout(gateway) == ("init_timeout", "error")
+        assert await _pause_timeout(gateway) == ["queue_done", "prepared", "paused", "timeout"]
         sessions = [await connect(gateway.ws_url, API_KEY) for _ in range(CAPACITY)]
         queued = asyncio.ensure_future(connect(gateway.ws_url, API_KEY))
         while gateway.metrics().get("minicpmo_gateway_queue_length") != 1:
@@ -50,3 +51,15 @@ async def _init_timeout(gateway) -> tuple[str, str]:
         events = [json.loads(message) async for message in ws]
     error = next(event for event in events if event["type"] == "error")
     return error["error"]["code"], events[-1]["reason"]
+
+
+async def _pause_timeout(gateway) -> list[str]:
+    """A demo session paused past the pause timeout: `timeout`, and the session is over."""
+    async with ws_connect(f"{gateway.ws_url}/ws/duplex/adx_pause", subprotocols=["minicpmo.duplex",
+                                                                                 f"apikey.{API_KEY}"]) as ws:
+        kinds = [json.loads(await ws.recv())["type"]]
+        await ws.send(json.dumps({"type": "prepare", "system_prompt": "Hi."}))
+        kinds.append(json.loads(await ws.recv())["type"])
+        await ws.send(json.dumps({"type": "pause"}))
+        kinds += [json.loads(message)["type"] async for message in ws]
+    return kinds
