@@ -2,6 +2,7 @@
 
     python -m perf.duplex_bench --profile cpu --concurrency 1,2            # starts its own server
     python -m perf.duplex_bench --url 127.0.0.1:8001 --metrics-url http://127.0.0.1:8002/metrics
+    python -m perf.duplex_bench --profile cpu --concurrency 1 --via gateway  # direct gRPC and gateway
 
 The Seed-TTS duplex realtime benchmark of vLLM-Omni
 (docs/metrics.md#the-duplex-realtime-benchmark) on our `duplex` model: each turn is its own
@@ -10,7 +11,9 @@ REF_AUDIO; the client streams 16 kHz silence in real time in 200 ms appends unti
 4 turns per group; at concurrency C, 2 x C groups with C in flight. Reply shape (random weights):
 4-6 speaking units of 4 text tokens by default. Writes <out>/<name>.json (raw, every turn), .md
 (tables) and .png (TTFP and RTF against C; next to vLLM-Omni's published numbers for the
-full-model GPU profiles).
+full-model GPU profiles). `--via gateway` runs every level twice in one run, direct over gRPC
+and through a WebSocket gateway started here (perf/gateway_turn.py), writes <name>-gateway.*
+beside <name>.* and prints the TTFP the gateway adds per level.
 """
 from __future__ import annotations
 
@@ -71,6 +74,8 @@ def build_parser() -> argparse.ArgumentParser:
     add("--out", type=Path, default=DEFAULT_OUT)
     add("--commit", help="commit id to record (default: git HEAD of this tree, if it is a checkout)")
     add("--note", action="append", default=[], help="a line for the report's Notes section (repeatable)")
+    add("--via", choices=("grpc", "gateway"), default="grpc",
+        help="gateway: also run each level through a WebSocket gateway in front of the server and compare")
     return p
 
 
@@ -90,8 +95,26 @@ def main(argv: list[str] | None = None) -> int:
                    for one in url.split(",") if one.strip()]
         results = run_all(args, levels, workload, options, metrics_url,
                           lambda done: write_outputs(args.out, args.name, args.title, meta, done))
+        if args.via == "gateway":
+            results += run_via_gateway(args, levels, workload, options[0], metrics_url, meta, results)
     failed = sum(r.summary.failed_turns for r in results)
     return 1 if failed else 0
+
+
+def run_via_gateway(args: argparse.Namespace, levels: list[int], workload: Workload, direct: TurnOptions,
+                    metrics_url: str | None, meta: dict[str, Any], direct_results: list[LevelResult]) -> list[LevelResult]:
+    """The same levels through a gateway in front of the first replica; the TTFP it adds."""
+    import dataclasses
+
+    from perf.bench_gateway import gateway_in_front, print_added_ttfp
+
+    with gateway_in_front(direct.url, args.out) as gateway_url:
+        options = [dataclasses.replace(direct, gateway_url=gateway_url)]
+        results = run_all(args, levels, workload, options, metrics_url,
+                          lambda done: write_outputs(args.out, f"{args.name}-gateway", f"{args.title} (via gateway)",
+                                                     meta, done))
+    print_added_ttfp(direct_results, results)
+    return results
 
 
 def parse_levels(text: str) -> list[int]:

@@ -39,6 +39,7 @@ class TurnOptions:
     close_timeout_s: float = 60.0  # END -> settled; a healthy session settles in seconds
     instructions: str | None = None
     temperature: float | None = None
+    gateway_url: str | None = None  # ws://host:port: the turn goes through the WebSocket gateway
 
     def __post_init__(self) -> None:
         if self.append_ms <= 0 or self.max_silence_s <= 0 or self.open_retry_s < 0:
@@ -103,6 +104,10 @@ class TimedSession(DuplexSession):
 
 def run_turn(spec: TurnSpec, voice: np.ndarray, options: TurnOptions, run_id: str) -> TurnRecord:
     """Run one turn (retrying a refused START); never raises for server-side failures."""
+    if options.gateway_url:
+        from perf.gateway_turn import run_gateway_turn  # imports this module
+
+        return run_gateway_turn(spec, voice, options, run_id)
     deadline_s = time.monotonic() + options.open_retry_s
     backoff_s, retries = BACKOFF_START_S, 0
     while True:

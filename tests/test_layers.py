@@ -19,7 +19,7 @@ PACKAGE = "backends"
 # Bottom to top; packages of one layer may not import each other.
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("contracts",), ("runner",), ("models",), ("audio",), ("checkpoint",), ("thinker", "talker"),
-    ("stages",), ("duplex",), ("serving",),
+    ("stages",), ("duplex",), ("serving",), ("gateway",),
 )
 # Top-level modules that import nothing from backends (every layer may use them); none today.
 LEAVES: tuple[str, ...] = ()

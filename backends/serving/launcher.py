@@ -1,6 +1,7 @@
 """Start tritonserver on the model repository for a profile, wait for readiness, stop cleanly.
 
     minicpmo-server --profile cpu [--grpc-port 8001] [--set max_sessions=8] [--log-file F]
+                    [--gateway-port 8080 [--gateway-api-keys FILE]]
     minicpmo-server --profile gpu --render-only DIR     # the rendering alone, for a plain tritonserver
 
 Binds to loopback unless --address is given. Used by the README's main job, by the test
@@ -24,6 +25,7 @@ from pathlib import Path
 
 from backends.checkpoint.prepare import prepare_checkpoint
 from backends.serving.endpoints import ENDPOINTS_FILE, Endpoints
+from backends.serving.gateway_process import GatewayChild, GatewayOptions
 from backends.serving.grpc_stages import STAGE_URL_ENV
 from backends.serving.health import server_ready
 from backends.serving.metrics_stage_calls import call_metrics_enabled
@@ -276,6 +278,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                              "tritonserver command that serves it, and exit without starting a server")
     parser.add_argument("--server-id", default=None,
                         help="name of this replica (Triton --id; the `name` of server metadata)")
+    parser.add_argument("--gateway-port", type=int, default=0,
+                        help="also run the WebSocket gateway (minicpmo-gateway) on this port, on --address "
+                             "(0: no gateway; docs/gateway.md)")
+    parser.add_argument("--gateway-api-keys", type=Path, help="the gateway's API key file (--api-keys)")
     return parser.parse_args(argv)
 
 
@@ -297,6 +303,18 @@ def server_options(args: argparse.Namespace) -> ServerOptions:
     )
 
 
+def start_gateway(args: argparse.Namespace, server: ServerProcess) -> GatewayChild | None:
+    """The gateway child when --gateway-port asks for one, started (the server is ready)."""
+    if not args.gateway_port:
+        return None
+    log_file = server.log_file.with_name(f"gateway-{args.gateway_port}.log")
+    gateway = GatewayChild(GatewayOptions(args.gateway_port, args.gateway_api_keys), args.address,
+                           server.stage_url, log_file)
+    gateway.start()
+    print(f"gateway on port {args.gateway_port} (ws /v1/realtime, /ws/duplex/ID; page /), log {log_file}", flush=True)
+    return gateway
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
@@ -314,10 +332,13 @@ def main(argv: list[str] | None = None) -> int:
     print(f"tritonserver ready: grpc {server.grpc_url}, http {server.http_url}, log {server.log_file}, "
           f"stage secret file {server.stage_secret_file}", flush=True)
     endpoints = write_endpoints(server)
+    gateway = start_gateway(args, server)
     try:
         supervisor = Supervisor(server, options.supervisor, say=lambda line: print(line, file=sys.stderr, flush=True))
         given_up = supervisor.run(lambda: bool(stop_requested))
     finally:
+        if gateway is not None:
+            print(f"gateway stopped (exit {gateway.stop()})", flush=True)
         endpoints.unlink(missing_ok=True)
     code = server.stop()
     print(f"tritonserver stopped (exit {code})", flush=True)

@@ -1,0 +1,64 @@
+"""The client's session settings as START parameters of the duplex contract: the fields both
+WebSocket protocols share (a system prompt, sampling temperature, reference voices). A field
+with no START parameter yet is listed as not applied and told to the client when its session is
+created (docs/gateway.md, "Session settings")."""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from backends.gateway.audio import AudioDecodeError, float32_base64_to_pcm16
+from backends.gateway.errors import INVALID_AUDIO, INVALID_EVENT, GatewayError
+
+
+def voice_audio(ref: object, tts_ref: object) -> tuple[np.ndarray | None, tuple[str, ...]]:
+    """REF_AUDIO from the reference voice (the Thinker hears it and replies are spoken from it);
+    a separate TTS-only voice has no START input yet, so it applies only when it is the only one."""
+    chosen, not_applied = ref or tts_ref, ()
+    if ref and tts_ref and tts_ref != ref:
+        not_applied = ("tts_ref_audio_base64",)
+    if not chosen:
+        return None, not_applied
+    try:
+        return float32_base64_to_pcm16(chosen), not_applied
+    except AudioDecodeError as err:
+        raise GatewayError(INVALID_AUDIO, f"reference voice: {err}") from None
+
+
+def sampling_params(config: dict[str, Any], mapped: dict[str, str]) -> tuple[dict[str, Any], tuple[str, ...]]:
+    """The config fields named in `mapped` (client name -> START parameter) and the names of
+    the others, which no START parameter carries today."""
+    params, not_applied = {}, []
+    for name, value in config.items():
+        if value is None:
+            continue
+        if name in mapped:
+            params[mapped[name]] = _number(name, value)
+        else:
+            not_applied.append(name)
+    return params, tuple(not_applied)
+
+
+def text_field(container: dict[str, Any], *names: str) -> str | None:
+    for name in names:
+        value = container.get(name)
+        if value is None:
+            continue
+        if not isinstance(value, str):
+            raise GatewayError(INVALID_EVENT, f"{name} must be a string")
+        return value or None
+    return None
+
+
+def object_field(container: dict[str, Any], name: str) -> dict[str, Any]:
+    value = container.get(name) or {}
+    if not isinstance(value, dict):
+        raise GatewayError(INVALID_EVENT, f"{name} must be an object")
+    return value
+
+
+def _number(name: str, value: object) -> int | float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise GatewayError(INVALID_EVENT, f"config.{name} must be a number")
+    return value
