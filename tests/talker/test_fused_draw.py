@@ -2,8 +2,8 @@
 
 Strategy: two identical `TalkerPolicyTable`s, one drawn by the torch path (`SamplingStates`:
 apply -> `sample_on_device` -> update, the reference), one by `FusedSamplingStates` (the
-kernel). Every slot gets a random policy state (every step of every chunk budget, done or
-not, random penalty windows full of the favoured codes, policy off) and random logits; rows
+kernel). Every slot gets a random policy state (each chunk budget at its edge steps, done
+or not, random penalty windows full of the favoured codes, policy off) and random logits; rows
 are greedy, the Talker's sampling, or other parameters (no top-k, tiny top-p, top-k 1, top-k
 past the vocabulary). Tokens and the whole table after the update must be identical. The one
 allowed difference is a row whose draw float rounding may decide (`ambiguous`: a survivor's
@@ -19,7 +19,7 @@ import dataclasses
 import pytest
 import torch
 
-from backends.models.talker_policy import CHUNK_BUDGETS, TalkerSamplingConfig
+from backends.models.talker_policy import CHUNK_BUDGETS, CHUNK_FRAMES, ChunkBudget, TalkerSamplingConfig
 from backends.runner.device_sampler import gumbel_noise, step_seeds
 from backends.runner.fused_draw import FusedSamplingStates, sampling_states_for
 from backends.runner.sampling_states import SamplingStates
@@ -36,15 +36,28 @@ FAVOURITES = 30
 TALKER = TalkerSamplingConfig()
 
 
-def budget_states() -> list[list[int]]:
-    """[on, max, min, mask_after, mask_steps, step, done] for every step of every budget."""
+def budget_states(every_step: bool = True) -> list[list[int]]:
+    """[on, max, min, mask_after, mask_steps, step, done] for every step of every budget, or
+    only its edge steps."""
     states = []
     for budget in CHUNK_BUDGETS.values():
         head = [1, budget.max_samples, budget.min_samples,
                 int(budget.mask_eos_after_boundaries), budget.boundary_mask_steps]  # fmt: skip
-        states += [head + [step, 0] for step in range(budget.max_samples)]
+        steps = range(budget.max_samples) if every_step else edge_steps(budget)
+        states += [head + [step, 0] for step in steps]
         states.append(head + [budget.max_samples // 2, 1])  # the chunk's EOS was drawn
     return states
+
+
+def edge_steps(budget: ChunkBudget) -> list[int]:
+    """The first step and those on either side of each point where a rule of the budget
+    changes: the EOS mask of min_samples, each boundary's mask window, the forced EOS."""
+    edges = {0, budget.min_samples - 2, budget.min_samples - 1,
+             budget.max_samples - 2, budget.max_samples - 1}  # fmt: skip
+    for boundary in range(CHUNK_FRAMES, budget.max_samples, CHUNK_FRAMES):
+        end = boundary + budget.boundary_mask_steps
+        edges |= {boundary - 1, boundary, end - 1, end}
+    return sorted(step for step in edges if 0 <= step < budget.max_samples)
 
 
 class Pair:
@@ -138,10 +151,10 @@ def compare(pair: Pair, logits, slots, positions) -> tuple[int, torch.Tensor]:
     return len(unclear), got
 
 
-def budget_pair(gen: torch.Generator, device: str = "cpu", eos: int = EOS):
-    """A pair over every budget state (Talker sampling), greedy and policy-off rows, the
+def budget_pair(gen: torch.Generator, device: str = "cpu", eos: int = EOS, every_step: bool = True):
+    """A pair over the budget states (Talker sampling), greedy and policy-off rows, the
     scratch slot and padding rows -> (pair, slots in a random order, positions)."""
-    states, extra = budget_states(), 12
+    states, extra = budget_states(every_step), 12
     scratch = len(states) + extra
     pair = Pair(scratch, device=device, eos=eos)
     talker = TALKER.to_sampling_params()
@@ -158,9 +171,11 @@ def budget_pair(gen: torch.Generator, device: str = "cpu", eos: int = EOS):
     return pair, slots.to(device), positions.to(device)
 
 
-def test_every_budget_state_draws_the_torch_tokens() -> None:
+def test_budget_edge_states_draw_the_torch_tokens() -> None:
+    """Each row is an interpreted program: the edge steps here, every step on the GPU
+    (test_fused_draw_gpu.py)."""
     gen = torch.Generator().manual_seed(11)
-    pair, slots, positions = budget_pair(gen)
+    pair, slots, positions = budget_pair(gen, every_step=False)
     unclear, _ = compare(pair, random_logits(gen, len(slots)), slots, positions)
     assert unclear <= 2
     assert (pair.fused_table.table[:, 5] != 0).any()  # counters moved
