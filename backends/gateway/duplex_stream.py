@@ -80,7 +80,8 @@ class DuplexStream:
             self._requests.put_nowait(None)
 
     def release(self) -> None:
-        """End the stream of a refused START (the server ended its sequence: no END)."""
+        """End the stream of a session the server closed or refused (its sequence is over:
+        no END); idempotent."""
         if not self._ended:
             self._ended = True
             self._requests.put_nowait(None)

@@ -46,6 +46,9 @@ class Uplink:
                 self.stream.abort()
                 await asyncio.gather(down, return_exceptions=True)
         reason = down.result() if not down.cancelled() and down.exception() is None else "error"
+        # The server closed the session: the stream ends without an END (Triton would refuse an
+        # END of a closed sequence and count it in flight until it stops).
+        self.stream.release()
         await self.bridge.send_closed(self.bridge.context.close_reason or reason)
         await self.bridge.close_socket()  # the client's messages end: so does the uplink
         await asyncio.gather(up, return_exceptions=True)

@@ -9,6 +9,7 @@ import random
 
 import numpy as np
 import pytest
+from openbmb_realtime import RealtimeError
 from websockets.asyncio.client import connect as ws_connect
 
 from conftest import API_KEY
@@ -24,8 +25,9 @@ AUDIO = speech_then_silence(0.0)[:16000]  # 1 s of speech
 async def _dropped(url: str, rng: random.Random) -> None:
     async with ws_connect(f"{url}/v1/realtime?mode=audio&model=m", subprotocols=["map.realtime"],
                           additional_headers={"Authorization": f"Bearer {API_KEY}"}) as ws:
-        while json.loads(await ws.recv())["type"] != "session.queue_done":
-            pass
+        while (event := json.loads(await ws.recv()))["type"] != "session.queue_done":
+            if event["type"] == "error":
+                raise RealtimeError(event["error"]["code"], event["error"]["message"], "connecting")
         await ws.send(json.dumps({"type": "session.init", "payload": {}}))
         if rng.random() < 0.5:
             await ws.recv()
@@ -64,10 +66,15 @@ def test_random_fates_leave_nothing_held(gateway, server):
     async def scenario():
         rng, gate = random.Random(50), asyncio.Semaphore(AT_ONCE)
         return await asyncio.gather(*[_fate(gateway.ws_url, random.Random(rng.random()), gate)
-                                      for _ in range(SESSIONS)])
+                                      for _ in range(SESSIONS)], return_exceptions=True)
 
     fates = asyncio.run(asyncio.wait_for(scenario(), 180))
-    assert len(set(fates)) == 4
+    # A connection may find the bounded queue full (sessions whose clients left hold their slot
+    # until the server has closed them): a refusal, not a failure.
+    refused = [fate for fate in fates if isinstance(fate, RealtimeError) and fate.code == "queue_full"]
+    failed = [repr(fate) for fate in fates if isinstance(fate, BaseException) and fate not in refused]
+    assert not failed, failed
+    assert len(refused) < SESSIONS // 5 and len(set(fates) - set(refused)) == 4
     in_gateway = settle(lambda: {name: value for name, value in gateway.metrics().items()
                                  if name.startswith(("minicpmo_gateway_sessions", "minicpmo_gateway_queue_length"))
                                  and value != 0})
