@@ -9,7 +9,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from backends.serving.gateway_process import GatewayChild, GatewayOptions
-from backends.serving.launcher import free_port
+from backends.serving.server_process import free_port
 from perf.duplex_levels import LevelResult
 
 READY_TIMEOUT_S = 60.0

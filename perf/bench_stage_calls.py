@@ -88,7 +88,7 @@ def main() -> None:
 
 
 def _tiny_server():
-    from backends.serving.launcher import ServerOptions, ServerProcess
+    from backends.serving.server_process import ServerOptions, ServerProcess
     from backends.serving.profiles import get_profile
 
     return ServerProcess(ServerOptions(profile=get_profile("cpu")))

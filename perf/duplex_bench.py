@@ -191,7 +191,7 @@ def _server(args: argparse.Namespace, max_concurrency: int) -> Iterator[tuple[st
     if args.url:
         yield args.url, args.metrics_url
         return
-    from backends.serving.launcher import ServerOptions, ServerProcess
+    from backends.serving.server_process import ServerOptions, ServerProcess
     from backends.serving.profiles import get_profile
 
     overrides = dict(item.split("=", 1) for item in args.set)

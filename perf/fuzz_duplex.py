@@ -339,7 +339,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.url:
         return fuzz(args.url, args.metrics_url, args.cases, args.seed,
                     conflicting_starts=not args.without_conflicting_starts)
-    from backends.serving.launcher import ServerOptions, ServerProcess
+    from backends.serving.server_process import ServerOptions, ServerProcess
     from backends.serving.profiles import get_profile
 
     options = ServerOptions(profile=get_profile(args.profile), extra_args=["--exit-timeout-secs=5"])

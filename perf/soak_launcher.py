@@ -66,7 +66,7 @@ class Ports:
 
     @classmethod
     def free(cls) -> Ports:
-        from backends.serving.launcher import free_port
+        from backends.serving.server_process import free_port
 
         return cls(free_port(), free_port(), free_port())
 

@@ -32,7 +32,7 @@ import tritonclient.http as httpclient
 
 from backends.contracts.messages import ThinkerRequest, ThinkerUnitResult
 from backends.contracts.tensor_codec import tensor_specs
-from backends.serving.launcher import PROJECT_ROOT, ServerOptions, ServerProcess
+from backends.serving.server_process import PROJECT_ROOT, ServerOptions, ServerProcess
 from backends.serving.profiles import get_profile
 
 TEXT = {"instructions": "Réponds en français 🎙", "initial_user_text": "", "sliding_window_mode": "basic"}

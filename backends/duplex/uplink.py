@@ -18,7 +18,7 @@ from backends.contracts.messages import MAX_REF_AUDIO_SECONDS, MIN_REF_AUDIO_SAM
 from backends.duplex.errors import INVALID_ARGUMENT, DuplexError
 from backends.duplex.unit_buffer import SAMPLE_RATE
 from backends.thinker.context_window import WINDOW_MODES
-from backends.thinker.duplex_policy import MAX_TOKENS_PER_UNIT, REPLY_CONTROL_SLOTS, TOKENS_PER_UNIT_LIMIT
+from backends.thinker.policy_config import MAX_TOKENS_PER_UNIT, REPLY_CONTROL_SLOTS, TOKENS_PER_UNIT_LIMIT
 
 ACTIONS = ("append", "commit", "cancel")
 MAX_TEXT_CHARS = 4000

@@ -12,7 +12,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from backends.serving.launcher import PROJECT_ROOT, ServerOptions, ServerProcess
+from backends.serving.server_process import PROJECT_ROOT, ServerOptions, ServerProcess
 from backends.serving.profiles import get_profile
 
 DEFAULT_INPUT = PROJECT_ROOT / "client" / "data" / "hello_16k.wav"

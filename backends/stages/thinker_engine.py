@@ -238,11 +238,9 @@ class ThinkerEngine:
 
     def _start_session(self, first: ThinkerRequest) -> ThinkerSession:
         policy = DuplexPolicy(
-            self.special, self.tokenizer, policy_config(first, self.config.listen_when_silent),
-            self.bad_token_ids,
+            self.special, self.tokenizer, policy_config(first, self.config.listen_when_silent), self.bad_token_ids,
             extra_special_ids=self.extra_special_ids, seed=first.seed, ids=self.policy_ids,
-            eos_id=self.tokenizer.eos_token_id,
-        )
+            eos_id=self.tokenizer.eos_token_id)
         ledger = HiddenLedger(self.model.hidden_size, self.config.ledger_rows)
         window = ContextWindow(window_mode(first, self.config.window_mode), self.config.window,
                                self.runner_config.block_size, self.max_len)
@@ -296,9 +294,7 @@ def _close_quietly(sink: ResponseSink, error: StageError) -> None:
         logger.exception("closing a thinker sink failed")
 
 
-def _max_len(
-    model: Qwen3ForCausalLM, runner_config: RunnerConfig, config: ThinkerEngineConfig
-) -> int:
+def _max_len(model: Qwen3ForCausalLM, runner_config: RunnerConfig, config: ThinkerEngineConfig) -> int:
     configured = config.max_context_tokens or runner_config.max_model_len
     return min(model.config.max_position_embeddings, configured, runner_config.max_model_len)
 

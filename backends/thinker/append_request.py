@@ -10,7 +10,7 @@ import numpy as np
 from backends.contracts.errors import StageFailure
 from backends.contracts.messages import ACTION_RUN, ThinkerRequest
 from backends.thinker.context_window import WINDOW_MODES
-from backends.thinker.duplex_policy import PolicyConfig
+from backends.thinker.policy_config import PolicyConfig
 from backends.thinker.prompt_layout import UNIT_SAMPLES
 
 

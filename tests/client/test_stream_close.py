@@ -12,7 +12,7 @@ import time
 
 import tritonclient.grpc as grpcclient
 
-from backends.serving.launcher import free_port
+from backends.serving.server_process import free_port
 from client.stream_close import half_close, stop_stream
 
 

@@ -33,7 +33,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 
 from backends.serving.health import probe
-from backends.serving.launcher import PROJECT_ROOT, ServerOptions, ServerProcess, free_port
+from backends.serving.server_process import PROJECT_ROOT, ServerOptions, ServerProcess, free_port
 from backends.serving.metrics_catalog import parse_samples, sample_sum
 from backends.serving.profiles import get_profile
 from client.session import AFFINITY_HEADER

@@ -145,7 +145,7 @@ def test_the_largest_seed_survives_what_the_orchestrator_adds():
 
 def test_the_reply_token_limit_is_the_thinkers():
     """What START accepts, the Thinker's policy accepts: a larger value fails only there."""
-    from backends.thinker.duplex_policy import PolicyConfig
+    from backends.thinker.policy_config import PolicyConfig
 
     PolicyConfig(reply_units=1, reply_tokens_per_unit=MAX_REPLY_TOKENS_PER_UNIT)
     with pytest.raises(ValueError):

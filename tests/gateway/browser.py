@@ -11,7 +11,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from backends.serving.launcher import free_port
+from backends.serving.server_process import free_port
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 

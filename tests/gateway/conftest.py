@@ -12,7 +12,7 @@ import urllib.request
 import pytest
 
 from backends.gateway.auth import key_line
-from backends.serving.launcher import PROJECT_ROOT, ServerOptions, ServerProcess, free_port
+from backends.serving.server_process import PROJECT_ROOT, ServerOptions, ServerProcess, free_port
 from backends.serving.profiles import get_profile
 
 API_KEY = "test-key-0123456789"

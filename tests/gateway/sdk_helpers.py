@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from openbmb_realtime import AudioDelta, RealtimeClient, RealtimeConfig, TextDelta
 
-from backends.serving.launcher import PROJECT_ROOT
+from backends.serving.server_process import PROJECT_ROOT
 from client.wav import read_wav
 
 RATE = 16000

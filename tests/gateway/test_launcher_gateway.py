@@ -8,7 +8,8 @@ import urllib.request
 import pytest
 
 from backends.serving.gateway_process import GatewayChild, GatewayOptions
-from backends.serving.launcher import free_port, parse_args
+from backends.serving.server_process import free_port
+from backends.serving.launcher import parse_args
 
 
 def test_gateway_options_of_the_launcher(tmp_path):

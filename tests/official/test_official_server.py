@@ -13,7 +13,9 @@ from typing import Callable
 
 import pytest
 
-from backends.serving.launcher import PROJECT_ROOT, ServerProcess, parse_args, server_options
+from backends.serving.server_process import PROJECT_ROOT, ServerProcess
+
+from backends.serving.launcher import parse_args, server_options
 from client.params import SessionParams
 from client.session import DuplexSession
 from client.streaming import StreamConfig, stream_utterance

@@ -5,7 +5,7 @@ import contextlib
 
 import pytest
 
-from backends.serving import launcher
+from backends.serving import server_process
 from perf import duplex_bench
 
 
@@ -25,9 +25,9 @@ def test_a_malformed_address_exits_2(capsys):
 class RecordingServer:
     """Stands in for ServerProcess: records its options, starts nothing."""
 
-    made: list[launcher.ServerOptions] = []
+    made: list[server_process.ServerOptions] = []
 
-    def __init__(self, options: launcher.ServerOptions) -> None:
+    def __init__(self, options: server_process.ServerOptions) -> None:
         RecordingServer.made.append(options)
         self.options = options
         self.grpc_url, self.metrics_port, self.log_file = "127.0.0.1:1", 2, options.workdir / "log"
@@ -41,7 +41,7 @@ class RecordingServer:
 
 @pytest.mark.parametrize("extra, expected", [([], duplex_bench.DEFAULT_WORKDIR), (["--workdir", "W"], "W")])
 def test_the_started_server_works_under_workdir(monkeypatch, tmp_path, extra, expected):
-    monkeypatch.setattr(launcher, "ServerProcess", RecordingServer)
+    monkeypatch.setattr(server_process, "ServerProcess", RecordingServer)
     RecordingServer.made = []
     args = duplex_bench.build_parser().parse_args(
         [arg if arg != "W" else str(tmp_path / "w") for arg in extra])
@@ -50,4 +50,4 @@ def test_the_started_server_works_under_workdir(monkeypatch, tmp_path, extra, ex
     assert url == "127.0.0.1:1"
     want = tmp_path / "w" if expected == "W" else expected
     assert [options.workdir for options in RecordingServer.made] == [want]
-    assert duplex_bench.DEFAULT_WORKDIR == launcher.DEFAULT_WORKDIR, "the default is the launcher's"
+    assert duplex_bench.DEFAULT_WORKDIR == server_process.DEFAULT_WORKDIR, "the default is the launcher's"

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 
-from backends.serving.launcher import PROJECT_ROOT, ServerOptions, ServerProcess
+from backends.serving.server_process import PROJECT_ROOT, ServerOptions, ServerProcess
 from backends.serving.profiles import get_profile
 from client.stream_close import stop_stream
 

@@ -36,7 +36,7 @@ WAIT_S = 60.0
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     """A server of its own: the last test kills its stubs."""
-    from backends.serving.launcher import PROJECT_ROOT, ServerOptions, ServerProcess
+    from backends.serving.server_process import PROJECT_ROOT, ServerOptions, ServerProcess
     from backends.serving.profiles import get_profile
 
     from server_args import TEST_EXIT_ARGS

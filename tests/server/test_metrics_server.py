@@ -42,7 +42,7 @@ def server(tmp_path_factory):
     """A server of its own: the test compares exact counts and KV in use from an idle start,
     which sessions of earlier test modules on the shared server would disturb (in one full
     run the shared server still showed KV in use with no session open)."""
-    from backends.serving.launcher import PROJECT_ROOT, ServerOptions, ServerProcess
+    from backends.serving.server_process import PROJECT_ROOT, ServerOptions, ServerProcess
     from backends.serving.profiles import get_profile
 
     from server_args import TEST_EXIT_ARGS

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from backends.serving.launcher import PROJECT_ROOT, free_port
+from backends.serving.server_process import PROJECT_ROOT, free_port
 from client.errors import DuplexStreamError
 from client.events import SessionCreated
 from client.params import SessionParams

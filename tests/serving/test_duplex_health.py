@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from backends.serving.duplex_health import HEALTH_PARAMETER, PROBE_ID_PREFIX, ask_duplex, probe_id
-from backends.serving.launcher import free_port
+from backends.serving.server_process import free_port
 from backends.serving.triton_duplex import RELEASE_PARAMETER, is_health_probe, is_sequence_release
 
 PROBE_PARAMETERS = json.dumps({HEALTH_PARAMETER: True})

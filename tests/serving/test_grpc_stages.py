@@ -370,7 +370,7 @@ def test_a_stage_that_never_answers_times_out(channel):
 
 
 def test_the_launcher_points_duplex_at_its_own_grpc_port_on_loopback():
-    from backends.serving.launcher import ServerOptions, ServerProcess
+    from backends.serving.server_process import ServerOptions, ServerProcess
     from backends.serving.profiles import get_profile
 
     ports = {"http_port": 8000, "grpc_port": 8001, "metrics_port": 8002}

@@ -25,7 +25,7 @@ from backends.contracts.stage_clients import STAGES, StageCallError
 from backends.serving import health
 from backends.serving.duplex_health import ask_duplex
 from backends.serving.health import MODELS, OK, default_grpc_url, main, probe, server_ready
-from backends.serving.launcher import free_port
+from backends.serving.server_process import free_port
 from backends.serving.stage_channel import StageChannel
 from backends.serving.stage_health import ACTION_HEALTH, health_request
 from backends.serving.triton_stage import StageAdapter

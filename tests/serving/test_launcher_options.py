@@ -30,7 +30,7 @@ def test_the_launcher_refuses_bad_settings_in_one_line_before_starting_anything(
 def test_each_server_start_gets_its_own_private_stage_secret(tmp_path):
     import stat
 
-    from backends.serving.launcher import ServerOptions, ServerProcess
+    from backends.serving.server_process import ServerOptions, ServerProcess
     from backends.serving.profiles import get_profile
     from backends.serving.stage_secret import SECRET_FILE_ENV, configured_secret
 
@@ -66,7 +66,7 @@ def test_render_only_writes_a_gpu_rendering_and_the_plain_command_without_a_serv
 
 
 def test_the_plain_command_puts_this_pythons_libpython_first(tmp_path):
-    from backends.serving.launcher import ServerOptions, plain_command
+    from backends.serving.server_process import ServerOptions, plain_command
     from backends.serving.profiles import get_profile
     from backends.serving.triton_install import python_libdir
 
@@ -79,7 +79,7 @@ def test_the_plain_command_puts_this_pythons_libpython_first(tmp_path):
 
 def test_the_launcher_tells_the_health_check_where_it_serves(tmp_path):
     from backends.serving.endpoints import Endpoints
-    from backends.serving.launcher import ServerOptions, ServerProcess, write_endpoints
+    from backends.serving.server_process import ServerOptions, ServerProcess, write_endpoints
     from backends.serving.profiles import get_profile
 
     server = ServerProcess(ServerOptions(get_profile("cpu"), workdir=tmp_path, address="0.0.0.0",
@@ -90,12 +90,12 @@ def test_the_launcher_tells_the_health_check_where_it_serves(tmp_path):
 
 
 def test_render_only_without_a_tritonserver_prints_the_container_line(tmp_path, monkeypatch, capsys):
-    from backends.serving import launcher
+    from backends.serving import launcher, server_process
 
     def no_triton(scratch):
         raise RuntimeError("no tritonserver on PATH and nvidia-pytriton is not installed")
 
-    monkeypatch.setattr(launcher, "find_triton", no_triton)
+    monkeypatch.setattr(server_process, "find_triton", no_triton)
     dest = tmp_path / "repo"
     assert launcher.main(["--profile", "gpu", "--render-only", str(dest), "--workdir", str(tmp_path / "w")]) == 0
     out = capsys.readouterr().out

@@ -97,7 +97,7 @@ def test_launcher_accepts_the_modes() -> None:
 
 def test_server_process_starts_its_daemon_for_gpu_profiles_and_stops_it(
         fake_binary: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from backends.serving.launcher import ServerOptions, ServerProcess
+    from backends.serving.server_process import ServerOptions, ServerProcess
     from backends.serving.profiles import get_profile
 
     server = ServerProcess(ServerOptions(get_profile("gpu"), workdir=tmp_path))

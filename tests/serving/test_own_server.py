@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from backends.serving.grpc_stages import stage_url
-from backends.serving.launcher import server_environment
+from backends.serving.server_process import server_environment
 from backends.serving.own_server import OwnServerNotFound, ServerCommandLine, own_server_grpc_url
 
 

@@ -13,7 +13,7 @@ import pytest
 from backends.contracts.errors import StageFailure
 from backends.contracts.messages import ThinkerRequest
 from backends.thinker.append_request import check_append, policy_config, window_mode
-from backends.thinker.duplex_policy import DEFAULT_TEMPERATURE
+from backends.thinker.policy_config import DEFAULT_TEMPERATURE
 
 VALID = ThinkerRequest("r", np.zeros(32000, np.float32))
 

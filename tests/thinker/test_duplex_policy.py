@@ -19,7 +19,8 @@ import torch
 from backends.checkpoint.tokenizer import SpecialTokens, TextTokenizer
 from backends.runner.host_draws import TopCandidates
 from backends.runner.types import SampleContext
-from backends.thinker.duplex_policy import DuplexPolicy, PolicyConfig
+from backends.thinker.duplex_policy import DuplexPolicy
+from backends.thinker.policy_config import PolicyConfig
 from backends.thinker.policy_masks import PolicyIds
 
 VOCAB = 1024  # tiny tokenizer ids 0..999 + 24 padding rows of the embedding table

@@ -18,7 +18,8 @@ from backends.checkpoint.tokenizer import SpecialTokens, TextTokenizer
 from backends.runner.host_draws import TOP_CANDIDATES, TopCandidates, run_together
 from backends.runner.host_rows import CompactRow, HostRows
 from backends.runner.types import SampleContext
-from backends.thinker.duplex_policy import DuplexPolicy, PolicyConfig
+from backends.thinker.duplex_policy import DuplexPolicy
+from backends.thinker.policy_config import PolicyConfig
 from backends.thinker.isolating_hook import IsolatingHook
 
 VOCAB = 1024  # the tiny tokenizer's 1000 ids + 24 rows of embedding padding

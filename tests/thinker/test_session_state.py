@@ -16,7 +16,8 @@ from backends.contracts.messages import DECISION_SPEAK, ThinkerRequest
 from backends.contracts.sink import ListSink
 from backends.runner.hidden_ledger import HiddenLedger
 from backends.runner.types import SampleContext, StepInput, StepResult
-from backends.thinker.duplex_policy import DuplexPolicy, PolicyConfig
+from backends.thinker.duplex_policy import DuplexPolicy
+from backends.thinker.policy_config import PolicyConfig
 from backends.thinker.prompt_layout import PromptLayout
 from backends.thinker.session_state import IsolatingHook, QueuedAppend, ThinkerSession
 
