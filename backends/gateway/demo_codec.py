@@ -24,7 +24,8 @@ from backends.gateway.session_context import SessionContext
 from backends.gateway.usage import CODEC_FRAMES_PER_S
 
 DEMO_SUBPROTOCOL = "minicpmo.duplex"  # only needed to pair with an `apikey.` entry
-CONFIG_TO_START = {"temperature": "temperature", "force_listen_count": "force_listen_count"}
+CONFIG_TO_START = {name: name for name in ("temperature", "force_listen_count", "top_k", "top_p",
+                                            "max_new_speak_tokens_per_chunk", "listen_prob_scale")}
 VIDEO_MESSAGE = "video frames are not supported by this server: an audio duplex session only"
 SIMPLE = {"pause": Pause(), "resume": Resume(), "stop": Close("client"), "client_diagnostic": Ignore()}
 

@@ -93,8 +93,8 @@ def test_demo_prepare_and_messages():
     codec = DemoCodec(SessionContext("s"), client_id="adx_1")
     init = codec.parse(json.dumps({"type": "prepare", "prefix_system_prompt": "Hi.", "ref_audio_path": "a.wav",
                                    "config": {"temperature": 0.7, "force_listen_count": 3, "top_k": 20}}))
-    assert init.params == {"temperature": 0.7, "force_listen_count": 3, "instructions": "Hi."}
-    assert init.not_applied == ("top_k", "ref_audio_path")
+    assert init.params == {"temperature": 0.7, "force_listen_count": 3, "top_k": 20, "instructions": "Hi."}
+    assert init.not_applied == ("ref_audio_path",)
     with pytest.raises(GatewayError) as err:
         codec.parse(json.dumps({"type": "video_frame", "frame": "AAAA"}))
     assert err.value.code == "video_not_supported"
