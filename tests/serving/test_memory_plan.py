@@ -123,3 +123,16 @@ def test_the_table_prints(capsys: pytest.CaptureFixture[str]) -> None:
     main(["--profile", "gpu-h200", "--device-gib", "139.8"])
     out = capsys.readouterr().out
     assert "| thinker |" in out and "shares: thinker" in out
+
+
+def test_the_h100_benchmark_sizing_is_a_plan_that_fits() -> None:
+    """scripts/gpu_duplex_bench.sh's H100_SETS: the gpu profile at 24 sessions, shares planned."""
+    import re
+    from pathlib import Path
+
+    script = (Path(__file__).resolve().parents[2] / "scripts" / "gpu_duplex_bench.sh").read_text()
+    sets = re.search(r'^H100_SETS="([^"]*)"', script, re.M).group(1)
+    profile = get_profile("gpu").with_overrides(dict(item.split("=", 1) for item in sets.split()))
+    values = profile.template_vars()
+    shares = [float(values[f"{stage}_memory_fraction"]) for stage in ("thinker", "talker", "code2wav")]
+    assert profile.memory_plan().fits and 0 < min(shares) and sum(shares) <= MAX_GPU_SHARE
