@@ -82,12 +82,14 @@ def kv_pool_bytes(layers: int, kv_heads: int, head_dim: int, sessions: int, max_
     return layers * 2 * blocks * BLOCK_SIZE * kv_heads * head_dim * dtype_bytes
 
 
-def llm_weight_count(c: Mapping[str, Any], vocab: int, out_vocab: int) -> int:
-    """Parameters of a Llama/Qwen3 decoder: embeddings, attention, SwiGLU, norms, LM head."""
+def llm_weight_count(c: Mapping[str, Any], vocab: int, out_vocab: int, qk_norm: bool = True) -> int:
+    """Parameters of a Llama/Qwen3 decoder: embeddings, attention (Qwen3's q/k norms), SwiGLU,
+    norms, LM head (out_vocab 0: none)."""
     hidden, heads = c["hidden_size"], c["num_attention_heads"]
     head_dim = c.get("head_dim") or hidden // heads
     q, kv = heads * head_dim, c["num_key_value_heads"] * head_dim
-    per_layer = hidden * (2 * q + 2 * kv) + 3 * hidden * c["intermediate_size"] + 2 * hidden + 2 * head_dim
+    per_layer = hidden * (2 * q + 2 * kv) + 3 * hidden * c["intermediate_size"] + 2 * hidden
+    per_layer += 2 * head_dim if qk_norm else 0
     return vocab * hidden + c["num_hidden_layers"] * per_layer + hidden + out_vocab * hidden
 
 
@@ -118,9 +120,12 @@ def talker_bytes(p: PlanInputs) -> StageBytes:
     head_dim = t.get("head_dim") or t["hidden_size"] // t["num_attention_heads"]
     state = kv_pool_bytes(t["num_hidden_layers"], t["num_key_value_heads"], head_dim, p.max_sessions, max_len,
                           p.dtype_bytes, p.null_blocks)
-    # the backbone, its text embedding (Thinker ids), the codec embedding and head, the projector
-    count = (llm_weight_count(t, t["num_text_tokens"], t["num_audio_tokens"]) + t["num_audio_tokens"] * t["hidden_size"]
-             + 2 * t["llm_dim"] * t["hidden_size"])
+    # the Llama backbone, the text embedding (Thinker ids), the codec embedding and head, and
+    # the projector of the Thinker's hidden rows
+    hidden = t["hidden_size"]
+    count = (llm_weight_count(t, t["backbone_vocab_size"], 0, qk_norm=False)
+             + (t["num_text_tokens"] + 2 * t["num_audio_tokens"]) * hidden
+             + t["llm_dim"] * hidden + hidden * hidden + 2 * hidden)
     logits = (p.max_sessions + SLOT_MARGIN) * t["num_audio_tokens"] * LOGITS_BYTES
     return StageBytes("talker", count * p.dtype_bytes, state, logits + TALKER_WORKSPACE)
 

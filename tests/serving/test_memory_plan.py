@@ -46,9 +46,11 @@ def test_thinker_weights_equal_the_models_parameters(tiny_inputs: PlanInputs) ->
     assert abs(thinker_bytes(tiny_inputs).weights - actual) <= SAFETY_MARGIN * actual
 
 
-def test_talker_kv_pool_equals_the_engines_allocation(tiny_inputs: PlanInputs) -> None:
+def test_talker_kv_pool_and_weights_equal_the_engines(tiny_inputs: PlanInputs) -> None:
     engine = build_talker_engine(PARAMS)
-    assert talker_bytes(tiny_inputs).state == engine.runner.kv.num_bytes()
+    planned = talker_bytes(tiny_inputs)
+    assert planned.state == engine.runner.kv.num_bytes()
+    assert planned.weights == _param_bytes(engine.runner.model)
 
 
 def test_code2wav_pool_equals_the_engines_allocation(tiny_inputs: PlanInputs) -> None:
