@@ -16,14 +16,11 @@ import argparse
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-GIB = 1 << 30
-BLOCK_SIZE = 16  # the runners' KV page (backends/stages/factory.py BLOCK_SIZE)
-SLOT_MARGIN = 2  # runner slots beyond the sessions (backends/stages/factory.py SLOT_MARGIN)
-CODE2WAV_STREAMS_PER_SESSION = 2  # an epoch being stopped while the next one streams
-CODE2WAV_MAX_BATCH = 8  # windows per Code2Wav step (backends/stages/code2wav_engine.py)
+from backends.serving.profiles import GIB, MAX_GPU_SHARE, get_profile
+from backends.stages.code2wav_engine import DEFAULT_MAX_BATCH as CODE2WAV_MAX_BATCH
+from backends.stages.factory import BLOCK_SIZE, CODE2WAV_STREAMS_PER_SESSION, SLOT_MARGIN
+
 SAFETY_MARGIN = 0.10  # share of each stage's computed bytes kept for what the plan misses
-# The rest of a card is the stages' CUDA contexts (about 0.5 GiB each) and driver reserves.
-MAX_GPU_SHARE = 0.95
 # Measured constants (bf16, H200). Thinker: its warm-up of 32 sessions at 8192 tokens had
 # 62.35 GiB allocated when it ran out (perf/results/duplex_h200.md), over 15.85 GiB of weights
 # and 38.25 GiB of KV: 8.25 GiB of graphs, encoder caches and workspaces, taken as all
@@ -222,8 +219,6 @@ def full_random_inputs(max_sessions: int, max_context_tokens: int, talker_contex
 
 
 def main(argv: list[str] | None = None) -> None:
-    from backends.serving.profiles import get_profile
-
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--profile", default="gpu-h200")
     parser.add_argument("--device-gib", type=float, default=139.8, help="the card's memory as torch reports it (H200 139.8, H100 79.2)")

@@ -26,7 +26,8 @@ GIB = 1 << 30
 
 KINDS = ("KIND_CPU", "KIND_GPU")
 STAGES = ("thinker", "talker", "code2wav")
-# Per-GPU share of the stage caps: the rest is CUDA contexts and allocator slack.
+# Per-GPU share of the stage caps: the rest is the stages' CUDA contexts (about 0.5 GiB each)
+# and the driver's reserves.
 MAX_GPU_SHARE = 0.95
 # Sequence slots of each `duplex` instance beyond its sessions: STARTs being refused at once.
 # A refusal frees its slot within a round trip (backends/duplex/refusals.py), so a START past

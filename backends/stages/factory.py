@@ -24,6 +24,9 @@ from backends.stages.window_schedule import FIRST_WINDOW_HOLD_S
 
 BLOCK_SIZE = 16
 SLOT_MARGIN = 2  # requests of an epoch being stopped while the next one starts
+# Code2Wav cache-pool slots per session: an epoch's stream lives until its STOP lands while the
+# next epoch's may have started (barge-in)
+CODE2WAV_STREAMS_PER_SESSION = 2
 WARMUP_TEXT_TOKEN = 100  # a plain text id of every Thinker vocabulary, handed in Talker warm-ups
 LOG = logging.getLogger(__name__)
 
@@ -183,7 +186,7 @@ def build_code2wav_engine(params: dict[str, str], device_id: str = "0") -> Code2
     # Estimator caches in one pooled tensor, a slot per live stream, read in place by the DiT
     # (no per-window packing copies). Streams are per session epoch and an epoch's stream lives
     # until its STOP lands while the next epoch's may have started (barge-in): two per session.
-    pool_streams = 2 * setup.max_sessions
+    pool_streams = CODE2WAV_STREAMS_PER_SESSION * setup.max_sessions
     service = Code2WavService(Code2WavEngine(
         token2wav, voice, cache_size, session_voices, max_batch, cache_pool_streams=pool_streams,
         first_window_hold_s=first_window_hold_s(params)))
