@@ -105,8 +105,9 @@ def thinker_bytes(p: PlanInputs) -> StageBytes:
     head_dim = c.get("head_dim") or c["hidden_size"] // c["num_attention_heads"]
     state = kv_pool_bytes(c["num_hidden_layers"], c["num_key_value_heads"], head_dim, p.max_sessions, max_len,
                           p.dtype_bytes, p.null_blocks)
-    weights = (llm_weight_count(c, c["vocab_size"], c["vocab_size"]) + audio_encoder_weight_count(c["audio_config"], c["hidden_size"])
-               ) * p.dtype_bytes
+    count = llm_weight_count(c, c["vocab_size"], c["vocab_size"])
+    count += audio_encoder_weight_count(c["audio_config"], c["hidden_size"])
+    weights = count * p.dtype_bytes
     logits = (p.max_sessions + SLOT_MARGIN) * c["vocab_size"] * LOGITS_BYTES
     return StageBytes("thinker", weights, state, logits + THINKER_WORKSPACE_PER_SESSION * p.max_sessions)
 
@@ -221,7 +222,8 @@ def full_random_inputs(max_sessions: int, max_context_tokens: int, talker_contex
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--profile", default="gpu-h200")
-    parser.add_argument("--device-gib", type=float, default=139.8, help="the card's memory as torch reports it (H200 139.8, H100 79.2)")
+    parser.add_argument("--device-gib", type=float, default=139.8,
+                        help="the card's memory as torch reports it (H200 139.8, H100 79.2)")
     parser.add_argument("--sessions", type=int, default=0, help="override the profile's max_sessions")
     args = parser.parse_args(argv)
     profile = get_profile(args.profile)
