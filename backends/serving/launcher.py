@@ -64,6 +64,7 @@ def server_options(args: argparse.Namespace) -> ServerOptions:
     if malformed:
         raise ValueError(f"--set takes NAME=VALUE, got {malformed}")
     profile = get_profile(args.profile).with_overrides(dict(item.split("=", 1) for item in args.set))
+    profile.memory_fractions()  # a planned profile that does not fit is refused here, before any start
     return ServerOptions(
         profile=profile, repository=args.repository, workdir=args.workdir, address=args.address,
         http_port=args.http_port, grpc_port=args.grpc_port, metrics_port=args.metrics_port, log_file=args.log_file,
@@ -91,6 +92,8 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as err:  # a usage error: one line, no traceback, nothing started
         print(f"minicpmo launcher: {err}", file=sys.stderr)
         return 2
+    if options.profile.gpu_memory_gib > 0:  # the plan beside the stages' post-warm-up allocation logs
+        print(f"memory plan of profile {options.profile.name}:\n{options.profile.memory_plan().table()}", flush=True)
     if args.render_only is not None:
         return render_only(options, args.render_only)
     server = ServerProcess(options)

@@ -15,12 +15,19 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from backends.serving.fault_injection import SETTINGS as FAULT_SETTINGS
 
+if TYPE_CHECKING:
+    from backends.serving.memory_plan import MemoryPlan
+
+GIB = 1 << 30
+
 KINDS = ("KIND_CPU", "KIND_GPU")
 STAGES = ("thinker", "talker", "code2wav")
-# Per-GPU share of the stage caps: the rest is CUDA contexts and allocator slack.
+# Per-GPU share of the stage caps: the rest is the stages' CUDA contexts (about 0.5 GiB each)
+# and the driver's reserves.
 MAX_GPU_SHARE = 0.95
 # Sequence slots of each `duplex` instance beyond its sessions: STARTs being refused at once.
 # A refusal frees its slot within a round trip (backends/duplex/refusals.py), so a START past
@@ -38,9 +45,14 @@ class Profile:
     thinker_gpus: str = ""  # GPU id of the stage's one instance; empty on CPU
     talker_gpus: str = ""
     code2wav_gpus: str = ""
-    thinker_memory_fraction: float = 0.0  # cap of the stage's torch allocator (share of its GPU); 0 = none
+    # cap of the stage's torch allocator (share of its GPU); 0 = none, or the memory plan's share
+    # where gpu_memory_gib is set (an explicit value overrides the plan)
+    thinker_memory_fraction: float = 0.0
     talker_memory_fraction: float = 0.0
     code2wav_memory_fraction: float = 0.0
+    # memory of the stages' one GPU as torch reports it (GiB); > 0: the shares come from the plan
+    # (backends/serving/memory_plan.py), and a profile that does not fit fails to render
+    gpu_memory_gib: float = 0.0
     duplex_instances: int = 1  # orchestrator processes; sessions are spread over them
     max_sessions: int = 4  # sessions of the whole server (admission limit; stage engines are sized for it)
     idle_timeout_s: int = 60  # a session with no uplink request for this long is reaped
@@ -48,6 +60,8 @@ class Profile:
     max_uplink_ahead_s: int = 5  # uplink audio a session may run ahead of real time and of the model
     max_context_tokens: int = 8192  # Thinker KV reserved per session (window off)
     talker_context_tokens: int = 4096
+    # the Thinker's sliding window for sessions that do not choose: off | basic | context
+    sliding_window_mode: str = "off"
     fault_injection: str = "off"  # test-only: `on` makes stage requests marked fault-<stage> fail
     # Code2Wav streams from each session's REF_AUDIO voice (on) or always the default voice (off)
     session_voices: str = "on"
@@ -64,6 +78,8 @@ class Profile:
                              "(cuda goes with KIND_GPU, cpu with KIND_CPU)")
         if self.dtype not in ("float32", "bfloat16"):
             raise ValueError(f"dtype must be float32 or bfloat16, got {self.dtype!r}")
+        if self.sliding_window_mode not in ("off", "basic", "context"):
+            raise ValueError(f"sliding_window_mode must be off, basic or context, got {self.sliding_window_mode!r}")
         if self.session_voices not in ("on", "off"):
             raise ValueError(f"session_voices must be on or off, got {self.session_voices!r}")
         if self.fault_injection not in FAULT_SETTINGS:
@@ -79,10 +95,36 @@ class Profile:
                              f"({self.duplex_instances}): each instance admits an equal share")
         self._check_placement()
 
-    def _check_placement(self) -> None:
+    def memory_fractions(self) -> dict[str, float]:
+        """Each stage's allocator cap: the profile's value, else the memory plan's share."""
+        explicit = {stage: getattr(self, f"{stage}_memory_fraction") for stage in STAGES}
+        if self.gpu_memory_gib <= 0 or all(explicit.values()):
+            return explicit
+        planned = self.memory_plan().shares()
+        return {stage: explicit[stage] or planned[stage] for stage in STAGES}
+
+    def memory_plan(self) -> "MemoryPlan":
+        """The plan of this profile's one GPU; MemoryPlanError when the stages do not fit."""
+        from backends.serving.memory_plan import full_random_inputs, planned_shares, plan
+
+        if self.checkpoint != "full-random" and not self.checkpoint.startswith("/"):
+            raise ValueError(f"gpu_memory_gib plans the released sizes: checkpoint must be full-random or a "
+                             f"directory, got {self.checkpoint!r}")
+        if self.instance_kind != "KIND_GPU" or len({self.stage_gpu(stage) for stage in STAGES}) != 1:
+            raise ValueError("gpu_memory_gib plans one GPU holding every stage")
+        inputs = full_random_inputs(self.max_sessions, self.max_context_tokens, self.talker_context_tokens,
+                                    2 if self.dtype == "bfloat16" else 4)
+        device_bytes = round(self.gpu_memory_gib * GIB)
+        planned_shares(inputs, device_bytes)  # raises naming the largest session count that fits
+        return plan(inputs, device_bytes)
+
+    def _check_placement(self, fractions: dict[str, float] | None = None) -> None:
+        """The stages' caps per GPU; the plan's shares are checked where they are computed
+        (template_vars, at render), so a profile whose plan does not fit still imports."""
         share: dict[int, float] = {}
+        fractions = fractions or {stage: getattr(self, f"{stage}_memory_fraction") for stage in STAGES}
         for stage in STAGES:
-            gpu, fraction = self.stage_gpu(stage), getattr(self, f"{stage}_memory_fraction")
+            gpu, fraction = self.stage_gpu(stage), fractions[stage]
             if not 0.0 <= fraction <= 1.0:
                 raise ValueError(f"{stage}_memory_fraction must be in [0, 1], got {fraction}")
             if gpu is None and fraction:
@@ -112,6 +154,9 @@ class Profile:
 
     def template_vars(self) -> dict[str, str]:
         values = {f.name: str(getattr(self, f.name)) for f in dataclasses.fields(self)}
+        fractions = self.memory_fractions()  # MemoryPlanError when a planned profile does not fit
+        self._check_placement(fractions)
+        values.update({f"{stage}_memory_fraction": str(v) for stage, v in fractions.items()})
         for stage in STAGES:
             gpu = self.stage_gpu(stage)
             values[f"{stage}_gpus_clause"] = "" if gpu is None else f"gpus: [ {gpu} ]"
@@ -164,6 +209,17 @@ PROFILES: dict[str, Profile] = {
         thinker_gpus="0", talker_gpus="1", code2wav_gpus="1",
         thinker_memory_fraction=0.9, talker_memory_fraction=0.45, code2wav_memory_fraction=0.45,
         duplex_instances=4, max_sessions=64, max_context_tokens=8192, session_voices="off",
+    ),
+    # One H200 (139.8 GiB as torch reports it), every share from the memory plan (deploy/README.md
+    # "Memory plan"), as many sessions as it admits: a 4096-token Thinker window per session with
+    # the sliding window on (`basic` drops the oldest turns past it), and a 1024-token Talker
+    # context (a longer reply rolls over, backends/talker/rollover.py). 128 sessions do not fit
+    # yet: Code2Wav's caches (2 streams per session) and the Thinker's KV alone take 136 GiB.
+    "gpu-h200": Profile(
+        name="gpu-h200", instance_kind="KIND_GPU", device="cuda", dtype="bfloat16", checkpoint="full-random",
+        thinker_gpus="0", talker_gpus="0", code2wav_gpus="0", gpu_memory_gib=139.8,
+        duplex_instances=4, max_sessions=68, max_context_tokens=4096, talker_context_tokens=1024,
+        sliding_window_mode="basic", session_voices="off",
     ),
 }
 

@@ -6,6 +6,7 @@ with the orchestrator, and tiny matmuls lose more to thread hand-off than they g
 """
 from __future__ import annotations
 
+import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,13 +17,18 @@ import torch
 from backends.checkpoint.full_random import FullRandomCheckpoint, full_random_checkpoint
 from backends.checkpoint.loader import Checkpoint, load_checkpoint
 from backends.checkpoint.prepare import FULL_RANDOM, prepare_checkpoint
+from backends.models.token2wav.estimator_pool import EstimatorPool
 from backends.runner.types import RunnerConfig
 from backends.stages.code2wav_service import Code2WavService
 from backends.stages.window_schedule import FIRST_WINDOW_HOLD_S
 
 BLOCK_SIZE = 16
 SLOT_MARGIN = 2  # requests of an epoch being stopped while the next one starts
+# Code2Wav cache-pool slots per session: an epoch's stream lives until its STOP lands while the
+# next epoch's may have started (barge-in)
+CODE2WAV_STREAMS_PER_SESSION = 2
 WARMUP_TEXT_TOKEN = 100  # a plain text id of every Thinker vocabulary, handed in Talker warm-ups
+LOG = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,7 +92,8 @@ def build_thinker_engine(params: dict[str, str], device_id: str = "0"):
     runner_config = setup.runner_config(max_len)
     random_weights = isinstance(ckpt, FullRandomCheckpoint) or ckpt.is_tiny
     config = ThinkerEngineConfig(max_context_tokens=max_len, prefill_chunk_rows=prefill_chunk_rows(runner_config),
-                                 listen_when_silent=random_weights)
+                                 listen_when_silent=random_weights,
+                                 window_mode=params.get("sliding_window_mode", "off") or "off")
     engine = ThinkerEngine(model.llm, model.audio_encoder, ckpt.tokenizer, ckpt.special_tokens, runner_config, config,
                            default_voice=thinker_default_voice(ckpt))
     if setup.device.type == "cuda":  # Triton kernels compile now, not inside the first replies
@@ -94,6 +101,7 @@ def build_thinker_engine(params: dict[str, str], device_id: str = "0"):
 
         engine.runner.warm_attention()  # variants no warm-up request may reach (prompt shapes)
         warm_up(engine, "thinker", thinker_request, setup.max_sessions)
+        log_allocation("thinker", setup.device, engine.runner.kv.num_bytes())
     return engine
 
 
@@ -143,6 +151,7 @@ def build_talker_engine(params: dict[str, str], device_id: str = "0"):
 
         engine.runner.warm_attention()
         warm_up(engine, "talker", talker_request_maker(config.llm_dim, WARMUP_TEXT_TOKEN), setup.max_sessions)
+        log_allocation("talker", setup.device, engine.runner.kv.num_bytes())
     return engine
 
 
@@ -177,7 +186,7 @@ def build_code2wav_engine(params: dict[str, str], device_id: str = "0") -> Code2
     # Estimator caches in one pooled tensor, a slot per live stream, read in place by the DiT
     # (no per-window packing copies). Streams are per session epoch and an epoch's stream lives
     # until its STOP lands while the next epoch's may have started (barge-in): two per session.
-    pool_streams = 2 * setup.max_sessions
+    pool_streams = CODE2WAV_STREAMS_PER_SESSION * setup.max_sessions
     service = Code2WavService(Code2WavEngine(
         token2wav, voice, cache_size, session_voices, max_batch, cache_pool_streams=pool_streams,
         first_window_hold_s=first_window_hold_s(params)))
@@ -186,7 +195,17 @@ def build_code2wav_engine(params: dict[str, str], device_id: str = "0") -> Code2
 
         warm_up_code2wav(service, setup.max_sessions, max_batch, pool_streams)
         token2wav.seal_hift_graphs()
+        log_allocation("code2wav", setup.device, pool_bytes(token2wav.cache_pool))
     return service
+
+
+def log_allocation(stage: str, device: torch.device, state_bytes: int) -> None:
+    """After warm-up: what the stage holds, beside the memory plan's rows logged at render
+    (backends/serving/memory_plan.py) so a GPU start shows plan and measurement together."""
+    gib = 1 << 30
+    LOG.warning("%s memory after warm-up: state pool %.2f GiB, allocated %.2f GiB, peak %.2f GiB, "
+                "reserved %.2f GiB", stage, state_bytes / gib, torch.cuda.memory_allocated(device) / gib,
+                torch.cuda.max_memory_allocated(device) / gib, torch.cuda.memory_reserved(device) / gib)
 
 
 def first_window_hold_s(params: dict[str, str]) -> float:
@@ -200,3 +219,8 @@ def first_window_hold_s(params: dict[str, str]) -> float:
     if not 0.0 <= held <= 1.0:
         raise ValueError(f"first_window_hold_ms must lie in [0, 1000] ms, got {value!r}")
     return held
+
+
+def pool_bytes(pool: EstimatorPool | None) -> int:
+    """Bytes of Code2Wav's pooled estimator caches (0 without a pool)."""
+    return 0 if pool is None else pool.att.numel() * pool.att.element_size()

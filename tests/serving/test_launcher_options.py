@@ -13,6 +13,7 @@ from backends.serving.metrics_stage_calls import CALL_METRICS_ENV
     (["--set", "no_such_variable=1"], {}, "unknown configuration variables"),
     (["--profile", "no_such_profile"], {}, "unknown profile"),
     ([], {CALL_METRICS_ENV: "on"}, f"{CALL_METRICS_ENV} must be 0 or 1, got 'on'"),
+    (["--profile", "gpu-h200", "--set", "max_sessions=128"], {}, "the largest session count that fits is"),
 ])
 def test_the_launcher_refuses_bad_settings_in_one_line_before_starting_anything(
         argv, environ, message, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]):

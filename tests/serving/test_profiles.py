@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[2]
 REPO = ROOT / "model_repository"
 README = ROOT / "deploy" / "README.md"
 METRICS_DOC = ROOT / "docs" / "metrics.md"
-TABLE_PROFILES = ("cpu", "gpu", "gpu-split")
+TABLE_PROFILES = ("cpu", "gpu", "gpu-split", "gpu-h200")
 
 
 def _render(tmp_path: Path, profile_name: str, **overrides: str) -> dict[str, str]:
@@ -100,12 +100,28 @@ def test_the_variables_table_documents_every_variable_with_its_values():
     assert documented == fields, "deploy/README.md table and Profile fields differ"
     for row in rows:
         name = row[0].strip("`")
-        for column, profile in zip(row[1:4], TABLE_PROFILES):
+        for column, profile in zip(row[1:5], TABLE_PROFILES):
             assert column == (str(getattr(PROFILES[profile], name)) or "-"), (name, profile)
-        assert row[4], f"{name} has no description"
+        assert row[5], f"{name} has no description"
     assert sorted(PROFILES) == sorted(TABLE_PROFILES)
 
 
 def test_the_metrics_table_lists_every_metric():
     rows = _table("Server metrics (Prometheus)", METRICS_DOC)
     assert [(row[0].strip("`"), row[1]) for row in rows] == [(m.name, m.kind) for m in ALL_METRICS]
+
+
+def test_gpu_h200_renders_the_memory_plans_shares_and_the_sliding_window(tmp_path):
+    configs = _render(tmp_path, "gpu-h200")
+    shares = get_profile("gpu-h200").memory_plan().shares()
+    for stage in ("thinker", "talker", "code2wav"):
+        assert float(_param(configs[stage], "gpu_memory_fraction")) == shares[stage]
+    assert _param(configs["thinker"], "sliding_window_mode") == "basic"
+    assert _param(configs["thinker"], "max_context_tokens") == "4096"
+
+
+def test_the_thinker_takes_the_profiles_sliding_window_default():
+    from backends.stages.factory import build_thinker_engine
+
+    engine = build_thinker_engine({"checkpoint": "tiny", "max_sessions": "1", "sliding_window_mode": "basic"})
+    assert engine.config.window_mode == "basic"
