@@ -44,10 +44,10 @@ PROFILE=${PROFILE:-gpu}
 CHECKPOINT=${CHECKPOINT:-full-random}
 PYTHON=${PYTHON:-python3}
 # The `gpu` profile sized for an 80 GB card (24 sessions of 4096 Thinker tokens; serves C <= 16 on
-# an H100, perf/results/duplex_h100.md): SERVER_SETS=h100. The shares come from the memory plan
-# for 79.2 GiB (deploy/README.md "Memory plan"; 0.571 / 0.12 / 0.258 where 0.52 / 0.12 / 0.28
-# were measured to serve).
-H100_SETS="max_sessions=24 max_context_tokens=4096 gpu_memory_gib=79.2 thinker_memory_fraction=0 talker_memory_fraction=0 code2wav_memory_fraction=0"
+# an H100, perf/results/duplex_h100.md): SERVER_SETS=h100. These shares were measured to serve;
+# the memory plan (deploy/README.md "Memory plan") gives 0.571 / 0.12 / 0.258 for 79.2 GiB
+# (`gpu_memory_gib=79.2` and the three fractions at 0), to be checked on an H100 before it replaces them.
+H100_SETS="max_sessions=24 max_context_tokens=4096 thinker_memory_fraction=0.52 talker_memory_fraction=0.12 code2wav_memory_fraction=0.28"
 
 pack_triton() {  # pack_triton OUT.tar.xz PYVER: the tritonserver of .venv's nvidia-pytriton wheel
   # (server, backends, the Python backend stub for PYVER, vendored libraries except libpython:

@@ -128,7 +128,9 @@ def test_the_table_prints(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_the_h100_benchmark_sizing_is_a_plan_that_fits() -> None:
-    """scripts/gpu_duplex_bench.sh's H100_SETS: the gpu profile at 24 sessions, shares planned."""
+    """scripts/gpu_duplex_bench.sh's H100_SETS (the gpu profile at 24 sessions, its measured
+    shares): the plan for an 80 GB card holds those sessions, and the shares leave the card's
+    reserve."""
     import re
     from pathlib import Path
 
@@ -137,4 +139,5 @@ def test_the_h100_benchmark_sizing_is_a_plan_that_fits() -> None:
     profile = get_profile("gpu").with_overrides(dict(item.split("=", 1) for item in sets.split()))
     values = profile.template_vars()
     shares = [float(values[f"{stage}_memory_fraction"]) for stage in ("thinker", "talker", "code2wav")]
-    assert profile.memory_plan().fits and 0 < min(shares) and sum(shares) <= MAX_GPU_SHARE
+    assert 0 < min(shares) and sum(shares) <= MAX_GPU_SHARE
+    assert profile.with_overrides({"gpu_memory_gib": "79.2"}).memory_plan().fits
