@@ -111,7 +111,7 @@ def init(protocol: str, params: dict[str, object], prompt: object = None, voice:
     for name, value in (config or {}).items():
         if name in MAPPED[protocol] and value is not None:
             asked[name] = value
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or abs(value) > INT64_MAX:
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or (isinstance(value, int) and abs(value) > INT64_MAX):
                 code = "invalid_event"  # the gateway's own check: a number a request parameter holds
     if isinstance(prompt, str) and prompt:
         asked["instructions"] = prompt
@@ -218,7 +218,8 @@ def prompts(draw) -> GatewayCase:
 def voices(draw) -> GatewayCase:
     protocol = draw(st.sampled_from((REALTIME, DEMO)))
     voice = draw(st.sampled_from(("ok", "short", "bad")))
-    return GatewayCase("voice", protocol, Handshake(), (init(protocol, {}, voice=voice), close(protocol)))
+    prompt = draw(st.one_of(st.none(), st.text(max_size=20).filter(lambda text: "\x00" not in text)))
+    return GatewayCase("voice", protocol, Handshake(), (init(protocol, {}, prompt=prompt, voice=voice), close(protocol)))
 
 
 @st.composite
@@ -250,14 +251,16 @@ def rate(draw) -> GatewayCase:
     """Whole seconds of audio at once: within the slack, or far past it (never at the edge)."""
     protocol = draw(st.sampled_from((REALTIME, DEMO)))
     seconds = draw(st.sampled_from((1, 2, 3, 6, 8, 10)))
-    frames = [append(protocol, _silence(1.0), 1.0) for _ in range(seconds)]
+    chunk = draw(st.sampled_from((0.5, 1.0, 2.0)))
+    frames = [append(protocol, _silence(chunk), chunk) for _ in range(int(seconds / chunk))]
     return GatewayCase("rate", protocol, Handshake(), (init(protocol, {}), *frames, close(protocol)))
 
 
 @st.composite
 def order(draw) -> GatewayCase:
     protocol = draw(st.sampled_from((REALTIME, DEMO)))
-    ok, silence = init(protocol, {}), append(protocol, _silence(0.1), 0.1)
+    seconds = draw(st.sampled_from((0.0, 0.02, 0.1, 0.3)))
+    ok, silence = init(protocol, {}), append(protocol, _silence(seconds), seconds)
     shape = draw(st.sampled_from(("append_first", "init_twice", "close_twice", "after_close", "close_first",
                                   "noop_first" if protocol == DEMO else "init_twice")))
     frames = {
@@ -287,7 +290,7 @@ def handshakes(draw) -> GatewayCase:
 @st.composite
 def binary(draw) -> GatewayCase:
     protocol, ok = draw(_protocol_and_init())
-    payload = draw(st.sampled_from((b"\xff\xfe\x00garbage", ok.data.encode())))
+    payload = draw(st.one_of(st.just(ok.data.encode()), st.binary(min_size=1, max_size=64).map(lambda b: b"\xff" + b)))
     frame = Frame("binary", payload.decode("latin-1"),
                   code="" if payload == ok.data.encode() else "invalid_json")
     return GatewayCase("binary", protocol, Handshake(), (frame, close(protocol)))
@@ -296,8 +299,9 @@ def binary(draw) -> GatewayCase:
 @st.composite
 def disconnects(draw) -> GatewayCase:
     protocol, ok = draw(_protocol_and_init())
-    frames = (ok, append(protocol, _silence(0.1), 0.1), append(protocol, _silence(0.1), 0.1))
-    return GatewayCase("disconnect", protocol, Handshake(), frames[:draw(st.integers(0, 3))], disconnect=True)
+    lengths = draw(st.lists(st.sampled_from((0.02, 0.1, 0.5)), max_size=4))
+    frames = (ok, *(append(protocol, _silence(seconds), seconds) for seconds in lengths))
+    return GatewayCase("disconnect", protocol, Handshake(), frames[:draw(st.integers(0, len(frames)))], disconnect=True)
 
 
 def gateway_cases() -> st.SearchStrategy[GatewayCase]:

@@ -121,11 +121,12 @@ class Bridge:
         stops first: while another task waits in receive(), aiohttp's close() drops the TCP
         connection without waiting for the client's close reply, and frames the client still
         has in flight then reset it, losing the messages sent just before (the error that ended
-        the session). Without a pending receive, close() reads up to the client's reply."""
-        if self._reader is not None and not self._reader.done():
+        the session). Without a pending receive, close() reads up to the client's reply (at most
+        aiohttp's close timeout); a shutdown does not wait for slow clients."""
+        shutting_down = self.state.shutting_down
+        if not shutting_down and self._reader is not None and not self._reader.done():
             self._reader.cancel()
             await asyncio.gather(self._reader, return_exceptions=True)
-        shutting_down = self.state.shutting_down
         await self.ws.close(code=SHUTDOWN_CLOSE_CODE if shutting_down else 1000,
                             message=(SERVER_SHUTDOWN if shutting_down else "").encode())
 
