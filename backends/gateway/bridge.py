@@ -46,6 +46,7 @@ class Bridge:
         # that a flooding client is held back by TCP.
         self._inbox: asyncio.Queue = asyncio.Queue(maxsize=INBOX_MESSAGES)
         self._gone = asyncio.Event()
+        self._reader: asyncio.Future | None = None
 
     # ---- sending -----------------------------------------------------------------------------
 
@@ -100,7 +101,7 @@ class Bridge:
     async def run(self) -> None:
         self.task = asyncio.current_task()
         self.state.live.add(self)
-        reader = asyncio.ensure_future(self._read())
+        reader = self._reader = asyncio.ensure_future(self._read())
         try:
             await self._admitted_session()
         except ClientGone:
@@ -116,8 +117,16 @@ class Bridge:
             await asyncio.gather(reader, return_exceptions=True)
 
     async def close_socket(self) -> None:
-        """Close the WebSocket (1001 with the reason during a shutdown); idempotent."""
+        """Close the WebSocket (1001 with the reason during a shutdown); idempotent. The reader
+        stops first: while another task waits in receive(), aiohttp's close() drops the TCP
+        connection without waiting for the client's close reply, and frames the client still
+        has in flight then reset it, losing the messages sent just before (the error that ended
+        the session). Without a pending receive, close() reads up to the client's reply (at most
+        aiohttp's close timeout); a shutdown does not wait for slow clients."""
         shutting_down = self.state.shutting_down
+        if not shutting_down and self._reader is not None and not self._reader.done():
+            self._reader.cancel()
+            await asyncio.gather(self._reader, return_exceptions=True)
         await self.ws.close(code=SHUTDOWN_CLOSE_CODE if shutting_down else 1000,
                             message=(SERVER_SHUTDOWN if shutting_down else "").encode())
 

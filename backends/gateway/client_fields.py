@@ -11,6 +11,9 @@ import numpy as np
 from backends.gateway.audio import AudioDecodeError, float32_base64_to_pcm16
 from backends.gateway.errors import INVALID_AUDIO, INVALID_EVENT, GatewayError
 
+# A START parameter travels as a Triton request parameter: a string, a bool, a float or an int64.
+INT64_RANGE = (-2**63, 2**63 - 1)
+
 
 def voice_audio(ref: object, tts_ref: object) -> tuple[np.ndarray | None, tuple[str, ...]]:
     """REF_AUDIO from the reference voice (the Thinker hears it and replies are spoken from it);
@@ -47,6 +50,8 @@ def text_field(container: dict[str, Any], *names: str) -> str | None:
             continue
         if not isinstance(value, str):
             raise GatewayError(INVALID_EVENT, f"{name} must be a string")
+        if "\x00" in value:  # Triton cuts a string parameter at its first NUL: refused rather than cut
+            raise GatewayError(INVALID_EVENT, f"{name} must not contain NUL characters")
         return value or None
     return None
 
@@ -58,7 +63,18 @@ def object_field(container: dict[str, Any], name: str) -> dict[str, Any]:
     return value
 
 
+def start_params(values: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """`values` as START parameters; a value no request parameter can carry (a list, an object,
+    an integer past int64) is refused here rather than failing the request on its way out."""
+    for name, value in values.items():
+        if not isinstance(value, (str, bool, int, float)):
+            raise GatewayError(INVALID_EVENT, f"{prefix}{name} must be a string, a boolean or a number")
+        if isinstance(value, int) and not isinstance(value, bool) and not INT64_RANGE[0] <= value <= INT64_RANGE[1]:
+            raise GatewayError(INVALID_EVENT, f"{prefix}{name} is out of range")
+    return values
+
+
 def _number(name: str, value: object) -> int | float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise GatewayError(INVALID_EVENT, f"config.{name} must be a number")
-    return value
+    return start_params({name: value}, "config.")[name]

@@ -14,7 +14,7 @@ from typing import Any
 
 from backends.gateway.admission import QueueStatus
 from backends.gateway.audio import OUTPUT_FORMAT, AudioDecodeError, float32_base64_to_pcm16, pcm16_to_float32_base64
-from backends.gateway.client_fields import object_field, sampling_params, text_field, voice_audio
+from backends.gateway.client_fields import object_field, sampling_params, start_params, text_field, voice_audio
 from backends.gateway.commands import Append, Close, Command, Init
 from backends.gateway.duplex_stream import DuplexEvent
 from backends.gateway.errors import (
@@ -131,7 +131,7 @@ def _init(payload: dict[str, Any]) -> Init:
     prompt = text_field(payload, "system_prompt")
     if prompt is not None:
         params["instructions"] = prompt
-    params.update(object_field(payload, DUPLEX_PARAMS))
+    params.update(start_params(object_field(payload, DUPLEX_PARAMS), f"{DUPLEX_PARAMS}."))
     voice = object_field(payload, "voice")
     ref_audio, voice_not_applied = voice_audio(voice.get("ref_audio_base64"), voice.get("tts_ref_audio_base64"))
     extra = ("max_slice_nums",) if payload.get("max_slice_nums") is not None else ()
