@@ -14,7 +14,7 @@ from websockets.asyncio.client import connect as ws_connect
 
 from browser import CHROMIUM, Browser, wait_for
 from client.wav import write_wav
-from conftest import API_KEY
+from gateway_settings import API_KEY
 from sdk_helpers import speech_then_silence
 
 pytestmark = [pytest.mark.server, pytest.mark.skipif(CHROMIUM is None, reason="needs the Debian package chromium")]

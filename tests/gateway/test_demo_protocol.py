@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from websockets.asyncio.client import connect as ws_connect
 
-from conftest import API_KEY
+from gateway_settings import API_KEY
 from sdk_helpers import speech_then_silence
 
 pytestmark = pytest.mark.server
@@ -89,7 +89,7 @@ def test_demo_protocol_session(gateway):
 
 
 def test_demo_queue_messages(gateway):
-    from conftest import CAPACITY
+    from gateway_settings import CAPACITY
     from sdk_helpers import connect
 
     async def scenario():

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from conftest import API_KEY
+from gateway_settings import API_KEY
 from perf.fuzz_gateway_inputs import REALTIME, Frame, GatewayCase, Handshake, append, close
 from perf.fuzz_gateway_wire import run_case
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import API_KEY, SESSION_DEFAULTS
+from gateway_settings import API_KEY, SESSION_DEFAULTS
 from perf.fuzz_gateway import GatewayHarness, MAX_MESSAGE_BYTES, run_batch
 from perf.fuzz_gateway_oracle import SESSION_DEFAULTS as ORACLE_DEFAULTS
 

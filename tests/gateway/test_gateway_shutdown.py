@@ -11,7 +11,9 @@ import pytest
 from openbmb_realtime import RealtimeError, SessionClosed
 from websockets.asyncio.client import connect as ws_connect
 
-from conftest import API_KEY, CAPACITY, GatewayProcess
+from gateway_settings import API_KEY, CAPACITY
+
+from gateway_process import GatewayProcess
 from sdk_helpers import collect, connect
 from server_gauges import held, settle
 

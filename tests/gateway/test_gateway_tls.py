@@ -10,7 +10,9 @@ import subprocess
 import pytest
 from websockets.asyncio.client import connect as ws_connect
 
-from conftest import API_KEY, GatewayProcess
+from gateway_settings import API_KEY
+
+from gateway_process import GatewayProcess
 
 pytestmark = pytest.mark.server
 

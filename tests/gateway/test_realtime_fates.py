@@ -12,7 +12,7 @@ import pytest
 from openbmb_realtime import RealtimeError
 from websockets.asyncio.client import connect as ws_connect
 
-from conftest import API_KEY
+from gateway_settings import API_KEY
 from sdk_helpers import connect, speech_then_silence
 from server_gauges import held, settle
 

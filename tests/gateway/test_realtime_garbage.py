@@ -11,7 +11,7 @@ import pytest
 from openbmb_realtime import TextDelta
 from websockets.asyncio.client import connect as ws_connect
 
-from conftest import API_KEY
+from gateway_settings import API_KEY
 from sdk_helpers import collect, connect, send_paced, speech_then_silence
 
 pytestmark = pytest.mark.server

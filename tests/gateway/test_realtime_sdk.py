@@ -12,7 +12,7 @@ from openbmb_realtime import AudioDelta, RealtimeError, SessionReady, TextDelta
 from websockets.asyncio.client import connect as ws_connect
 from websockets.exceptions import InvalidStatus
 
-from conftest import API_KEY
+from gateway_settings import API_KEY
 from sdk_helpers import collect, connect, send_paced, speech_then_silence
 
 pytestmark = pytest.mark.server

@@ -8,7 +8,7 @@ import asyncio
 import pytest
 from openbmb_realtime import AudioDelta, RealtimeError, SessionQueued, TextDelta
 
-from conftest import API_KEY, CAPACITY
+from gateway_settings import API_KEY, CAPACITY
 from recording_socket import RecordingFactory
 from sdk_helpers import client, collect, connect, send_paced, speech_then_silence
 
