@@ -93,6 +93,8 @@ device_env() {
   mkdir -p /tmp/tb /tmp/b64
   if ((fresh)); then
     tar -C /tmp/tb -xJf "$CARRY/triton.tar.xz"
+    # the hand-off wait the launcher gives the wheel's backend (backends/serving/stub_wait_patch.py)
+    python3 -m backends.serving.stub_wait_patch /tmp/tb/pytriton/tritonserver/backends/python/libtriton_python.so
     dpkg -x "$CARRY"/libb64-0d_*.deb /tmp/b64
   fi
   # The stubs run their Python isolated (PYTHONPATH is ignored there): they see the venv whose

@@ -3,7 +3,9 @@
 Two layouts: a `tritonserver` on PATH (the NGC container, backends in /opt/tritonserver), or the
 server inside the nvidia-pytriton wheel, whose `backends/python` lacks the stub for our
 interpreter and whose libraries need LD_LIBRARY_PATH
-(docs/triton_behaviours.md#the-python-stub-and-libpython).
+(docs/triton_behaviours.md#the-python-stub-and-libpython). The wheel's Python backend is
+published with its stub hand-off wait lengthened (backends/serving/stub_wait_patch.py); a
+server on PATH is used as installed, with a warning when its backend lacks that change.
 """
 from __future__ import annotations
 
@@ -14,6 +16,9 @@ import sysconfig
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+
+from backends.serving.stub_wait_patch import patch as patch_stub_wait
+from backends.serving.stub_wait_patch import state as stub_wait_state
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,7 +50,9 @@ def find_triton(scratch: Path) -> TritonInstall:
     on_path = Path(override) if override else shutil.which("tritonserver")
     if on_path:
         binary = Path(on_path)
-        return TritonInstall(binary, binary.parent.parent / "backends", (python_libdir(),))
+        backend_dir = binary.parent.parent / "backends"
+        _warn_if_unpatched(backend_dir / "python" / "libtriton_python.so")
+        return TritonInstall(binary, backend_dir, (python_libdir(),))
     return _wheel_install(scratch)
 
 
@@ -63,6 +70,7 @@ def _wheel_install(scratch: Path) -> TritonInstall:
     backend_dir = scratch / "backends"
     if not (backend_dir / "python" / "triton_python_backend_stub").exists():
         _publish_backend(root / "backends" / "python", stub, backend_dir)
+    patch_stub_wait(backend_dir / "python" / "libtriton_python.so")  # no-op once patched
     return TritonInstall(root / "bin" / "tritonserver", backend_dir, _library_dirs(site))
 
 
@@ -74,6 +82,7 @@ def _publish_backend(source: Path, stub: Path, backend_dir: Path) -> None:
     try:
         shutil.copytree(source, staging / "python")
         shutil.copy2(stub, staging / "python" / "triton_python_backend_stub")
+        patch_stub_wait(staging / "python" / "libtriton_python.so")
         target = backend_dir / "python"
         if target.exists() and not (target / "triton_python_backend_stub").exists():
             shutil.rmtree(target, ignore_errors=True)  # left half-copied by an older launcher
@@ -85,6 +94,14 @@ def _publish_backend(source: Path, stub: Path, backend_dir: Path) -> None:
             # another launcher published first: its copy is the same
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+
+
+def _warn_if_unpatched(library: Path) -> None:
+    if library.exists() and (current := stub_wait_state(library)) != "patched":
+        print(f"warning: {library} keeps Triton's one-second stub hand-off wait ({current}); a stub paused "
+              "for a second during a hand-off aborts the server. Patch it with "
+              "`python -m backends.serving.stub_wait_patch` (docs/triton_behaviours.md#server-deaths)",
+              file=sys.stderr)
 
 
 def _library_dirs(site: Path) -> tuple[Path, ...]:
