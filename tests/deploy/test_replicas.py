@@ -302,7 +302,9 @@ def test_a_replica_that_lost_a_stage_is_not_ready(replicas):
     os.kill(_stub_pid(broken, "thinker"), signal.SIGKILL)
     report = probe(broken.http_url, broken.stage_url)
     assert not report.ready and report.down == ["thinker"], report
-    assert "not healthy" in report.models["thinker"]
+    # the server's hand-off to a dead stub ends after its ten-second wait (stub_wait_patch.py),
+    # about when the probe's own timeout ends: either says so
+    assert "not healthy" in report.models["thinker"] or "no answer" in report.models["thinker"], report
     assert not broken.is_ready()
     with urllib.request.urlopen(f"{broken.http_url}/v2/health/ready", timeout=10) as resp:
         assert resp.status == 200, "Triton alone still calls it ready: the gap the stage health check closes"

@@ -140,7 +140,9 @@ def test_a_killed_stub_makes_its_model_not_ready(server):
     os.kill(_stub_pid(server, "duplex"), signal.SIGKILL)
     models = _down_within(server, "duplex")
     assert [m for m, state in models.items() if state != OK] == ["duplex"], models
-    assert "not healthy" in models["duplex"], models
+    # the server's hand-off to a dead stub ends after its ten-second wait
+    # (backends/serving/stub_wait_patch.py), so the probe's own timeout usually tells first
+    assert "not healthy" in models["duplex"] or "no answer" in models["duplex"], models
     assert not server.is_ready()
     with urllib.request.urlopen(f"{server.http_url}/v2/health/ready", timeout=10) as resp:
         assert resp.status == 200, "Triton alone still calls it ready: the gap the duplex probe closes"
