@@ -241,7 +241,7 @@ class Session:
             response.first_text_time = self._clock()
             fields["ttft_ms"] = round(1000.0 * (response.first_text_time - response.trigger_time), 1)
         self.emit(ev.RESPONSE_TEXT_DELTA, response_id=response.response_id, turn_id=response.turn_id,
-                  unit_index=result.unit_index, text=result.text, **fields)
+                  unit_index=result.unit_index, text=result.text, n_tokens=int(result.token_ids.size), **fields)
 
     # ---- audio-tail loop ---------------------------------------------------------------------
 

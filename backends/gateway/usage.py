@@ -5,8 +5,8 @@ Counted from the duplex contract's facts, not from the model:
 - input audio tokens: 10 per 1-second unit the server cuts from the forwarded audio
   (docs/model_facts.md, "Rates": 10 Thinker audio embeddings per unit);
 - output audio tokens: 25 per second of reply audio (the Talker's 25 Hz codec frames);
-- output text tokens: the `n_tokens` field of `response.text.delta` where the server reports it;
-  a server that does not report it counts 0 (docs/gateway.md, "Usage").
+- output text tokens: the `n_tokens` field of `response.text.delta` (the tokens the Thinker
+  sampled in that unit; docs/gateway.md, "Usage").
 """
 from __future__ import annotations
 

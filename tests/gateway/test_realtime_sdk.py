@@ -41,6 +41,7 @@ def test_audio_session_has_replies_and_usage(gateway):
     assert samples.size >= 24000 // 2 and np.isfinite(samples).all() and np.abs(samples).max() <= 1.0
     usage = session.usage
     assert usage is not None and usage.audio_input_tokens >= 10 and usage.audio_output_tokens >= 12
+    assert usage.completion_tokens > usage.audio_output_tokens, "no text tokens counted"
     assert usage.total_tokens == usage.prompt_tokens + usage.completion_tokens
     assert session.state.value == "closed"
 
