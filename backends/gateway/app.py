@@ -48,7 +48,7 @@ async def realtime(request: web.Request) -> web.StreamResponse:
     ws = await _accept(request, state, (SUBPROTOCOL,))
     bridge = Bridge(ws, RealtimeCodec, state)
     state.metrics.add("minicpmo_gateway_connections_total", protocol="realtime")
-    if request.query.get("mode", "audio") != "audio":
+    if (request.query.get("mode") or "audio") != "audio":  # absent or empty: audio
         await bridge.send_error(GatewayError(VIDEO_UNSUPPORTED, VIDEO_MESSAGE))
         await ws.close()
         return ws

@@ -18,7 +18,7 @@ from typing import Any
 from aiohttp import WSMsgType, web
 
 from backends.gateway.admission import QueueFull, QueueStatus, Slot
-from backends.gateway.commands import Close, Command, Init
+from backends.gateway.commands import Close, Command, Ignore, Init
 from backends.gateway.errors import (
     INIT_TIMEOUT, MESSAGE_TOO_LARGE, NOT_INITIALIZED, QUEUE_FULL, SERVER_SHUTDOWN, ClientGone, GatewayError,
 )
@@ -200,6 +200,8 @@ class Bridge:
             if isinstance(command, Close):
                 await self.send_closed(command.reason)
                 return None
+            if isinstance(command, Ignore):  # diagnostics need no session, before it as after
+                continue
             await self.send_error(GatewayError(NOT_INITIALIZED, "send the session init first"))
             if self.codec.errors_end_session:
                 return None

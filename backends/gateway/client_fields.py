@@ -65,10 +65,13 @@ def object_field(container: dict[str, Any], name: str) -> dict[str, Any]:
 
 def start_params(values: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     """`values` as START parameters; a value no request parameter can carry (a list, an object,
-    an integer past int64) is refused here rather than failing the request on its way out."""
+    an integer past int64, a string with a NUL, which Triton would cut) is refused here rather
+    than failing or changing on its way out."""
     for name, value in values.items():
         if not isinstance(value, (str, bool, int, float)):
             raise GatewayError(INVALID_EVENT, f"{prefix}{name} must be a string, a boolean or a number")
+        if isinstance(value, str) and "\x00" in value:
+            raise GatewayError(INVALID_EVENT, f"{prefix}{name} must not contain NUL characters")
         if isinstance(value, int) and not isinstance(value, bool) and not INT64_RANGE[0] <= value <= INT64_RANGE[1]:
             raise GatewayError(INVALID_EVENT, f"{prefix}{name} is out of range")
     return values

@@ -1,6 +1,6 @@
 """Session settings no START request can carry faithfully are refused at the codec with
-`invalid_event` (found by perf/fuzz_gateway.py): a prompt with NUL characters (Triton would cut
-it at the first one) and values past what a request parameter holds (lists, objects, integers
+`invalid_event` (found by perf/fuzz_gateway.py): a prompt or a `duplex_params` string with NUL
+characters (Triton would cut it at the first one) and values past what a request parameter holds (lists, objects, integers
 past int64, which used to end the connection without an error)."""
 from __future__ import annotations
 
@@ -33,6 +33,7 @@ def _demo(message: dict) -> Init:
     lambda: _realtime({"duplex_params": {"seed": HUGE}}),
     lambda: _realtime({"duplex_params": {"reply_units": [1]}}),
     lambda: _realtime({"duplex_params": {"instructions": {"a": 1}}}),
+    lambda: _realtime({"duplex_params": {"initial_user_text": "hi\x00there"}}),
 ])
 def test_unrepresentable_settings_are_invalid_events(parse):
     with pytest.raises(GatewayError) as err:

@@ -34,6 +34,7 @@ async def _session(url: str) -> list[dict]:
     seen: list[dict] = []
     async with ws_connect(f"{url}/ws/duplex/adx_test1", subprotocols=["minicpmo.duplex", f"apikey.{API_KEY}"]) as ws:
         await _next(ws, "queue_done", seen)
+        await ws.send(json.dumps({"type": "client_diagnostic", "data": {"audio_context": "running"}}))  # ignored
         await ws.send(json.dumps({"type": "prepare", "prefix_system_prompt": "You are a fun assistant.",
                                   "config": {"generate_audio": True, "chunk_ms": 1000, "temperature": 0.7,
                                              "force_listen_count": 1, "top_p": 0.8}}))

@@ -60,6 +60,15 @@ GARBAGE = {
 }
 
 
+def test_an_empty_mode_is_audio(gateway):
+    async def scenario():
+        async with ws_connect(f"{gateway.ws_url}/v1/realtime?mode=&model=m", additional_headers=HEADERS,
+                              subprotocols=["map.realtime"]) as ws:
+            return await asyncio.wait_for(_until(ws, "session.queue_done"), 30)
+
+    assert asyncio.run(scenario())["type"] == "session.queue_done"
+
+
 def test_garbage_is_answered_while_another_session_goes_on(gateway):
     async def scenario():
         healthy = await connect(gateway.ws_url, API_KEY)
