@@ -69,6 +69,11 @@ class PlanInputs:
     talker_context_tokens: int
     dtype_bytes: int = 2
     null_blocks: int = 1  # the runners' padding block: 1 on CUDA, 0 on the CPU reference path
+    code2wav_streams: int = 0  # Code2Wav cache-pool slots; 0: two per session (the factory's default)
+
+    @property
+    def pool_streams(self) -> int:
+        return self.code2wav_streams or CODE2WAV_STREAMS_PER_SESSION * self.max_sessions
 
 
 def kv_pool_bytes(layers: int, kv_heads: int, head_dim: int, sessions: int, max_len: int, dtype_bytes: int,
@@ -137,7 +142,7 @@ def code2wav_pool_bytes(token2wav: Any, streams: int, dtype_bytes: int) -> int:
 
 
 def code2wav_bytes(p: PlanInputs) -> StageBytes:
-    streams = CODE2WAV_STREAMS_PER_SESSION * p.max_sessions
+    streams = p.pool_streams
     state = code2wav_pool_bytes(p.token2wav, streams, p.dtype_bytes)
     return StageBytes("code2wav", 0, state, CODE2WAV_FIXED + CODE2WAV_PER_BATCHED_WINDOW * CODE2WAV_MAX_BATCH)
 
@@ -207,16 +212,16 @@ def planned_shares(inputs: PlanInputs, device_bytes: int) -> dict[str, float]:
 
 def _with_sessions(inputs: PlanInputs, sessions: int) -> PlanInputs:
     return PlanInputs(inputs.config, inputs.token2wav, sessions, inputs.max_context_tokens,
-                      inputs.talker_context_tokens, inputs.dtype_bytes, inputs.null_blocks)
+                      inputs.talker_context_tokens, inputs.dtype_bytes, inputs.null_blocks, inputs.code2wav_streams)
 
 
 def full_random_inputs(max_sessions: int, max_context_tokens: int, talker_context_tokens: int,
-                       dtype_bytes: int = 2) -> PlanInputs:
+                       dtype_bytes: int = 2, code2wav_streams: int = 0) -> PlanInputs:
     """The released sizes (the full-random checkpoint's config); token ids do not change sizes."""
     from backends.checkpoint.full_random import FullRandomCheckpoint, full_random_config_dict
 
     return PlanInputs(full_random_config_dict(0, 0), FullRandomCheckpoint.token2wav_config(), max_sessions,
-                      max_context_tokens, talker_context_tokens, dtype_bytes)
+                      max_context_tokens, talker_context_tokens, dtype_bytes, code2wav_streams=code2wav_streams)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -225,10 +230,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--device-gib", type=float, default=139.8,
                         help="the card's memory as torch reports it (H200 139.8, H100 79.2)")
     parser.add_argument("--sessions", type=int, default=0, help="override the profile's max_sessions")
+    parser.add_argument("--code2wav-streams", type=int, default=-1,
+                        help="override the profile's code2wav_streams (0: two per session)")
     args = parser.parse_args(argv)
     profile = get_profile(args.profile)
     inputs = full_random_inputs(args.sessions or profile.max_sessions, profile.max_context_tokens,
-                                profile.talker_context_tokens, 2 if profile.dtype == "bfloat16" else 4)
+                                profile.talker_context_tokens, 2 if profile.dtype == "bfloat16" else 4,
+                                args.code2wav_streams if args.code2wav_streams >= 0 else profile.code2wav_streams)
     result = plan(inputs, round(args.device_gib * GIB))
     print(result.table())
     if result.fits:

@@ -67,6 +67,9 @@ class Profile:
     session_voices: str = "on"
     # ms Code2Wav holds the windows that can wait once a reply's first window is announced (0: never)
     code2wav_first_hold_ms: int = 50
+    # Code2Wav cache-pool slots: replies decoding at once (a reply beyond them waits for one);
+    # 0: two per session, so every session can speak, a barge-in's old reply still ending
+    code2wav_streams: int = 0
 
     def __post_init__(self) -> None:
         if self.instance_kind not in KINDS:
@@ -84,6 +87,8 @@ class Profile:
             raise ValueError(f"session_voices must be on or off, got {self.session_voices!r}")
         if self.fault_injection not in FAULT_SETTINGS:
             raise ValueError(f"fault_injection must be one of {FAULT_SETTINGS}, got {self.fault_injection!r}")
+        if self.code2wav_streams < 0:
+            raise ValueError(f"code2wav_streams must be 0 (two per session) or positive, got {self.code2wav_streams}")
         if not 0 <= self.code2wav_first_hold_ms <= 1000:
             raise ValueError(f"code2wav_first_hold_ms must lie in [0, 1000], got {self.code2wav_first_hold_ms}")
         for name in ("duplex_instances", "max_sessions", "idle_timeout_s", "max_append_ms", "max_uplink_ahead_s",
@@ -113,7 +118,7 @@ class Profile:
         if self.instance_kind != "KIND_GPU" or len({self.stage_gpu(stage) for stage in STAGES}) != 1:
             raise ValueError("gpu_memory_gib plans one GPU holding every stage")
         inputs = full_random_inputs(self.max_sessions, self.max_context_tokens, self.talker_context_tokens,
-                                    2 if self.dtype == "bfloat16" else 4)
+                                    2 if self.dtype == "bfloat16" else 4, self.code2wav_streams)
         device_bytes = round(self.gpu_memory_gib * GIB)
         planned_shares(inputs, device_bytes)  # raises naming the largest session count that fits
         return plan(inputs, device_bytes)

@@ -29,6 +29,7 @@ DESCRIPTIONS = {
     "codec_states": "code2wav vocoder states (one per request with an open turn)",
     "codec_sequences": "code2wav (cache_epoch, chunk_seq) trackers, one per request id",
     "codec_pending": "code2wav windows accepted and not yet decoded",
+    "codec_slot_waits": "code2wav replies whose first window waits for a free cache-pool slot (code2wav_streams)",
     "voice_cache": "code2wav reference voices held prepared (bounded LRU plus voices in use)",
     "voice_users": "code2wav streams that use a cached reference voice",
     "cuda_graphs": "code2wav CUDA graphs captured (all at load unless a window shape was missed)",

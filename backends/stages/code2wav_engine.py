@@ -82,7 +82,8 @@ class Code2WavEngine:
     session_voices: bool = True  # False: a valid REF_AUDIO is checked, the default voice speaks
     max_batch: int = DEFAULT_MAX_BATCH
     # > 0: the streams' DiT caches live in a pool of this many slots (Token2Wav.enable_cache_pool,
-    # no per-window cache copies); a request beyond it gets an internal error, the rest go on
+    # no per-window cache copies); a reply's first window waits while every slot is taken, until
+    # a stream ends (its last window or a STOP), oldest waiting reply first
     cache_pool_streams: int = 0
     clock: Callable[[], float] = time.monotonic  # seconds; the playout model's (tests: fake)
     # called with ("first" | "later", seconds) for each window as its forward starts: how long
@@ -184,7 +185,8 @@ class Code2WavEngine:
     def resource_counts(self) -> dict[str, int]:
         """What the engine holds (leak checks; published as gauges by the serving layer)."""
         return {"codec_states": len(self._states), "codec_sequences": len(self._sequences),
-                "codec_pending": self.num_pending(), "voice_cache": len(self.voices),
+                "codec_pending": self.num_pending(), "codec_slot_waits": self.num_waiting_for_slot(),
+                "voice_cache": len(self.voices),
                 "voice_users": self.voices.num_users(), **self.token2wav.graph_counts()}
 
     def release(self, request_id: str) -> None:
@@ -224,9 +226,31 @@ class Code2WavEngine:
         return pick(candidates, now, self.max_batch, fill_to=batch_bucket)
 
     def _candidates(self) -> list[Candidate]:
+        """The pending requests that can decode now: all but the replies beyond the free slots."""
         no_audio = PlayoutClock()
-        return [Candidate(request_id, queue[0][0], self._playout.get(request_id, no_audio).audio_end)
-                for request_id, queue in self._pending.items()]
+        return [Candidate(request_id, self._pending[request_id][0][0],
+                          self._playout.get(request_id, no_audio).audio_end)
+                for request_id in self._runnable()]
+
+    def _runnable(self) -> list[str]:
+        pool = self.token2wav.cache_pool
+        free = pool.num_free() if pool is not None else len(self._pending)
+        runnable = []
+        for request_id in self._pending:  # in arrival order: the oldest waiting reply first
+            if request_id not in self._states:  # its next window starts a stream: takes a slot
+                if free == 0:
+                    continue
+                free -= 1
+            runnable.append(request_id)
+        return runnable
+
+    def has_work(self) -> bool:
+        """A step would decode or answer something (replies waiting for a slot alone: no)."""
+        return bool(self._errors) or bool(self._runnable())
+
+    def num_waiting_for_slot(self) -> int:
+        """Requests whose first window waits for a free cache-pool slot."""
+        return len(self._pending) - len(self._runnable())
 
     def _pop_oldest(self, request_id: str) -> tuple[float, Code2WavRequest]:
         """-> (its arrival, the request's oldest pending window)."""

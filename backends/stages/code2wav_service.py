@@ -44,7 +44,9 @@ class Code2WavService:
             self._sinks.pop(key).close(StageError("cancelled", f"request {request_id!r} was stopped"))
 
     def has_work(self) -> bool:
-        return bool(self._sinks)
+        """Windows to decode or answer; windows that wait for a cache-pool slot wait for a
+        stream to end, which a step (its last window) or a STOP (a command) brings."""
+        return bool(self._sinks) and self.engine.has_work()
 
     def expect_window(self, request_id: str) -> None:
         """A reply's first window for `request_id` is on its way (`Code2WavEngine.expect_window`)."""

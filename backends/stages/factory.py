@@ -27,6 +27,11 @@ SLOT_MARGIN = 2  # requests of an epoch being stopped while the next one starts
 # Code2Wav cache-pool slots per session: an epoch's stream lives until its STOP lands while the
 # next epoch's may have started (barge-in)
 CODE2WAV_STREAMS_PER_SESSION = 2
+
+
+def code2wav_pool_streams(params: dict[str, str], max_sessions: int) -> int:
+    """The profile's `code2wav_streams`, or two per session where it is 0 or absent."""
+    return int(params.get("pool_streams", "0") or 0) or CODE2WAV_STREAMS_PER_SESSION * max_sessions
 WARMUP_TEXT_TOKEN = 100  # a plain text id of every Thinker vocabulary, handed in Talker warm-ups
 LOG = logging.getLogger(__name__)
 
@@ -184,9 +189,8 @@ def build_code2wav_engine(params: dict[str, str], device_id: str = "0") -> Code2
     session_voices = params.get("session_voices", "on") == "on"
     max_batch = int(params.get("max_batch", str(DEFAULT_MAX_BATCH)))
     # Estimator caches in one pooled tensor, a slot per live stream, read in place by the DiT
-    # (no per-window packing copies). Streams are per session epoch and an epoch's stream lives
-    # until its STOP lands while the next epoch's may have started (barge-in): two per session.
-    pool_streams = CODE2WAV_STREAMS_PER_SESSION * setup.max_sessions
+    # (no per-window packing copies); a reply beyond the slots waits for one (Code2WavEngine).
+    pool_streams = code2wav_pool_streams(params, setup.max_sessions)
     service = Code2WavService(Code2WavEngine(
         token2wav, voice, cache_size, session_voices, max_batch, cache_pool_streams=pool_streams,
         first_window_hold_s=first_window_hold_s(params)))

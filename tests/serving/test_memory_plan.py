@@ -81,6 +81,16 @@ def test_released_sizes_fit_as_expected(sessions: int, window: int, device: int,
             planned_shares(inputs, device)
 
 
+def test_a_smaller_code2wav_pool_is_planned_and_built() -> None:
+    """`code2wav_streams` slots instead of two per session: the plan counts what the stage builds."""
+    two_per_session, sized = full_random_inputs(128, 4096, 1024), full_random_inputs(128, 4096, 1024, 2, 64)
+    assert code2wav_bytes(sized).state * 4 == code2wav_bytes(two_per_session).state
+    service = build_code2wav_engine({**PARAMS, "pool_streams": "3"})
+    token2wav = service.engine.token2wav
+    inputs = PlanInputs({}, token2wav.config, SESSIONS, 200, 100, dtype_bytes=4, code2wav_streams=3)
+    assert token2wav.cache_pool.max_streams == 3 and code2wav_bytes(inputs).state == pool_bytes(token2wav.cache_pool)
+
+
 def test_the_largest_fitting_count_fits_and_one_more_does_not() -> None:
     inputs = full_random_inputs(128, 4096, 1024)
     largest = largest_fitting_sessions(inputs, H200)

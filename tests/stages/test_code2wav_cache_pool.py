@@ -1,8 +1,9 @@
 """Code2Wav engine with the pooled DiT caches (`cache_pool_streams`): slot lifetimes.
 
 Strategy: a two-slot pool on the tiny random vocoder; every way a request's state ends (last
-chunk, STOP, a new epoch, a failed forward) must give its slot back, a request beyond the pool
-gets an internal error while the others go on, and pooled audio equals a dense engine's.
+chunk, STOP, a new epoch, a failed forward) must give its slot back, a reply beyond the pool
+waits (no error, no busy stepping) until a stream ends and then decodes, and pooled audio
+equals a dense engine's.
 """
 
 from __future__ import annotations
@@ -56,16 +57,32 @@ def test_last_chunk_stop_and_new_epoch_free_slots(engine: Code2WavEngine) -> Non
     assert _free(engine) == 1 and engine.num_states() == 1
 
 
-def test_a_request_beyond_the_pool_fails_alone(engine: Code2WavEngine) -> None:
+def test_a_reply_beyond_the_pool_waits_for_a_slot(engine: Code2WavEngine) -> None:
     for request_id in "abc":
         engine.submit(_request(request_id, 0))
-    results = {r.request_id: r for r in engine.step()}
-    assert results["a"].error is None and results["b"].error is None
-    assert results["c"].error.startswith(f"{ERROR_INTERNAL}: CachePoolFullError")
-    engine.submit(_request("a", 1, last=True))
+    first = engine.step()
+    assert sorted(r.request_id for r in first) == ["a", "b"] and all(r.error is None for r in first)
+    assert engine.num_waiting_for_slot() == 1 and not engine.has_work()  # c waits; nothing to step
+    engine.submit(_request("b", 1))
+    assert engine.has_work() and [r.request_id for r in engine.step()] == ["b"]
+    engine.submit(_request("a", 1, last=True))  # a's stream ends with this window
+    assert [r.request_id for r in engine.step()] == ["a"]
+    assert engine.has_work() and engine.num_waiting_for_slot() == 0
+    results = engine.step()
+    assert [(r.request_id, r.chunk_seq, r.error) for r in results] == [("c", 0, None)]
+    assert results[0].audio.size > 0 and _free(engine) == 0
+
+
+def test_a_stop_frees_a_slot_for_the_oldest_waiting_reply(engine: Code2WavEngine) -> None:
+    for request_id in "abcd":
+        engine.submit(_request(request_id, 0))
     engine.step()
-    engine.submit(_request("c", 0))  # a's slot is free again
-    assert engine.step()[0].error is None
+    assert engine.num_waiting_for_slot() == 2
+    engine.release("b")  # a STOP (barge-in, session end)
+    assert [r.request_id for r in engine.step()] == ["c"]  # c came before d
+    assert engine.num_waiting_for_slot() == 1 and engine.resource_counts()["codec_slot_waits"] == 1
+    engine.release("d")  # a reply stopped while it waited holds nothing
+    assert engine.num_waiting_for_slot() == 0 and not engine.has_work() and _free(engine) == 0
 
 
 def test_a_failed_forward_frees_every_slot(engine: Code2WavEngine,
@@ -108,3 +125,10 @@ def test_the_served_engine_pools_two_streams_per_session() -> None:
     service = build_code2wav_engine({"checkpoint": "tiny", "max_sessions": "3"})
     pool = service.engine.token2wav.cache_pool
     assert pool is not None and pool.max_streams == 6
+
+
+def test_the_profile_sets_the_pool_size() -> None:
+    from backends.stages.factory import code2wav_pool_streams
+
+    assert code2wav_pool_streams({"pool_streams": "5"}, max_sessions=8) == 5
+    assert code2wav_pool_streams({"pool_streams": "0"}, max_sessions=8) == 16
