@@ -66,6 +66,7 @@ def build_parser() -> argparse.ArgumentParser:
     add("--top-p", type=float, default=None)
     add("--max-new-speak-tokens-per-chunk", type=int, default=None, help="most tokens of one unit")
     add("--listen-prob-scale", type=float, default=None)
+    add("--length-penalty", type=float, default=None, help="on <|turn_eos|>: > 1 makes replies longer")
     add("--text-repetition-penalty", type=float, default=None)
     add("--text-repetition-window-size", type=int, default=None)
     add("--listen-when-silent", action=argparse.BooleanOptionalAction, default=None,
@@ -175,6 +176,7 @@ def _params(args: argparse.Namespace) -> SessionParams:
         top_p=args.top_p,
         max_new_speak_tokens_per_chunk=args.max_new_speak_tokens_per_chunk,
         listen_prob_scale=args.listen_prob_scale,
+        length_penalty=args.length_penalty,
         text_repetition_penalty=args.text_repetition_penalty,
         text_repetition_window_size=args.text_repetition_window_size,
         listen_when_silent=args.listen_when_silent,

@@ -21,6 +21,7 @@ class SessionParams:
     top_p: float | None = None
     max_new_speak_tokens_per_chunk: int | None = None
     listen_prob_scale: float | None = None
+    length_penalty: float | None = None  # on <|turn_eos|>: > 1 makes replies longer
     text_repetition_penalty: float | None = None
     text_repetition_window_size: int | None = None
     listen_when_silent: bool | None = None  # option: listen on silent units with nothing to answer
@@ -49,7 +50,7 @@ class SessionParams:
             value = getattr(self, name)
             if value is not None and value < low:
                 raise ValueError(f"{name} must be >= {low}, got {value}")
-        for name in ("top_p", "listen_prob_scale", "text_repetition_penalty"):
+        for name in ("top_p", "listen_prob_scale", "length_penalty", "text_repetition_penalty"):
             value = getattr(self, name)
             if value is not None and not value > 0.0:
                 raise ValueError(f"{name} must be > 0, got {value}")
@@ -59,7 +60,7 @@ class SessionParams:
 
         tritonclient sends str/int/float/bool as string/int64/double/bool parameters.
         """
-        floats = ("top_p", "listen_prob_scale", "text_repetition_penalty")
+        floats = ("top_p", "listen_prob_scale", "length_penalty", "text_repetition_penalty")
         values: dict[str, str | int | float | bool | None] = {
             "instructions": self.instructions,
             "initial_user_text": self.initial_user_text,

@@ -59,6 +59,7 @@ class ThinkerRequest:
     top_p: float = -1.0  # 0.8
     max_new_speak_tokens_per_chunk: int = -1  # 20: a unit's tokens, its terminator included
     listen_prob_scale: float = -1.0  # 1.0
+    length_penalty: float = -1.0  # 1.1, on <|turn_eos|>
     text_repetition_penalty: float = -1.0  # 1.05
     text_repetition_window_size: int = -1  # 512
     listen_when_silent: int = -1  # option: 1 on, 0 off, < 0 the engine's default

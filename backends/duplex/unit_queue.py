@@ -123,7 +123,8 @@ def thinker_request(ids: EpochIds, batch: list[UnitWork], opts: SessionOptions) 
         reply_units=opts.reply_units, reply_tokens_per_unit=opts.reply_tokens_per_unit,
         sliding_window_mode=opts.sliding_window_mode, top_k=opts.top_k, top_p=opts.top_p,
         max_new_speak_tokens_per_chunk=opts.max_new_speak_tokens_per_chunk,
-        listen_prob_scale=opts.listen_prob_scale, text_repetition_penalty=opts.text_repetition_penalty,
+        listen_prob_scale=opts.listen_prob_scale, length_penalty=opts.length_penalty,
+        text_repetition_penalty=opts.text_repetition_penalty,
         text_repetition_window_size=opts.text_repetition_window_size,
         listen_when_silent=opts.listen_when_silent,
     )

@@ -69,6 +69,7 @@ class SessionOptions:
     top_p: float = -1.0
     max_new_speak_tokens_per_chunk: int = -1
     listen_prob_scale: float = -1.0
+    length_penalty: float = -1.0
     text_repetition_penalty: float = -1.0
     text_repetition_window_size: int = -1
     listen_when_silent: int = -1  # option: 1 on, 0 off, < 0 the Thinker's default
@@ -95,6 +96,7 @@ _START_PARAMS: dict[str, tuple[tuple[type, ...], Any]] = {
     "top_p": ((int, float), lambda v: None if 0.0 < v <= 1.0 else f"must be in (0, 1], got {v!r}"),
     "max_new_speak_tokens_per_chunk": ((int,), lambda v: _int_range(v, 2, MAX_SPEAK_TOKENS_PER_CHUNK)),
     "listen_prob_scale": ((int, float), lambda v: None if 0.0 < v <= 10.0 else f"must be in (0, 10], got {v!r}"),
+    "length_penalty": ((int, float), lambda v: None if 0.0 < v <= 10.0 else f"must be in (0, 10], got {v!r}"),
     "text_repetition_penalty": ((int, float), lambda v: None if 0.0 < v <= 2.0 else f"must be in (0, 2], got {v!r}"),
     "text_repetition_window_size": ((int,), lambda v: _int_range(v, 1, MAX_PENALTY_WINDOW)),
     "listen_when_silent": ((bool,), lambda v: None),
@@ -106,7 +108,7 @@ _START_PARAMS: dict[str, tuple[tuple[type, ...], Any]] = {
     "voice": ((str,), lambda v: None if v in VOICES else "only 'default' or REF_AUDIO is supported"),
 }
 _ANY_PARAMS = ("action", "sample_rate")
-_FLOAT_PARAMS = ("temperature", "top_p", "listen_prob_scale", "text_repetition_penalty")
+_FLOAT_PARAMS = ("temperature", "top_p", "listen_prob_scale", "length_penalty", "text_repetition_penalty")
 
 
 def _text_limit(value: str) -> str | None:

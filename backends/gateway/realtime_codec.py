@@ -23,7 +23,7 @@ from backends.gateway.errors import (
 from backends.gateway.session_context import SessionContext
 
 SUBPROTOCOL = "map.realtime"
-CONFIG_TO_START = {"temperature": "temperature"}
+CONFIG_TO_START = {"temperature": "temperature", "length_penalty": "length_penalty"}
 # An extension of session.init's payload: START parameters of the duplex contract passed as they
 # are (the server validates them), for clients that need more than the SDK's fields.
 DUPLEX_PARAMS = "duplex_params"

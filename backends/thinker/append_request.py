@@ -37,6 +37,7 @@ _DECODING_FIELDS = {
     "top_p": "top_p",
     "max_new_speak_tokens_per_chunk": "max_tokens_per_unit",
     "listen_prob_scale": "listen_prob_scale",
+    "length_penalty": "length_penalty",
     "text_repetition_penalty": "repetition_penalty",
     "text_repetition_window_size": "penalty_window",
 }

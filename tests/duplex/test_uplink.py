@@ -77,6 +77,7 @@ def test_triton_parameters_are_ignored_and_empty_audio_is_fine():
     (dict(max_new_speak_tokens_per_chunk=1), r"max_new_speak_tokens_per_chunk must be an integer in \[2, 32\]"),
     (dict(max_new_speak_tokens_per_chunk=33), r"max_new_speak_tokens_per_chunk must be an integer in \[2, 32\]"),
     (dict(listen_prob_scale=0), r"listen_prob_scale must be in \(0, 10\]"),
+    (dict(length_penalty=0), r"length_penalty must be in \(0, 10\]"),
     (dict(text_repetition_penalty=float("nan")), r"text_repetition_penalty must be in \(0, 2\]"),
     (dict(text_repetition_window_size=0), r"text_repetition_window_size must be an integer in \[1, 8192\]"),
     (dict(listen_when_silent=1), "parameter listen_when_silent has the wrong type"),
@@ -114,18 +115,20 @@ def test_decoding_defaults_are_the_official_ones():
     options = parse_uplink(_raw(True), MAX).options
     assert options.force_listen_count == 3
     unset = (options.temperature, options.top_k, options.top_p, options.max_new_speak_tokens_per_chunk,
-             options.listen_prob_scale, options.text_repetition_penalty, options.text_repetition_window_size,
-             options.listen_when_silent)
+             options.listen_prob_scale, options.length_penalty, options.text_repetition_penalty,
+             options.text_repetition_window_size, options.listen_when_silent)
     assert all(value < 0 for value in unset), unset
 
 
 def test_decoding_settings_are_carried_as_given():
     options = parse_uplink(_raw(True, temperature=0, top_k=5, top_p=1, max_new_speak_tokens_per_chunk=32,
-                                listen_prob_scale=2, text_repetition_penalty=1, text_repetition_window_size=64,
-                                listen_when_silent=True, force_listen_count=0), MAX).options
+                                listen_prob_scale=2, length_penalty=1, text_repetition_penalty=1,
+                                text_repetition_window_size=64, listen_when_silent=True, force_listen_count=0),
+                           MAX).options
     assert (options.temperature, options.top_k, options.top_p) == (0.0, 5, 1.0)
     assert isinstance(options.top_p, float) and isinstance(options.listen_prob_scale, float)
     assert (options.max_new_speak_tokens_per_chunk, options.listen_prob_scale) == (32, 2.0)
+    assert isinstance(options.length_penalty, float) and options.length_penalty == 1.0
     assert (options.text_repetition_penalty, options.text_repetition_window_size) == (1.0, 64)
     assert options.listen_when_silent == 1 and options.force_listen_count == 0
 
@@ -158,10 +161,10 @@ def test_the_decoding_settings_travel_on_every_thinker_request():
     from backends.duplex.unit_queue import setup_request
 
     options = parse_uplink(_raw(True, temperature=0, top_k=7, top_p=0.5, max_new_speak_tokens_per_chunk=12,
-                                listen_prob_scale=1.5, text_repetition_penalty=1.2,
+                                listen_prob_scale=1.5, length_penalty=0.9, text_repetition_penalty=1.2,
                                 text_repetition_window_size=99, listen_when_silent=False), MAX).options
     request = setup_request(EpochIds("s", 0), options)
     assert (request.temperature, request.top_k, request.top_p) == (0.0, 7, 0.5)
-    assert (request.max_new_speak_tokens_per_chunk, request.listen_prob_scale) == (12, 1.5)
+    assert (request.max_new_speak_tokens_per_chunk, request.listen_prob_scale, request.length_penalty) == (12, 1.5, 0.9)
     assert (request.text_repetition_penalty, request.text_repetition_window_size) == (1.2, 99)
     assert request.listen_when_silent == 0

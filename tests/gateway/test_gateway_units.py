@@ -77,9 +77,11 @@ def test_realtime_init_maps_fields_and_lists_the_unapplied():
     codec = RealtimeCodec(SessionContext("s"))
     voice = pcm16_to_float32_base64(np.zeros(1600, np.int16))
     init = codec.parse(json.dumps({"type": "session.init", "payload": {
-        "system_prompt": "Be brief.", "config": {"temperature": 0.5, "max_tokens": 100, "tts_enabled": True},
+        "system_prompt": "Be brief.", "config": {"temperature": 0.5, "length_penalty": 1.3, "max_tokens": 100,
+                                                          "tts_enabled": True},
         "voice": {"ref_audio_base64": voice}}}))
-    assert isinstance(init, Init) and init.params == {"temperature": 0.5, "instructions": "Be brief."}
+    assert isinstance(init, Init) and init.params == {"temperature": 0.5, "length_penalty": 1.3,
+                                                      "instructions": "Be brief."}
     assert init.ref_audio.size == 1600 and init.not_applied == ("max_tokens", "tts_enabled")
     append = codec.parse(json.dumps({"type": "input.append", "input": {"audio": voice, "force_listen": True}}))
     assert isinstance(append, Append) and append.interrupt
