@@ -15,7 +15,9 @@ Without --url the soak starts its server through `minicpmo-server` (the launcher
 supervisor restarts a server that died: the soak counts those restarts from the launcher's
 output, and stub restarts from the stub pids of the tritonserver (and the kernel's segfault
 lines where dmesg is readable). `--neighbour-every-s S` starts and stops a second server on
-the same machine every S seconds (perf/soak_neighbour.py).
+the same machine every S seconds (perf/soak_neighbour.py). `--pause-stubs-every-s S` stops one
+of the server's stub processes, drawn at random, for `--pause-s` seconds every S seconds
+(SIGSTOP, then SIGCONT: perf/soak_pauser.py), the stall that used to abort Triton.
 
 Every `--report-every` seconds it prints one line and adds a window to the time series:
 sessions, turns, barge-ins, drops, errors, the server TTFP p50 / p90 of the window, the
@@ -49,6 +51,7 @@ from client.params import SessionParams
 from client.session import DuplexSession
 from perf.soak_launcher import PROJECT_ROOT, LauncherServer
 from perf.soak_neighbour import Neighbour, NeighbourTally
+from perf.soak_pauser import StubPauser
 from perf.soak_processes import StubSnapshot, kernel_log, segfaults, stub_restarts, tree_rss_mb
 from perf.soak_report import ServerHealth, SoakResult, Window, held_text, ttfp_drift, write_json, write_results
 
@@ -308,7 +311,8 @@ class SoakRun:
 
 
 def soak(config: SoakConfig, every_s: float, view: ServerView, neighbour: Neighbour | None = None,
-         on_window: Callable[[list[Window]], None] = lambda windows: None) -> SoakRun:
+         on_window: Callable[[list[Window]], None] = lambda windows: None,
+         pauser: StubPauser | None = None) -> SoakRun:
     tally = Tally()
     reporter = Reporter(tally, every_s, view, neighbour.tally if neighbour else None, on_window)
     start = gauges(view.metrics_url)
@@ -317,6 +321,9 @@ def soak(config: SoakConfig, every_s: float, view: ServerView, neighbour: Neighb
     helpers = [threading.Thread(target=reporter.loop, args=(stop,), daemon=True)]
     if neighbour is not None:
         helpers.append(threading.Thread(target=neighbour.run, args=(stop,), name="neighbour", daemon=True))
+    if pauser is not None:
+        pauser.server_pid = view.pid
+        helpers.append(threading.Thread(target=pauser.run, args=(stop,), name="stub-pauser", daemon=True))
     deadline = time.monotonic() + 60.0 * config.minutes
     workers = [threading.Thread(target=Worker(config, tally, i, deadline).run, daemon=True)
                for i in range(config.sessions)]
@@ -342,6 +349,8 @@ def print_summary(result: SoakResult) -> None:
               f"{server.failed_restarts} stub_restarts={server.stub_restarts} segfaults={len(server.segfaults)}")
     if result.neighbour is not None:
         print(f"neighbour cycles={result.neighbour['cycles']} failures={result.neighbour['failures']}")
+    if result.pauses is not None:
+        print(f"stub pauses={result.pauses['pauses']} {result.pauses['by_model']} failures={result.pauses['failures']}")
     drift = ttfp_drift(result.windows)
     if drift is not None:
         print(f"ttfp drift: first p50 {drift.first_ms:.1f} ms, last p50 {drift.last_ms:.1f} ms, {drift.pct:+.1f} % "
@@ -374,6 +383,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="configuration variable of the server started here (launcher --set)")
     parser.add_argument("--neighbour-every-s", type=float,
                         help="start and stop a second server every S seconds (up for S/2)")
+    parser.add_argument("--pause-stubs-every-s", type=float,
+                        help="stop one of the server's stubs (at random) for --pause-s seconds every S seconds")
+    parser.add_argument("--pause-s", type=float, default=3.0, help="length of a stub pause")
     parser.add_argument("--out", type=Path, default=PROJECT_ROOT / "perf" / "results",
                         help="directory of the results page")
     parser.add_argument("--name", help="page name (default: soak_<profile>)")
@@ -386,6 +398,8 @@ def run_meta(args: argparse.Namespace, argv: list[str]) -> dict[str, object]:
     from perf.duplex_bench import describe_device
 
     neighbour = f", neighbour server every {args.neighbour_every_s:g} s" if args.neighbour_every_s else ""
+    if args.pause_stubs_every_s:
+        neighbour += f", a stub paused {args.pause_s:g} s every {args.pause_stubs_every_s:g} s"
     return {
         "command": "python -m perf.soak " + shlex.join(argv), "commit": git_commit(), "device": describe_device(),
         "profile": f"{args.profile} (server started separately)" if args.url else args.profile,
@@ -411,7 +425,8 @@ def git_commit() -> str:
 
 def page_title(args: argparse.Namespace) -> str:
     extras = [name for name, on in (("barge-ins", args.barge_in > 0), ("client drops", args.drop > 0),
-                                    ("a neighbour server", bool(args.neighbour_every_s))) if on]
+                                    ("a neighbour server", bool(args.neighbour_every_s)),
+                                    ("stub pauses", bool(args.pause_stubs_every_s))) if on]
     listed = " and ".join([", ".join(extras[:-1]), extras[-1]] if len(extras) > 1 else extras)
     return (f"Soak, {args.profile} profile: {args.sessions} sessions for {args.minutes:g} min"
             + (f" with {listed}" if listed else ""))
@@ -438,16 +453,18 @@ def kernel_health(pids: set[int]) -> tuple[tuple[str, ...], bool]:
 
 
 def soak_server_given(args: argparse.Namespace, config: SoakConfig, neighbour: Neighbour | None,
-                      on_window: Callable[[list[Window]], None]) -> tuple[SoakRun, ServerHealth]:
+                      on_window: Callable[[list[Window]], None],
+                      pauser: StubPauser | None = None) -> tuple[SoakRun, ServerHealth]:
     view = ServerView(lambda: pid_if_alive(args.server_pid), args.metrics_url)
-    run = soak(config, args.report_every, view, neighbour, on_window)
+    run = soak(config, args.report_every, view, neighbour, on_window, pauser)
     found, read = kernel_health(run.reporter.pids_seen)
     return run, ServerHealth(watched=False, stub_restarts=run.reporter.stub_restarts, segfaults=found,
                              kernel_log_read=read)
 
 
 def soak_own_server(args: argparse.Namespace, make_config: Callable[[str], SoakConfig], neighbour: Neighbour | None,
-                    on_window: Callable[[list[Window]], None]) -> tuple[SoakRun, ServerHealth]:
+                    on_window: Callable[[list[Window]], None],
+                    pauser: StubPauser | None = None) -> tuple[SoakRun, ServerHealth]:
     server = LauncherServer(args.profile, [*session_headroom(args), *args.set], args.log_dir, "server")
     try:
         server.start(READY_TIMEOUT_S)
@@ -455,7 +472,7 @@ def soak_own_server(args: argparse.Namespace, make_config: Callable[[str], SoakC
               flush=True)
         run = soak(make_config(server.grpc_url), args.report_every, ServerView(server.tritonserver_pid,
                                                                               server.metrics_url),
-                   neighbour, on_window)
+                   neighbour, on_window, pauser)
         launcher_exit = server.exit_code()  # None: still supervising, as it should be
     finally:
         server.stop()
@@ -466,7 +483,8 @@ def soak_own_server(args: argparse.Namespace, make_config: Callable[[str], SoakC
 
 
 def as_result(meta: dict[str, object], windows: list[Window], run: SoakRun | None = None,
-              server: ServerHealth | None = None, neighbour: Neighbour | None = None) -> SoakResult:
+              server: ServerHealth | None = None, neighbour: Neighbour | None = None,
+              pauser: StubPauser | None = None) -> SoakResult:
     """The record so far (from the last window's totals) or, given the run, the final one."""
     if run is None:
         last = windows[-1]
@@ -474,7 +492,7 @@ def as_result(meta: dict[str, object], windows: list[Window], run: SoakRun | Non
     t = run.tally
     return SoakResult(dict(meta), list(windows), t.sessions, t.turns, t.barge_ins, t.drops, dict(t.errors),
                       server or ServerHealth(watched=False), neighbour.tally.to_json() if neighbour else None,
-                      run.held_at_end)
+                      run.held_at_end, pauser.tally.to_json() if pauser else None)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -486,12 +504,13 @@ def main(argv: list[str] | None = None) -> int:
                                          args.turns, args.reply_units, args.seed, args.drop)
     make_config("")  # a bad configuration fails before any server starts
     neighbour = Neighbour(args.neighbour_every_s, args.profile, args.log_dir) if args.neighbour_every_s else None
+    pauser = StubPauser(args.pause_stubs_every_s, args.pause_s, args.seed) if args.pause_stubs_every_s else None
     on_window = lambda windows: write_json(args.out / f"{name}.json", as_result(meta, windows))  # noqa: E731
     if args.url:
-        run, server = soak_server_given(args, make_config(args.url), neighbour, on_window)
+        run, server = soak_server_given(args, make_config(args.url), neighbour, on_window, pauser)
     else:
-        run, server = soak_own_server(args, make_config, neighbour, on_window)
-    result = as_result(meta, run.reporter.windows, run, server, neighbour)
+        run, server = soak_own_server(args, make_config, neighbour, on_window, pauser)
+    result = as_result(meta, run.reporter.windows, run, server, neighbour, pauser)
     written = write_results(args.out, name, page_title(args), result)
     print_summary(result)
     print("wrote " + ", ".join(str(path) for path in written))

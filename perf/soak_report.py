@@ -108,13 +108,16 @@ class SoakResult:
     server: ServerHealth = field(default_factory=lambda: ServerHealth(watched=False))
     neighbour: dict[str, Any] | None = None  # NeighbourTally.to_json(); None: no neighbour
     held_at_end: dict[str, float] = field(default_factory=dict)
+    pauses: dict[str, Any] | None = None  # PauseTally.to_json(); None: no stub pauses
 
     def problems(self) -> list[str]:
         """Why the soak failed; empty when it passed (the exit status is 1 otherwise)."""
         found = [f"{sum(self.errors.values())} errors" if self.errors else "", *self.server.problems(),
                  f"neighbour failures: {len(self.neighbour['failures'])}" if self.neighbour and
                  self.neighbour["failures"] else "",
-                 f"held at the end: {held_text(self.held_at_end)}" if self.held_at_end else ""]
+                 f"held at the end: {held_text(self.held_at_end)}" if self.held_at_end else "",
+                 f"stub pause failures: {len(self.pauses['failures'])}" if self.pauses and
+                 self.pauses["failures"] else ""]
         return [line for line in found if line]
 
     def to_json(self) -> dict[str, Any]:
@@ -122,7 +125,7 @@ class SoakResult:
         return {**self.meta, "sessions": self.sessions, "turns": self.turns, "barge_ins": self.barge_ins,
                 "drops": self.drops, "errors": dict(self.errors),
                 "server": {**asdict(self.server), "deaths": self.server.deaths},
-                "neighbour": self.neighbour, "held_at_end": dict(self.held_at_end),
+                "neighbour": self.neighbour, "pauses": self.pauses, "held_at_end": dict(self.held_at_end),
                 "ttfp_drift": None if drift is None else {**asdict(drift), "pct": drift.pct},
                 "problems": self.problems(), "windows": [asdict(w) for w in self.windows]}
 
@@ -170,7 +173,8 @@ def _summary_rows(r: SoakResult) -> list[str]:
             ("client drops (no END, stream cancelled)", r.drops),
             ("errors", f"{sum(r.errors.values())}" + (f" ({errors})" if errors else "")),
             ("server deaths / restarts", _deaths(s)), ("stub restarts", _stubs(s)),
-            ("neighbour cycles (failures)", _neighbour(r.neighbour)), ("TTFP p50, first / last window, drift", _drift(r)),
+            ("neighbour cycles (failures)", _neighbour(r.neighbour)), *_pause_rows(r.pauses),
+            ("TTFP p50, first / last window, drift", _drift(r)),
             ("server RSS start / end / max", _rss(r.windows)),
             ("held at the end", held_text(r.held_at_end) or "nothing (every gauge back at its start value)")]
     return [f"| {name} | {value} |" for name, value in rows]
@@ -192,6 +196,14 @@ def _stubs(s: ServerHealth) -> str:
     kernel = (f"{len(s.segfaults)} segfault lines in the kernel log" if s.kernel_log_read
               else "kernel log not readable")
     return f"{s.stub_restarts} ({kernel})"
+
+
+def _pause_rows(pauses: dict[str, Any] | None) -> list[tuple[str, str]]:
+    if pauses is None:
+        return []
+    models = ", ".join(f"{model} {n}" for model, n in pauses["by_model"].items())
+    return [("stub pauses, SIGSTOP then SIGCONT (failures)",
+             f"{pauses['pauses']} ({len(pauses['failures'])})" + (f": {models}" if models else ""))]
 
 
 def _neighbour(neighbour: dict[str, Any] | None) -> str:

@@ -66,10 +66,18 @@ def test_a_clean_soak_passes():
     ({"server": ServerHealth(watched=True, launcher_exit=1)}, "launcher exited"),
     ({"neighbour": {"cycles": 1, "failures": ["start: timeout"]}}, "neighbour"),
     ({"held_at_end": {"sessions.duplex": 1.0}}, "held"),
+    ({"pauses": {"pauses": 3, "by_model": {"thinker": 3}, "failures": ["stub 7 (thinker) was gone"]}}, "pause"),
 ])
 def test_every_kind_of_trouble_fails_the_soak(overrides, word):
     problems = _result(**overrides).problems()
     assert len(problems) == 1 and word in problems[0]
+
+
+def test_the_page_counts_the_stub_pauses_by_model():
+    page = render_markdown("Soak", _result(pauses={"pauses": 5, "by_model": {"duplex": 2, "thinker": 3},
+                                                   "failures": []}), None)
+    assert "| stub pauses, SIGSTOP then SIGCONT (failures) | 5 (0): duplex 2, thinker 3 |" in page
+    assert "stub pauses" not in render_markdown("Soak", _result(), None)
 
 
 def test_the_page_has_the_command_commit_device_and_summary():
@@ -138,7 +146,8 @@ def test_a_drop_probability_outside_0_1_is_refused():
 
 
 def _args(**kw) -> argparse.Namespace:
-    base = {"profile": "cpu", "sessions": 4, "minutes": 60.0, "barge_in": 0.4, "drop": 0.3, "neighbour_every_s": 180}
+    base = {"profile": "cpu", "sessions": 4, "minutes": 60.0, "barge_in": 0.4, "drop": 0.3, "neighbour_every_s": 180,
+            "pause_stubs_every_s": None}
     return argparse.Namespace(**{**base, **kw})
 
 
@@ -153,3 +162,5 @@ def test_the_title_names_what_the_soak_did():
                                    "and a neighbour server")
     assert page_title(_args(drop=0.0, neighbour_every_s=None)) == "Soak, cpu profile: 4 sessions for 60 min with barge-ins"
     assert page_title(_args(barge_in=0.0, drop=0.0, neighbour_every_s=None)) == "Soak, cpu profile: 4 sessions for 60 min"
+    assert page_title(_args(drop=0.0, neighbour_every_s=None, pause_stubs_every_s=30)) == \
+        "Soak, cpu profile: 4 sessions for 60 min with barge-ins and stub pauses"
