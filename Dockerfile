@@ -67,13 +67,12 @@ RUN python3 -m pip install \
 COPY pyproject.toml ./
 COPY backends ./backends
 COPY client ./client
-RUN python3 -m pip install --no-deps .
-
-# The Python backend waits one second for a stub to take a request, then gives up on it and the
-# stub's late answer aborts the server; the launcher patches the wheel's copy, this the
-# image's own (docs/triton_behaviours.md#server-deaths). It stops the build on a backend build
-# it does not recognise.
-RUN python3 -m backends.serving.stub_wait_patch /opt/tritonserver/backends/python/libtriton_python.so
+# Then the Python backend's stub hand-off wait: one second, after which the server gives up on
+# a request and the stub's late answer aborts it; the launcher patches the wheel's copy, this
+# the image's own (docs/triton_behaviours.md#server-deaths). The build stops on a backend
+# build the patch does not recognise.
+RUN python3 -m pip install --no-deps . \
+    && python3 -m backends.serving.stub_wait_patch /opt/tritonserver/backends/python/libtriton_python.so
 
 # The model repository: config.pbtxt.tmpl files are rendered per profile at start-up.
 COPY model_repository ./model_repository
