@@ -201,7 +201,7 @@ def bad_config(draw) -> GatewayCase:
 def duplex_params(draw) -> GatewayCase:
     """Realtime's pass-through START parameters: the server's validation answers through the gateway."""
     keys = draw(st.lists(st.sampled_from(sorted(START_RULES) + ["bogus_key"]), min_size=1, max_size=3, unique=True))
-    params = {key: draw(st.one_of(st.integers(-3, 5000), st.floats(-1, 3, width=32, allow_subnormal=False), st.sampled_from(["off", "context", ""]),
+    params = {key: draw(st.one_of(st.integers(-3, 5000), st.floats(-1, 3, width=32, allow_subnormal=False), st.sampled_from(["off", "context", "", "of\x00f"]),
                                   st.booleans())) for key in keys}
     return GatewayCase("duplex_params", REALTIME, Handshake(), (init(REALTIME, params), close(REALTIME)))
 

@@ -116,7 +116,7 @@ def init_code(protocol: str, frame: Frame) -> str:
         return frame.code
     if frame.voice == "bad":
         return "invalid_audio"
-    if any(isinstance(value, str) and "\x00" in value for name, value in frame.params if name == "instructions"):
+    if any(isinstance(value, str) and "\x00" in value for _, value in frame.params):
         return "invalid_event"  # Triton would cut a string parameter at its first NUL: refused, not cut
     params = dict(frame.params)
     if frame.voice == "short" or not _params_valid({**SESSION_DEFAULTS, **params}, True):

@@ -89,6 +89,7 @@ START_RULES: dict[str, Callable[[object], bool]] = {
     "top_p": _number(0.0, 1.0),
     "max_new_speak_tokens_per_chunk": _in_range(2, 32),
     "listen_prob_scale": _number(0.0, 10.0),
+    "length_penalty": _number(0.0, 10.0),
     "text_repetition_penalty": _number(0.0, 2.0),
     "text_repetition_window_size": _in_range(1, 8192),
     "listen_when_silent": lambda value: isinstance(value, bool),
