@@ -28,6 +28,7 @@ class _Vocoder:
 
     config = SimpleNamespace(flow=SimpleNamespace(encoder=SimpleNamespace(pre_lookahead_len=3), vocab_size=6561))
     sample_rate = 24000
+    cache_pool = None  # dense caches: no slots to wait for
 
     def new_stream(self, *args: object, **kwargs: object) -> object:
         return object()
@@ -81,7 +82,7 @@ def test_a_faulty_window_fails_its_request_only_and_frees_its_state():
     assert results[bad].error.startswith(f"{ERROR_INTERNAL}: InjectedFault")
     assert results["good.e0"].error is None and results["good.e0"].audio.size == SAMPLES_PER_WINDOW
     assert engine.resource_counts() == {"codec_states": 1, "codec_sequences": 1, "codec_pending": 0,
-                                        "voice_cache": 0, "voice_users": 0, "cuda_graphs": 0,
+                                        "codec_slot_waits": 0, "voice_cache": 0, "voice_users": 0, "cuda_graphs": 0,
                                         "graph_eager_calls": 0}  # fmt: skip
 
 

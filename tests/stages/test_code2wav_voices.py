@@ -148,7 +148,7 @@ def test_voices_in_use_are_kept_over_capacity_and_freed_when_their_streams_end(t
     assert engine.resource_counts()["voice_users"] == 2  # s10 stopped
     _run(engine)  # s11's new epoch moved it to the voice of clip 13, s12 finished
     assert engine.resource_counts() == {"codec_states": 1, "codec_sequences": 2, "codec_pending": 0,
-                                        "voice_cache": 1, "voice_users": 1, "cuda_graphs": 0,
+                                        "codec_slot_waits": 0, "voice_cache": 1, "voice_users": 1, "cuda_graphs": 0,
                                         "graph_eager_calls": 0}  # fmt: skip
     engine.release("s11")
     assert engine.resource_counts()["voice_users"] == 0 and len(engine.voices) == 1
