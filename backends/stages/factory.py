@@ -27,13 +27,13 @@ SLOT_MARGIN = 2  # requests of an epoch being stopped while the next one starts
 # Code2Wav cache-pool slots per session: an epoch's stream lives until its STOP lands while the
 # next epoch's may have started (barge-in)
 CODE2WAV_STREAMS_PER_SESSION = 2
+WARMUP_TEXT_TOKEN = 100  # a plain text id of every Thinker vocabulary, handed in Talker warm-ups
+LOG = logging.getLogger(__name__)
 
 
 def code2wav_pool_streams(params: dict[str, str], max_sessions: int) -> int:
     """The profile's `code2wav_streams`, or two per session where it is 0 or absent."""
     return int(params.get("pool_streams", "0") or 0) or CODE2WAV_STREAMS_PER_SESSION * max_sessions
-WARMUP_TEXT_TOKEN = 100  # a plain text id of every Thinker vocabulary, handed in Talker warm-ups
-LOG = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
