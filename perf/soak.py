@@ -237,7 +237,7 @@ class Reporter:
         self.stub_restarts = 0
         self.pids_seen: set[int] = set()  # every tritonserver and stub pid, for the kernel log
         self._stubs = StubSnapshot(None, frozenset())
-        self._t0 = time.monotonic()
+        self._t0 = self.started_s = time.monotonic()  # the kernel log's clock too
 
     def loop(self, stop: threading.Event) -> None:
         while not stop.wait(self._every_s):
@@ -447,9 +447,9 @@ def pid_if_alive(pid: int | None) -> int | None:
     return pid if pid and Path(f"/proc/{pid}").exists() else None
 
 
-def kernel_health(pids: set[int]) -> tuple[tuple[str, ...], bool]:
+def kernel_health(pids: set[int], since_s: float) -> tuple[tuple[str, ...], bool]:
     log = kernel_log()
-    return (tuple(segfaults(log, pids)) if log else ()), log is not None
+    return (tuple(segfaults(log, pids, since_s)) if log else ()), log is not None
 
 
 def soak_server_given(args: argparse.Namespace, config: SoakConfig, neighbour: Neighbour | None,
@@ -457,7 +457,7 @@ def soak_server_given(args: argparse.Namespace, config: SoakConfig, neighbour: N
                       pauser: StubPauser | None = None) -> tuple[SoakRun, ServerHealth]:
     view = ServerView(lambda: pid_if_alive(args.server_pid), args.metrics_url)
     run = soak(config, args.report_every, view, neighbour, on_window, pauser)
-    found, read = kernel_health(run.reporter.pids_seen)
+    found, read = kernel_health(run.reporter.pids_seen, run.reporter.started_s)
     return run, ServerHealth(watched=False, stub_restarts=run.reporter.stub_restarts, segfaults=found,
                              kernel_log_read=read)
 
@@ -477,7 +477,7 @@ def soak_own_server(args: argparse.Namespace, make_config: Callable[[str], SoakC
     finally:
         server.stop()
     events = server.events()
-    found, read = kernel_health(run.reporter.pids_seen)
+    found, read = kernel_health(run.reporter.pids_seen, run.reporter.started_s)
     return run, ServerHealth(True, events.restarts, len(events.ready_again_s), events.failed_restarts,
                              events.given_up, launcher_exit, run.reporter.stub_restarts, found, read)
 

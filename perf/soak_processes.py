@@ -7,6 +7,7 @@ the set under the same tritonserver is a stub death, a new tritonserver pid is a
 """
 from __future__ import annotations
 
+import re
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
@@ -88,7 +89,18 @@ def kernel_log() -> str | None:
     return done.stdout if done.returncode == 0 and done.stdout else None
 
 
-def segfaults(log: str, pids: set[int]) -> list[str]:
-    """The kernel's segfault lines of these pids (`name[pid]: segfault at ...`)."""
+_STAMP = re.compile(r"^\[\s*(\d+\.\d+)\]")
+
+
+def segfaults(log: str, pids: set[int], since_s: float = 0.0) -> list[str]:
+    """The kernel's segfault lines of these pids (`name[pid]: segfault at ...`) stamped at or
+    after `since_s` (`time.monotonic()`, the clock of the kernel's stamps): the ring buffer
+    also holds lines of earlier processes that had the same pids."""
     marks = tuple(f"[{pid}]: segfault" for pid in sorted(pids))
-    return [line for line in log.splitlines() if any(mark in line for mark in marks)]
+    return [line for line in log.splitlines()
+            if any(mark in line for mark in marks) and _stamp(line) >= since_s]
+
+
+def _stamp(line: str) -> float:
+    found = _STAMP.match(line)
+    return float(found.group(1)) if found else float("inf")  # unstamped (dmesg -t): kept

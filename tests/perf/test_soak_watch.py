@@ -64,6 +64,13 @@ def test_segfault_lines_of_the_watched_pids_only():
     assert segfaults(log, set()) == []
 
 
+def test_segfault_lines_from_before_the_watch_are_left_out():
+    """A pid the kernel gives out again: an earlier process's line is not this one's."""
+    log = ("[ 9.5] triton_python_b[4242]: segfault at 60 ip 0 sp 0 error 4\n"
+           "[  10.5] triton_python_b[4242]: segfault at 60 ip 0 sp 0 error 4\n")
+    assert segfaults(log, {4242}, since_s=10.0) == [log.splitlines()[1]]
+
+
 def test_the_neighbour_counts_as_running_in_every_window_it_touched():
     tally = NeighbourTally()
     assert not tally.ran_since_last_look()
