@@ -16,10 +16,8 @@ import threading
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 
-STUB = "triton_python_backend_stub"
-
+from perf.soak_processes import stub_models
 
 @dataclass
 class PauseTally:
@@ -30,22 +28,6 @@ class PauseTally:
     def to_json(self) -> dict[str, object]:
         return {"pauses": self.pauses, "by_model": dict(sorted(self.by_model.items())),
                 "failures": list(self.failures)}
-
-
-def server_stubs(server_pid: int) -> dict[int, str]:
-    """The server's stub processes: pid -> model (its model.py lies in <repo>/<model>/<version>/)."""
-    stubs = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            args = (entry / "cmdline").read_bytes().split(b"\0")
-        except (OSError, IndexError, ValueError):  # the process just exited
-            continue
-        if ppid == server_pid and args and args[0].endswith(STUB.encode()) and len(args) > 1:
-            stubs[int(entry.name)] = Path(args[1].decode(errors="replace")).parent.parent.name
-    return stubs
 
 
 class StubPauser:
@@ -65,7 +47,7 @@ class StubPauser:
 
     def _pause_one(self, stop: threading.Event) -> None:
         server = self.server_pid()
-        stubs = server_stubs(server) if server else {}
+        stubs = stub_models(server) if server else {}
         if not stubs:  # between a death and a restart: nothing to pause
             return
         pid = self._rng.choice(sorted(stubs))

@@ -40,6 +40,28 @@ def children_named(parent: int, prefix: str, procs: list[Proc] | None = None) ->
                   if p.ppid == parent and p.name.startswith(prefix))
 
 
+def stub_models(server_pid: int) -> dict[int, str]:
+    """The stub processes of one tritonserver: pid -> its model (a stub's first argument is
+    <repository>/<model>/<version>/model.py)."""
+    models = {}
+    for pid in children_named(server_pid, STUB_PREFIX):
+        try:
+            args = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:  # the stub just exited
+            continue
+        if len(args) > 1:
+            models[pid] = Path(args[1].decode(errors="replace")).parent.parent.name
+    return models
+
+
+def stub_of(server_pid: int, model: str) -> int:
+    """The pid of `model`'s stub under this tritonserver; LookupError when it has none."""
+    found = [pid for pid, name in stub_models(server_pid).items() if name == model]
+    if not found:
+        raise LookupError(f"no stub process of {model} under pid {server_pid}")
+    return found[0]
+
+
 def tree_rss_mb(root_pid: int) -> float:
     """Resident memory of `root_pid` and all its descendants, in MiB."""
     children: dict[int, list[int]] = {}

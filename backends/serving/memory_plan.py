@@ -18,7 +18,7 @@ from typing import Any, Mapping
 
 from backends.serving.profiles import GIB, MAX_GPU_SHARE, get_profile
 from backends.stages.code2wav_engine import DEFAULT_MAX_BATCH as CODE2WAV_MAX_BATCH
-from backends.stages.factory import BLOCK_SIZE, CODE2WAV_STREAMS_PER_SESSION, SLOT_MARGIN
+from backends.stages.factory import BLOCK_SIZE, SLOT_MARGIN, code2wav_pool_streams
 
 SAFETY_MARGIN = 0.10  # share of each stage's computed bytes kept for what the plan misses
 # Measured constants (bf16, H200). Thinker: its warm-up of 32 sessions at 8192 tokens had
@@ -73,7 +73,7 @@ class PlanInputs:
 
     @property
     def pool_streams(self) -> int:
-        return self.code2wav_streams or CODE2WAV_STREAMS_PER_SESSION * self.max_sessions
+        return code2wav_pool_streams(self.code2wav_streams, self.max_sessions)
 
 
 def kv_pool_bytes(layers: int, kv_heads: int, head_dim: int, sessions: int, max_len: int, dtype_bytes: int,

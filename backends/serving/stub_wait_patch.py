@@ -107,8 +107,12 @@ def _function_code(image: bytes) -> tuple[CodeRange, bytes]:
 
 def state(path: Path) -> str:
     """'patched', 'original' or why neither (an unknown build)."""
+    return _state(path.read_bytes())
+
+
+def _state(image: bytes) -> str:
     try:
-        _, code = _function_code(path.read_bytes())
+        _, code = _function_code(image)
     except StubWaitPatchError as err:
         return f"unknown: {err}"
     original = [len(_find(code, form.original, form.is_instruction)) for form in FORMS]
@@ -124,13 +128,14 @@ def state(path: Path) -> str:
 def patch(path: Path) -> bool:
     """Patch `path` in place (atomically: processes that mapped the old file keep it).
     True if it changed, False if it was patched already."""
-    current = state(path)
+    original = path.read_bytes()
+    current = _state(original)
     if current == "patched":
         return False
     if current != "original":
         raise StubWaitPatchError(f"{path}: {current}")
-    image = bytearray(path.read_bytes())
-    code_range, code = _function_code(bytes(image))
+    image = bytearray(original)
+    code_range, code = _function_code(original)
     for form in FORMS:
         for at in _find(code, form.original, form.is_instruction):
             start = code_range.offset + at

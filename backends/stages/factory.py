@@ -31,9 +31,9 @@ WARMUP_TEXT_TOKEN = 100  # a plain text id of every Thinker vocabulary, handed i
 LOG = logging.getLogger(__name__)
 
 
-def code2wav_pool_streams(params: dict[str, str], max_sessions: int) -> int:
-    """The profile's `code2wav_streams`, or two per session where it is 0 or absent."""
-    return int(params.get("pool_streams", "0") or 0) or CODE2WAV_STREAMS_PER_SESSION * max_sessions
+def code2wav_pool_streams(configured: int, max_sessions: int) -> int:
+    """Code2Wav's cache-pool slots: the profile's `code2wav_streams`, or two per session at 0."""
+    return configured or CODE2WAV_STREAMS_PER_SESSION * max_sessions
 
 
 @dataclass(frozen=True, slots=True)
@@ -190,7 +190,7 @@ def build_code2wav_engine(params: dict[str, str], device_id: str = "0") -> Code2
     max_batch = int(params.get("max_batch", str(DEFAULT_MAX_BATCH)))
     # Estimator caches in one pooled tensor, a slot per live stream, read in place by the DiT
     # (no per-window packing copies); a reply beyond the slots waits for one (Code2WavEngine).
-    pool_streams = code2wav_pool_streams(params, setup.max_sessions)
+    pool_streams = code2wav_pool_streams(int(params.get("pool_streams", "0") or 0), setup.max_sessions)
     service = Code2WavService(Code2WavEngine(
         token2wav, voice, cache_size, session_voices, max_batch, cache_pool_streams=pool_streams,
         first_window_hold_s=first_window_hold_s(params)))

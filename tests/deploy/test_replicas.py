@@ -36,6 +36,7 @@ from backends.serving.health import probe
 from backends.serving.server_process import PROJECT_ROOT, ServerOptions, ServerProcess, free_port
 from backends.serving.metrics_catalog import parse_samples, sample_sum
 from backends.serving.profiles import get_profile
+from perf.soak_processes import stub_of
 from client.session import AFFINITY_HEADER
 from client.stream_close import stop_stream
 
@@ -279,27 +280,10 @@ def test_without_affinity_a_continuation_misses_its_session(replicas):
         elsewhere.close()
 
 
-def _stub_pid(server: ServerProcess, model: str) -> int:
-    """The Python-backend stub process of `model` under this tritonserver."""
-    parent = server.process.pid
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
-        ppid = int(stat.rsplit(")", 1)[1].split()[1])
-        if ppid == parent and f"/{model}/1/model.py" in cmdline:
-            return int(entry.name)
-    raise AssertionError(f"no stub process of {model} under pid {parent}")
-
-
 def test_a_replica_that_lost_a_stage_is_not_ready(replicas):
     healthy, broken = (replicas[name] for name in REPLICAS)
     assert broken.is_ready() and probe(broken.http_url, broken.stage_url).ready
-    os.kill(_stub_pid(broken, "thinker"), signal.SIGKILL)
+    os.kill(stub_of(broken.process.pid, "thinker"), signal.SIGKILL)
     report = probe(broken.http_url, broken.stage_url)
     assert not report.ready and report.down == ["thinker"], report
     # the server's hand-off to a dead stub ends after its ten-second wait (stub_wait_patch.py),

@@ -1,5 +1,6 @@
-"""The soak's stub pauser (perf/soak_pauser.py) on a stand-in stub: a child process of this
-test whose command line looks like a Python-backend stub's."""
+"""The soak's stub pauser (perf/soak_pauser.py) and the stub lookup it uses
+(perf/soak_processes.py) on a stand-in stub: a child process of this test started through a link
+named like the Python-backend stub binary, with a model.py as its first argument."""
 from __future__ import annotations
 
 import os
@@ -11,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from perf.soak_pauser import STUB, StubPauser, server_stubs
+from perf.soak_pauser import StubPauser
+from perf.soak_processes import stub_models, stub_of
 
 
 @pytest.fixture
@@ -19,9 +21,11 @@ def stand_in(tmp_path: Path):
     model = tmp_path / "repo" / "talker" / "1" / "model.py"
     model.parent.mkdir(parents=True)
     model.write_text("import time\ntime.sleep(60)\n")
-    child = subprocess.Popen(["bash", "-c", f'exec -a "{tmp_path / STUB}" "{sys.executable}" "{model}"'])
+    stub = tmp_path / "triton_python_backend_stub"  # the kernel names the process after the link
+    stub.symlink_to(Path(sys.executable).resolve())
+    child = subprocess.Popen([str(stub), str(model)])
     deadline = time.monotonic() + 10
-    while child.pid not in server_stubs(os.getpid()) and time.monotonic() < deadline:
+    while child.pid not in stub_models(os.getpid()) and time.monotonic() < deadline:
         time.sleep(0.05)
     yield child
     child.kill()
@@ -33,7 +37,10 @@ def _state(pid: int) -> str:
 
 
 def test_the_servers_stubs_are_found_with_their_models(stand_in) -> None:
-    assert server_stubs(os.getpid()) == {stand_in.pid: "talker"}
+    assert stub_models(os.getpid()) == {stand_in.pid: "talker"}
+    assert stub_of(os.getpid(), "talker") == stand_in.pid
+    with pytest.raises(LookupError, match="no stub process of thinker"):
+        stub_of(os.getpid(), "thinker")
 
 
 def test_a_paused_stub_stands_still_and_is_continued(stand_in) -> None:

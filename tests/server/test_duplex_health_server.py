@@ -18,7 +18,6 @@ import os
 import signal
 import time
 import urllib.request
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -26,6 +25,7 @@ import pytest
 from backends.serving.duplex_health import HEALTH_PARAMETER, ask_duplex
 from backends.serving.health import OK, probe
 from backends.serving.metrics_catalog import parse_samples, sample_sum
+from perf.soak_processes import stub_of
 from session_probe import SessionProbe
 
 PROMPT_S = 2.0  # a probe, or a refusal, is answered within this
@@ -110,21 +110,6 @@ def test_the_mark_on_anything_else_is_refused_and_holds_no_slot(server):
     assert _timed_probe(server) < PROMPT_S
 
 
-def _stub_pid(server, model: str) -> int:
-    """The Python-backend stub process of `model`: its command line names the model's model.py."""
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
-        if int(stat.rsplit(")", 1)[1].split()[1]) == server.process.pid and f"/{model}/1/model.py" in cmdline:
-            return int(entry.name)
-    raise AssertionError(f"no stub process of {model} under pid {server.process.pid}")
-
-
 def _down_within(server, model: str) -> dict[str, str]:
     deadline = time.monotonic() + NOTICE_S
     while True:
@@ -137,7 +122,7 @@ def _down_within(server, model: str) -> dict[str, str]:
 def test_a_killed_stub_makes_its_model_not_ready(server):
     """Last in this module: the server keeps its killed stubs until the module ends."""
     assert probe(server.http_url, server.grpc_url).ready and server.is_ready()
-    os.kill(_stub_pid(server, "duplex"), signal.SIGKILL)
+    os.kill(stub_of(server.process.pid, "duplex"), signal.SIGKILL)
     models = _down_within(server, "duplex")
     assert [m for m, state in models.items() if state != OK] == ["duplex"], models
     # the server's hand-off to a dead stub ends after its ten-second wait
@@ -146,6 +131,6 @@ def test_a_killed_stub_makes_its_model_not_ready(server):
     assert not server.is_ready()
     with urllib.request.urlopen(f"{server.http_url}/v2/health/ready", timeout=10) as resp:
         assert resp.status == 200, "Triton alone still calls it ready: the gap the duplex probe closes"
-    os.kill(_stub_pid(server, "talker"), signal.SIGKILL)
+    os.kill(stub_of(server.process.pid, "talker"), signal.SIGKILL)
     models = _down_within(server, "talker")
     assert sorted(m for m, state in models.items() if state != OK) == ["duplex", "talker"], models

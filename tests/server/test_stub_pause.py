@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 import signal
 import time
-from pathlib import Path
 
 import pytest
 from server_resources import ServerResources, settled
@@ -19,23 +18,16 @@ from session_probe import silence_units
 from stage_calls import StageCall, StageEndpoint, call
 
 from backends.contracts.messages import stop_request
+from perf.soak_processes import stub_of
 
 PAUSE_S = 2.5
-
-
-def _stub_pid(server, model: str) -> int:
-    for pid in ServerResources.take(server).stubs:
-        args = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-        if len(args) > 1 and Path(args[1].decode()).parent.parent.name == model:  # <repo>/<model>/1/model.py
-            return pid
-    raise AssertionError(f"no stub process of {model} under the server")
 
 
 @pytest.mark.parametrize("model", ["code2wav", "thinker"])
 def test_a_request_handed_to_a_paused_stub_is_answered_and_the_server_lives(reliability_server, baseline,
                                                                           probes, model):
     stages = StageEndpoint.of(reliability_server)
-    stub = _stub_pid(reliability_server, model)
+    stub = stub_of(reliability_server.process.pid, model)
     os.kill(stub, signal.SIGSTOP)
     try:
         pending = StageCall(stages, model, stop_request(model, f"paused-{model}.e0"), None)

@@ -130,5 +130,5 @@ def test_the_served_engine_pools_two_streams_per_session() -> None:
 def test_the_profile_sets_the_pool_size() -> None:
     from backends.stages.factory import code2wav_pool_streams
 
-    assert code2wav_pool_streams({"pool_streams": "5"}, max_sessions=8) == 5
-    assert code2wav_pool_streams({"pool_streams": "0"}, max_sessions=8) == 16
+    assert code2wav_pool_streams(5, max_sessions=8) == 5
+    assert code2wav_pool_streams(0, max_sessions=8) == 16
