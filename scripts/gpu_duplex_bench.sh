@@ -17,6 +17,8 @@
 #   COMMIT=<sha> bash scripts/gpu_duplex_bench.sh pa          # optional: perf_analyzer, all models
 #   PA_MODELS="code2wav duplex" ... pa                          # or some of them
 #   STACK_SAMPLES=1 ... bench ...   # also a Python stack profile of every stage ($OUT/stacks)
+#   BENCH_ARGS="--via gateway" ... bench ...  # perf.duplex_bench options: each level direct and
+#                                   # through the WebSocket gateway, the TTFP it adds
 #   MINICPMO_STAGE_CALL_METRICS=1 ... bench ...  # the orchestrator's per-stage call latency (and its
 #                                   # P99 bucket) in the report's server-metrics table
 #   SERVER_SETS=h100 SOAK_NAME=h100 bash scripts/gpu_duplex_bench.sh soak 24 30   # the soak (perf/soak.py)
@@ -72,6 +74,14 @@ prepare() {
     --platform manylinux1_x86_64 -d "$CARRY/wheels" \
     tritonclient==2.51.0 python-rapidjson==1.25 protobuf==4.25.9 nvidia-cuda-runtime-cu12==12.9.79 \
     numpy==1.26.4  # the stub's numpy paths (strings included) come back empty under numpy >= 2
+  # the gateway (aiohttp) and the benchmark's WebSocket client, for `BENCH_ARGS="--via gateway"`;
+  # typing_extensions stays the image's (its torch imports it)
+  .venv/bin/pip download --quiet --only-binary=:all: --python-version 3.12 --implementation cp \
+    --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+    --platform manylinux1_x86_64 -d "$CARRY/wheels" \
+    "aiohttp==$(.venv/bin/pip show aiohttp | sed -n 's/^Version: //p')" \
+    "websockets==$(.venv/bin/pip show websockets | sed -n 's/^Version: //p')"
+  rm -f "$CARRY"/wheels/typing_extensions-*.whl
   (cd "$CARRY" && apt-get download libb64-0d)
   .venv/bin/python - "$CARRY"/wheels/tritonclient-*.whl <<'PY'  # the wheel without its binaries
 import sys, zipfile
@@ -158,7 +168,7 @@ bench() {  # bench LEVELS PART URLS METRICS_URLS
   "$PYTHON" -m perf.duplex_bench --url "$3" --metrics-url "$4" \
     --profile "$PROFILE" --concurrency "$levels" --level-budget-s "${LEVEL_BUDGET_S:-0}" --name "duplex_$part" \
     --title "Duplex realtime benchmark, ${TITLE:-full-random ($PROFILE profile)}" --commit "${COMMIT:-unknown}" \
-    --out "$OUT" || echo "benchmark exit status $? (failed turns are in the report)"
+    --out "$OUT" ${BENCH_ARGS:-} || echo "benchmark exit status $? (failed turns are in the report)"
 }
 
 # Placements on a machine of two H200s; each part name gets the placement's letter.
