@@ -17,15 +17,18 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from backends.serving.profiles import GIB, MAX_GPU_SHARE, get_profile
+from backends.audio.encoder_graphs import DEFAULT_MAX_ROWS as ENCODER_WORKING_ROWS
 from backends.stages.code2wav_engine import DEFAULT_MAX_BATCH as CODE2WAV_MAX_BATCH
 from backends.stages.factory import BLOCK_SIZE, SLOT_MARGIN, code2wav_pool_streams
 
 SAFETY_MARGIN = 0.10  # share of each stage's computed bytes kept for what the plan misses
 # Measured constants (bf16, H200). Thinker: its warm-up of 32 sessions at 8192 tokens had
 # 62.35 GiB allocated when it ran out (perf/results/duplex_h200.md), over 15.85 GiB of weights
-# and 38.25 GiB of KV: 8.25 GiB of graphs, encoder caches and workspaces, taken as all
-# per-session (an upper bound at fewer sessions: the fixed part is not separated yet).
-THINKER_WORKSPACE_PER_SESSION = round(8.25 * GIB / 32)
+# and 38.25 GiB of KV: 8.25 GiB of encoder caches, graphs and workspaces. The streaming
+# encoder's caches are computed (encoder_cache_bytes: one per session, allocated on its first
+# unit, and the graphed pass's working rows); what is left of the 8.25 GiB once the 32
+# sessions' caches and the working rows are taken out is the fixed part.
+THINKER_MEASURED_SESSIONS, THINKER_MEASURED_WORKSPACE = 32, round(8.25 * GIB)
 # Code2Wav with graphs, bf16 flow and the pool: peak 1.35 GiB at 1 stream, 7.89 GiB at 16
 # (perf/results/stages_h200.md): 1.35 GiB of weights + context, 0.436 GiB per batched window.
 CODE2WAV_FIXED = round(1.35 * GIB)
@@ -114,7 +117,23 @@ def thinker_bytes(p: PlanInputs) -> StageBytes:
     count += audio_encoder_weight_count(c["audio_config"], c["hidden_size"])
     weights = count * p.dtype_bytes
     logits = (p.max_sessions + SLOT_MARGIN) * c["vocab_size"] * LOGITS_BYTES
-    return StageBytes("thinker", weights, state, logits + THINKER_WORKSPACE_PER_SESSION * p.max_sessions)
+    encoder = encoder_cache_bytes(c["audio_config"], p.dtype_bytes)
+    return StageBytes("thinker", weights, state,
+                      logits + encoder * (p.max_sessions + ENCODER_WORKING_ROWS) + thinker_fixed_workspace(c, p.dtype_bytes))
+
+
+def encoder_cache_bytes(a: Mapping[str, Any], dtype_bytes: int) -> int:
+    """One streaming encoder cache (backends/models/encoder_kv.py EncoderKVCache): keys and
+    values of every layer over the whole position table."""
+    head_dim = a["d_model"] // a["encoder_attention_heads"]
+    return 2 * a["encoder_layers"] * a["encoder_attention_heads"] * a["max_source_positions"] * head_dim * dtype_bytes
+
+
+def thinker_fixed_workspace(c: Mapping[str, Any], dtype_bytes: int) -> int:
+    """The Thinker's graphs and workspaces that do not grow with the sessions: the measured
+    8.25 GiB less the encoder caches held at that measurement."""
+    held = THINKER_MEASURED_SESSIONS + ENCODER_WORKING_ROWS
+    return THINKER_MEASURED_WORKSPACE - held * encoder_cache_bytes(c["audio_config"], dtype_bytes)
 
 
 def talker_bytes(p: PlanInputs) -> StageBytes:

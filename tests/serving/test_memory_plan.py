@@ -7,7 +7,8 @@ import torch
 
 from backends.serving.memory_plan import (
     GIB, MAX_GPU_SHARE, SAFETY_MARGIN, MemoryPlanError, PlanInputs, code2wav_bytes, full_random_inputs,
-    largest_fitting_sessions, main, plan, planned_shares, talker_bytes, thinker_bytes,
+    encoder_cache_bytes, largest_fitting_sessions, main, plan, planned_shares, talker_bytes, thinker_bytes,
+    thinker_fixed_workspace,
 )
 from backends.serving.profiles import get_profile
 from backends.stages.factory import (
@@ -103,6 +104,26 @@ def test_the_thinker_kv_is_144_kib_per_token() -> None:
     """Qwen3-8B bf16: 36 layers x K and V x 8 heads x 128 x 2 bytes; 34 slots x 8192 tokens."""
     state = thinker_bytes(full_random_inputs(32, 8192, 4096)).state
     assert state == 36 * 2 * 8 * 128 * 2 * (34 * 8192 + 16)
+
+
+def test_the_encoder_cache_is_what_a_session_allocates() -> None:
+    """One streaming encoder cache at the released sizes (bf16): 2 x 24 layers x 16 heads x
+    1500 positions x 64, exactly the tensors EncoderKVCache allocates."""
+    from backends.checkpoint.full_random import full_random_config_dict
+    from backends.models.encoder_kv import EncoderKVCache
+    from backends.models.whisper_encoder import WhisperEncoderConfig
+
+    audio = full_random_config_dict(0, 0)["audio_config"]
+    cache = EncoderKVCache.allocate(WhisperEncoderConfig.from_dict(audio), torch.bfloat16, torch.device("meta"))
+    assert encoder_cache_bytes(audio, 2) == cache.keys.nbytes + cache.values.nbytes == 2 * 24 * 16 * 1500 * 64 * 2
+
+
+def test_the_thinker_workspace_grows_by_one_encoder_cache_per_session() -> None:
+    config = full_random_inputs(1, 4096, 1024).config
+    one, more = (thinker_bytes(full_random_inputs(n, 4096, 1024)) for n in (32, 33))
+    vocab_row = config["vocab_size"] * 4  # one more float32 logits row
+    assert more.workspace - one.workspace == encoder_cache_bytes(config["audio_config"], 2) + vocab_row
+    assert 2 * GIB < thinker_fixed_workspace(config, 2) < 4 * GIB
 
 
 def test_the_planned_profile_renders_the_plans_shares() -> None:
