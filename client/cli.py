@@ -71,6 +71,13 @@ def build_parser() -> argparse.ArgumentParser:
     add("--text-repetition-window-size", type=int, default=None)
     add("--listen-when-silent", action=argparse.BooleanOptionalAction, default=None,
         help="listen on silent units with nothing to answer (default: the server's)")
+    add("--sliding-window-mode", choices=("off", "basic", "context"), default=None,
+        help="when the Thinker's context fills: end (off), drop the oldest units (basic), or keep "
+             "recent units and the dropped text (context); default: the server's")
+    add("--max-kv-tokens", type=int, default=None,
+        help="the session's Thinker context in tokens (at most the server's max_context_tokens)")
+    add("--tts", dest="tts_enabled", action=argparse.BooleanOptionalAction, default=None,
+        help="spoken replies (default); --no-tts: text only")
     add("--seed", type=int, default=None)
     add("--reply-units", type=int, default=None, help="force replies of N 1-second units")
     add("--reply-tokens-per-unit", type=int, default=None, help="force N text tokens per unit")
@@ -180,6 +187,9 @@ def _params(args: argparse.Namespace) -> SessionParams:
         text_repetition_penalty=args.text_repetition_penalty,
         text_repetition_window_size=args.text_repetition_window_size,
         listen_when_silent=args.listen_when_silent,
+        sliding_window_mode=args.sliding_window_mode,
+        max_kv_tokens=args.max_kv_tokens,
+        tts_enabled=args.tts_enabled,
     )
 
 

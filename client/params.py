@@ -25,6 +25,11 @@ class SessionParams:
     text_repetition_penalty: float | None = None
     text_repetition_window_size: int | None = None
     listen_when_silent: bool | None = None  # option: listen on silent units with nothing to answer
+    # The Thinker's context: what happens when it fills (off | basic | context) and where it
+    # fills (a session's KV limit, at most the server's reservation).
+    sliding_window_mode: str | None = None
+    max_kv_tokens: int | None = None
+    tts_enabled: bool | None = None  # False: text-only replies (the server skips the speech stages)
 
     def __post_init__(self) -> None:
         self._check_policy()
@@ -45,7 +50,8 @@ class SessionParams:
             raise ValueError(f"force_listen_count must be >= 0, got {self.force_listen_count}")
 
     def _check_decoding(self) -> None:
-        at_least = {"top_k": 1, "max_new_speak_tokens_per_chunk": 2, "text_repetition_window_size": 1}
+        at_least = {"top_k": 1, "max_new_speak_tokens_per_chunk": 2, "text_repetition_window_size": 1,
+                    "max_kv_tokens": 1}
         for name, low in at_least.items():
             value = getattr(self, name)
             if value is not None and value < low:
@@ -74,6 +80,9 @@ class SessionParams:
             "max_new_speak_tokens_per_chunk": self.max_new_speak_tokens_per_chunk,
             "text_repetition_window_size": self.text_repetition_window_size,
             "listen_when_silent": self.listen_when_silent,
+            "sliding_window_mode": self.sliding_window_mode,
+            "max_kv_tokens": self.max_kv_tokens,
+            "tts_enabled": self.tts_enabled,
             **{name: None if getattr(self, name) is None else float(getattr(self, name)) for name in floats},
         }
         return {key: value for key, value in values.items() if value is not None}

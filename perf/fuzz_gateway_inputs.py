@@ -17,10 +17,13 @@ from perf.fuzz_oracle import START_RULES
 
 REALTIME, DEMO = "realtime", "demo"
 # Config fields each protocol maps to START parameters (backends/gateway/*_codec.py, docs/gateway.md).
-MAPPED = {REALTIME: ("temperature",),
-          DEMO: ("temperature", "force_listen_count", "top_k", "top_p", "max_new_speak_tokens_per_chunk",
-                 "listen_prob_scale")}
-NOT_MAPPED = {REALTIME: ("max_tokens", "length_penalty", "tts_enabled"), DEMO: ("generate_audio", "chunk_ms")}
+# config name -> START parameter
+MAPPED = {REALTIME: {name: name for name in ("temperature", "length_penalty", "max_kv_tokens", "tts_enabled")},
+          DEMO: {**{name: name for name in ("temperature", "force_listen_count", "top_k", "top_p",
+                                            "max_new_speak_tokens_per_chunk", "listen_prob_scale")},
+                 "generate_audio": "tts_enabled"}}
+NOT_MAPPED = {REALTIME: ("max_tokens", "vision_hd"), DEMO: ("chunk_ms",)}
+FLAGS = ("tts_enabled",)  # START parameters a config gives as a boolean
 RATE_SLACK_S = 4
 INT64_MAX = 2**63 - 1  # a START parameter is at most an int64 (and -2**63 is never drawn)
 
@@ -110,8 +113,11 @@ def init(protocol: str, params: dict[str, object], prompt: object = None, voice:
     asked, code = dict(params), ""
     for name, value in (config or {}).items():
         if name in MAPPED[protocol] and value is not None:
-            asked[name] = value
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or (isinstance(value, int) and abs(value) > INT64_MAX):
+            start = MAPPED[protocol][name]
+            asked[start] = value
+            if start in FLAGS:
+                code = code if isinstance(value, bool) else "invalid_event"  # the gateway's own check
+            elif isinstance(value, bool) or not isinstance(value, (int, float)) or (isinstance(value, int) and abs(value) > INT64_MAX):
                 code = "invalid_event"  # the gateway's own check: a number a request parameter holds
     if isinstance(prompt, str) and prompt:
         asked["instructions"] = prompt
@@ -127,8 +133,12 @@ def _odd_values() -> st.SearchStrategy[object]:
 
 
 def _config_value(name: str) -> st.SearchStrategy[object]:
-    if name == "temperature" or name in ("top_p", "listen_prob_scale"):
+    if name in ("temperature", "top_p", "listen_prob_scale", "length_penalty"):
         return st.one_of(st.floats(-5, 20, width=32, allow_subnormal=False), st.sampled_from([0.0, 1.0, 2.0, 2.5, -0.1]), _odd_values())
+    if name in ("tts_enabled", "generate_audio"):
+        return st.one_of(st.booleans(), _odd_values())
+    if name == "max_kv_tokens":
+        return st.one_of(st.sampled_from([511, 512, 4096, 1 << 20, (1 << 20) + 1]), _odd_values())
     return st.one_of(st.integers(-5, 2000), _odd_values())
 
 
@@ -188,7 +198,7 @@ DUPLEX = "duplex_params"
 @st.composite
 def bad_config(draw) -> GatewayCase:
     protocol = draw(st.sampled_from((REALTIME, DEMO)))
-    names = MAPPED[protocol] + NOT_MAPPED[protocol]
+    names = (*MAPPED[protocol], *NOT_MAPPED[protocol])
     config = draw(st.dictionaries(st.sampled_from(names), st.deferred(lambda: st.just(None)), min_size=1, max_size=3))
     config = {name: draw(_config_value(name)) for name in config}
     frames = [init(protocol, {}, config=config)]

@@ -99,6 +99,8 @@ START_RULES: dict[str, Callable[[object], bool]] = {
     "reply_tokens_per_unit": _in_range(0, 17),
     "force_listen_count": _in_range(0, 1000),
     "sliding_window_mode": lambda value: isinstance(value, str) and value in ("off", "basic", "context"),
+    "max_kv_tokens": _in_range(512, 1 << 20),
+    "tts_enabled": lambda value: isinstance(value, bool),
 }
 
 

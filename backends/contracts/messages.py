@@ -54,6 +54,7 @@ class ThinkerRequest:
     reply_units: int = 0  # policy knob for random weights: force replies of N speak units (0 = off)
     reply_tokens_per_unit: int = 0  # policy knob: text tokens per forced speak unit (0 = off)
     sliding_window_mode: str = ""  # off | basic | context; "" = the engine default (off)
+    max_kv_tokens: int = 0  # the session's KV limit (its window slides or it ends there); 0: the engine's
     # The official duplex decoding settings; a negative value means the official default.
     top_k: int = -1  # 20
     top_p: float = -1.0  # 0.8

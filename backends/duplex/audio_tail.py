@@ -38,6 +38,9 @@ class AudioTail:
 
     def voice(self, work: SpeakWork) -> bool:
         """Voice one speak unit; False when the session must stop (the error is reported)."""
+        if not self._session.options.tts_enabled:  # text only: no stage request, the text was sent
+            self._end_text_only(work)
+            return True
         try:
             self._voice(work)
         except StageCallError as exc:
@@ -74,6 +77,11 @@ class AudioTail:
             with self._session.lock():
                 if self._session.is_current(work.epoch):
                     self._session.finish_response(work.response, ev.STATUS_COMPLETED)
+
+    def _end_text_only(self, work: SpeakWork) -> None:
+        with self._session.lock():
+            if work.turn_end and self._session.is_current(work.epoch):
+                self._session.finish_response(work.response, ev.STATUS_COMPLETED)
 
     def _expect_first_window(self, epoch: int) -> None:
         request_id = self._request_id(epoch)

@@ -38,6 +38,9 @@ DEFAULT_FORCE_LISTEN_COUNT = 3  # the official DuplexConfig's
 MAX_SPEAK_TOKENS_PER_CHUNK = TOKENS_PER_UNIT_LIMIT  # the Thinker's (backends/thinker/duplex_policy.py)
 MAX_TOP_K = 1000
 MAX_PENALTY_WINDOW = 8192
+# A session's own Thinker KV limit (`max_kv_tokens`): room for the setup and a few units at
+# least; above the server's reservation (`max_context_tokens`) the reservation is the limit.
+MIN_KV_TOKENS, MAX_KV_TOKENS = 512, 1 << 20
 VOICES = ("", "default")
 
 
@@ -74,6 +77,8 @@ class SessionOptions:
     text_repetition_window_size: int = -1
     listen_when_silent: int = -1  # option: 1 on, 0 off, < 0 the Thinker's default
     sliding_window_mode: str = ""  # off | basic | context; "" = the Thinker's default (off)
+    max_kv_tokens: int = 0  # the session's Thinker KV limit; 0: the server's reservation
+    tts_enabled: bool = True  # False: replies are text only (no Talker, no Code2Wav)
     ref_audio: np.ndarray | None = None  # [n] float32 16 kHz
 
 
@@ -105,6 +110,8 @@ _START_PARAMS: dict[str, tuple[tuple[type, ...], Any]] = {
     "reply_tokens_per_unit": ((int,), lambda v: _int_range(v, 0, MAX_REPLY_TOKENS_PER_UNIT)),
     "force_listen_count": ((int,), lambda v: _int_range(v, 0, MAX_FORCE_LISTEN_COUNT)),
     "sliding_window_mode": ((str,), lambda v: None if v in WINDOW_MODES else f"must be one of {list(WINDOW_MODES)}"),
+    "max_kv_tokens": ((int,), lambda v: _int_range(v, MIN_KV_TOKENS, MAX_KV_TOKENS)),
+    "tts_enabled": ((bool,), lambda v: None),
     "voice": ((str,), lambda v: None if v in VOICES else "only 'default' or REF_AUDIO is supported"),
 }
 _ANY_PARAMS = ("action", "sample_rate")

@@ -11,6 +11,9 @@ import numpy as np
 from backends.gateway.audio import AudioDecodeError, float32_base64_to_pcm16
 from backends.gateway.errors import INVALID_AUDIO, INVALID_EVENT, GatewayError
 
+# START parameters that take a boolean (the others a client config maps to are numbers)
+FLAG_PARAMS = ("tts_enabled",)
+
 # A START parameter travels as a Triton request parameter: a string, a bool, a float or an int64.
 INT64_RANGE = (-2**63, 2**63 - 1)
 
@@ -29,14 +32,16 @@ def voice_audio(ref: object, tts_ref: object) -> tuple[np.ndarray | None, tuple[
         raise GatewayError(INVALID_AUDIO, f"reference voice: {err}") from None
 
 
-def sampling_params(config: dict[str, Any], mapped: dict[str, str]) -> tuple[dict[str, Any], tuple[str, ...]]:
+def config_params(config: dict[str, Any], mapped: dict[str, str]) -> tuple[dict[str, Any], tuple[str, ...]]:
     """The config fields named in `mapped` (client name -> START parameter) and the names of
     the others, which no START parameter carries today."""
     params, not_applied = {}, []
     for name, value in config.items():
         if value is None:
             continue
-        if name in mapped:
+        if mapped.get(name) in FLAG_PARAMS:
+            params[mapped[name]] = _flag(name, value)
+        elif name in mapped:
             params[mapped[name]] = _number(name, value)
         else:
             not_applied.append(name)
@@ -75,6 +80,12 @@ def start_params(values: dict[str, Any], prefix: str = "") -> dict[str, Any]:
         if isinstance(value, int) and not isinstance(value, bool) and not INT64_RANGE[0] <= value <= INT64_RANGE[1]:
             raise GatewayError(INVALID_EVENT, f"{prefix}{name} is out of range")
     return values
+
+
+def _flag(name: str, value: object) -> bool:
+    if not isinstance(value, bool):
+        raise GatewayError(INVALID_EVENT, f"config.{name} must be a boolean")
+    return value
 
 
 def _number(name: str, value: object) -> int | float:

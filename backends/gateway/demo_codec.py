@@ -15,7 +15,7 @@ from typing import Any
 
 from backends.gateway.admission import QueueStatus
 from backends.gateway.audio import OUTPUT_FORMAT, AudioDecodeError, float32_base64_to_pcm16, pcm16_to_float32_base64
-from backends.gateway.client_fields import object_field, sampling_params, text_field, voice_audio
+from backends.gateway.client_fields import config_params, object_field, text_field, voice_audio
 from backends.gateway.commands import Append, Close, Command, Ignore, Init, Pause, Resume
 from backends.gateway.duplex_stream import DuplexEvent
 from backends.gateway.errors import INVALID_AUDIO, UNKNOWN_TYPE, VIDEO_UNSUPPORTED, GatewayError
@@ -24,8 +24,9 @@ from backends.gateway.session_context import SessionContext
 from backends.gateway.usage import CODEC_FRAMES_PER_S
 
 DEMO_SUBPROTOCOL = "minicpmo.duplex"  # only needed to pair with an `apikey.` entry
-CONFIG_TO_START = {name: name for name in ("temperature", "force_listen_count", "top_k", "top_p",
-                                            "max_new_speak_tokens_per_chunk", "listen_prob_scale")}
+CONFIG_TO_START = {**{name: name for name in ("temperature", "force_listen_count", "top_k", "top_p",
+                                               "max_new_speak_tokens_per_chunk", "listen_prob_scale")},
+                   "generate_audio": "tts_enabled"}
 VIDEO_MESSAGE = "video frames are not supported by this server: an audio duplex session only"
 SIMPLE = {"pause": Pause(), "resume": Resume(), "stop": Close("client"), "client_diagnostic": Ignore()}
 
@@ -127,7 +128,7 @@ def _audio_chunk(message: dict[str, Any]) -> Append:
 
 
 def _prepare(message: dict[str, Any]) -> Init:
-    params, not_applied = sampling_params(object_field(message, "config"), CONFIG_TO_START)
+    params, not_applied = config_params(object_field(message, "config"), CONFIG_TO_START)
     prompt = text_field(message, "prefix_system_prompt", "system_prompt")
     if prompt is not None:
         params["instructions"] = prompt

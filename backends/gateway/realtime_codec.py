@@ -14,7 +14,7 @@ from typing import Any
 
 from backends.gateway.admission import QueueStatus
 from backends.gateway.audio import OUTPUT_FORMAT, AudioDecodeError, float32_base64_to_pcm16, pcm16_to_float32_base64
-from backends.gateway.client_fields import object_field, sampling_params, start_params, text_field, voice_audio
+from backends.gateway.client_fields import config_params, object_field, start_params, text_field, voice_audio
 from backends.gateway.commands import Append, Close, Command, Init
 from backends.gateway.duplex_stream import DuplexEvent
 from backends.gateway.errors import (
@@ -23,7 +23,7 @@ from backends.gateway.errors import (
 from backends.gateway.session_context import SessionContext
 
 SUBPROTOCOL = "map.realtime"
-CONFIG_TO_START = {"temperature": "temperature", "length_penalty": "length_penalty"}
+CONFIG_TO_START = {name: name for name in ("temperature", "length_penalty", "max_kv_tokens", "tts_enabled")}
 # An extension of session.init's payload: START parameters of the duplex contract passed as they
 # are (the server validates them), for clients that need more than the SDK's fields.
 DUPLEX_PARAMS = "duplex_params"
@@ -127,7 +127,7 @@ def _latency(event: DuplexEvent, name: str) -> dict[str, Any]:
 
 
 def _init(payload: dict[str, Any]) -> Init:
-    params, not_applied = sampling_params(object_field(payload, "config"), CONFIG_TO_START)
+    params, not_applied = config_params(object_field(payload, "config"), CONFIG_TO_START)
     prompt = text_field(payload, "system_prompt")
     if prompt is not None:
         params["instructions"] = prompt

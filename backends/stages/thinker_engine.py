@@ -184,8 +184,8 @@ class ThinkerEngine:
         """Lay out the session's next queued append (encode, window, context check)."""
         rows = session.activate(encoded).rows
         assert rows is not None  # fresh from activate()
-        fit_window(self.runner, session, rows, self.max_len)
-        check_context(self.runner, session, rows.num_rows, self.max_len)
+        fit_window(self.runner, session, rows, session.max_len)
+        check_context(self.runner, session, rows.num_rows, session.max_len)
 
     def _while_in_flight(self, busy: set[int]) -> None:
         """The GPU runs a step: accept the commands that arrived meanwhile and lay out the next
@@ -242,15 +242,15 @@ class ThinkerEngine:
             extra_special_ids=self.extra_special_ids, seed=first.seed, ids=self.policy_ids,
             eos_id=self.tokenizer.eos_token_id)
         ledger = HiddenLedger(self.model.hidden_size, self.config.ledger_rows)
+        # a session's own limit (START max_kv_tokens) within the engine's reservation
+        max_len = min(first.max_kv_tokens, self.max_len) if first.max_kv_tokens > 0 else self.max_len
         window = ContextWindow(window_mode(first, self.config.window_mode), self.config.window,
-                               self.runner_config.block_size, self.max_len)
+                               self.runner_config.block_size, max_len)
         encoder = self.encoder_factory()
         session = ThinkerSession(first.request_id, encoder, policy, self.layout, self.tokenizer,
-                                 ledger, window, self.config.prefill_chunk_rows)
+                                 ledger, window, self.config.prefill_chunk_rows, max_len)
         try:
-            self.runner.add_request(
-                first.request_id, SamplingParams(seed=first.seed), session.hook, self.max_len
-            )
+            self.runner.add_request(first.request_id, SamplingParams(seed=first.seed), session.hook, max_len)
         except AdmissionError as err:
             raise StageFailure("resource_exhausted", str(err)) from err
         try:

@@ -78,8 +78,10 @@ class ThinkerSession:
         ledger: HiddenLedger,
         window: ContextWindow | None = None,  # default: off
         prefill_chunk_rows: int = 0,  # most prefill rows per step (backends/thinker/prefill_chunks.py)
+        max_len: int = 0,  # the KV tokens the session reserved (0: unknown, tests without a runner)
     ) -> None:
         self.request_id = request_id
+        self.max_len = max_len
         self.prefill_chunk_rows = prefill_chunk_rows
         self.window = window or ContextWindow(WINDOW_OFF, WindowConfig(), 1, 1)
         self.encoder = encoder

@@ -260,3 +260,21 @@ def test_each_reply_announces_its_first_window_to_code2wav_before_its_talker_cal
     first_windows = [r.request_id for r in stages.requests if hasattr(r, "chunk_seq") and r.chunk_seq == 0]
     assert stages.expected == [(request_id, calls) for request_id, calls in zip(first_windows, talker_starts)]
     assert stages.expected and stages.expected[0] == ("s.e0", 0)
+
+
+def test_a_text_only_session_replies_in_text_without_the_speech_stages():
+    """START tts_enabled=false: the reply's text and its response.done, no Talker request, no
+    Code2Wav window, no audio."""
+    stages = ScriptedStages(speak_from=0, reply_units=2)
+    manager = SessionManager(ManagerConfig(), stages)
+    down, _ = send(manager, "s", start=True, tts_enabled=False)
+    for _ in range(3):
+        send(manager, "s", 16000)
+    wait_for(lambda: "response.done" in down.types(), "reply done")
+    send(manager, "s", end=True)
+    wait_for(down.closed.is_set, "session closed")
+    done = next(e for e in down.events if e.type == "response.done")
+    assert done.fields["status"] == "completed"
+    assert "response.text.delta" in down.types() and "response.audio.delta" not in down.types()
+    assert stages.calls["talker"] == 0 and not [r for r in stages.requests if hasattr(r, "chunk_seq")]
+    assert stages.open == set() and manager.num_sessions == 0

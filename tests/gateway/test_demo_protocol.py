@@ -83,7 +83,7 @@ def test_demo_protocol_session(gateway):
     assert all(fields <= set(m) for m in results)
     assert max(m["current_time"] for m in results) >= 1000
     prepared = next(m for m in seen if m["type"] == "prepared")
-    assert prepared["config_not_applied"] == ["generate_audio", "chunk_ms"]
+    assert prepared["config_not_applied"] == ["chunk_ms"]
     error = next(m for m in seen if m["type"] == "error")
     assert error["code"] == "video_not_supported" and "video_not_supported" in error["error"]
     assert seen[-1] == {**seen[-1], "type": "stopped", "session_id": "adx_test1", "reason": "client"}

@@ -78,24 +78,27 @@ def test_realtime_init_maps_fields_and_lists_the_unapplied():
     voice = pcm16_to_float32_base64(np.zeros(1600, np.int16))
     init = codec.parse(json.dumps({"type": "session.init", "payload": {
         "system_prompt": "Be brief.", "config": {"temperature": 0.5, "length_penalty": 1.3, "max_tokens": 100,
-                                                          "tts_enabled": True},
+                                                          "tts_enabled": True, "max_kv_tokens": 4096},
         "voice": {"ref_audio_base64": voice}}}))
-    assert isinstance(init, Init) and init.params == {"temperature": 0.5, "length_penalty": 1.3,
-                                                      "instructions": "Be brief."}
-    assert init.ref_audio.size == 1600 and init.not_applied == ("max_tokens", "tts_enabled")
+    assert isinstance(init, Init) and init.params == {"temperature": 0.5, "length_penalty": 1.3, "tts_enabled": True,
+                                                      "max_kv_tokens": 4096, "instructions": "Be brief."}
+    assert init.ref_audio.size == 1600 and init.not_applied == ("max_tokens",)
     append = codec.parse(json.dumps({"type": "input.append", "input": {"audio": voice, "force_listen": True}}))
     assert isinstance(append, Append) and append.interrupt
     assert codec.parse(json.dumps({"type": "session.close", "reason": "bye"})) == Close("bye")
-    with pytest.raises(GatewayError) as err:
-        codec.parse(json.dumps({"type": "session.init", "payload": {"config": {"temperature": "hot"}}}))
-    assert err.value.code == "invalid_event"
+    for config in ({"temperature": "hot"}, {"tts_enabled": 1}, {"max_kv_tokens": True}):
+        with pytest.raises(GatewayError) as err:
+            codec.parse(json.dumps({"type": "session.init", "payload": {"config": config}}))
+        assert err.value.code == "invalid_event"
 
 
 def test_demo_prepare_and_messages():
     codec = DemoCodec(SessionContext("s"), client_id="adx_1")
     init = codec.parse(json.dumps({"type": "prepare", "prefix_system_prompt": "Hi.", "ref_audio_path": "a.wav",
-                                   "config": {"temperature": 0.7, "force_listen_count": 3, "top_k": 20}}))
-    assert init.params == {"temperature": 0.7, "force_listen_count": 3, "top_k": 20, "instructions": "Hi."}
+                                   "config": {"temperature": 0.7, "force_listen_count": 3, "top_k": 20,
+                                              "generate_audio": False}}))
+    assert init.params == {"temperature": 0.7, "force_listen_count": 3, "top_k": 20, "tts_enabled": False,
+                           "instructions": "Hi."}
     assert init.not_applied == ("ref_audio_path",)
     with pytest.raises(GatewayError) as err:
         codec.parse(json.dumps({"type": "video_frame", "frame": "AAAA"}))

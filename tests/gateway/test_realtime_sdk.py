@@ -8,12 +8,12 @@ import time
 
 import numpy as np
 import pytest
-from openbmb_realtime import AudioDelta, RealtimeError, SessionReady, TextDelta
+from openbmb_realtime import AudioDelta, RealtimeConfig, RealtimeError, SessionReady, TextDelta
 from websockets.asyncio.client import connect as ws_connect
 from websockets.exceptions import InvalidStatus
 
 from gateway_settings import API_KEY
-from sdk_helpers import collect, connect, send_paced, speech_then_silence
+from sdk_helpers import client, collect, connect, send_paced, speech_then_silence
 
 pytestmark = pytest.mark.server
 
@@ -44,6 +44,25 @@ def test_audio_session_has_replies_and_usage(gateway):
     assert usage.completion_tokens > usage.audio_output_tokens, "no text tokens counted"
     assert usage.total_tokens == usage.prompt_tokens + usage.completion_tokens
     assert session.state.value == "closed"
+
+
+def test_a_text_only_session_has_text_replies_and_no_audio(gateway):
+    """config.tts_enabled false: text deltas and the end of turn, no audio (max_kv_tokens set
+    as well, within the server's context)."""
+    async def text_only():
+        config = RealtimeConfig(temperature=0.7, tts_enabled=False, max_kv_tokens=2048)
+        session = await client(gateway.ws_url, API_KEY).audio.connect(model="minicpm-o-4.5", config=config)
+        sender = asyncio.ensure_future(send_paced(session, speech_then_silence(8.0)))
+        got = await collect(session)
+        sender.cancel()
+        await session.close()
+        return session, got
+
+    session, got = run(text_only())
+    assert got.of(SessionReady)
+    assert any(event.text for event in got.of(TextDelta)) and any(event.end_of_turn for event in got.of(TextDelta))
+    assert not got.of(AudioDelta)
+    assert session.usage is not None and not session.usage.audio_output_tokens
 
 
 def test_wrong_key_is_refused_before_any_session(gateway):

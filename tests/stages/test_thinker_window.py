@@ -12,6 +12,7 @@ window says, the reservation never changes and the KV never passes the high wate
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator
 
 import numpy as np
@@ -222,3 +223,28 @@ def test_basic_window_changes_nothing_before_its_first_cut(engine_parts) -> None
         results.append([_unit(_append(engine, r)).token_ids.tolist()
                         for r in _session(mode, 12, mode=mode)])
     assert results[0] == results[1]
+
+
+@pytest.mark.parametrize("max_kv_tokens,context", [(512, 512), (5000, MAX_LEN)])
+def test_a_sessions_max_kv_tokens_is_its_context(engine_parts, max_kv_tokens: int, context: int) -> None:
+    """START max_kv_tokens: the session's context ends there (window off), within the engine's
+    reservation; a larger value is the reservation."""
+    engine = _engine(engine_parts)
+    error: StageError | None = None
+    for request in _session("capped", TEN_MINUTES):
+        sink = _append(engine, dataclasses.replace(request, max_kv_tokens=max_kv_tokens))
+        if sink.error is not None:
+            error = sink.error
+            break
+        assert engine.runner.num_tokens("capped") <= context
+    assert error is not None and error.code == "context_length_exceeded"
+    assert f"its context is {context} " in error.message
+    assert request.seq > (context - 100) // MAX_UNIT_ROWS
+
+
+def test_the_basic_window_slides_under_a_sessions_max_kv_tokens(engine_parts) -> None:
+    engine = _engine(engine_parts, "basic")
+    for request in _session("capped", 150):
+        _unit(_append(engine, dataclasses.replace(request, max_kv_tokens=640)))
+        assert engine.runner.num_tokens("capped") <= 640
+    assert engine._sessions["capped"].window.position_offset > 0  # it did cut
