@@ -78,6 +78,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="the session's Thinker context in tokens (at most the server's max_context_tokens)")
     add("--tts", dest="tts_enabled", action=argparse.BooleanOptionalAction, default=None,
         help="spoken replies (default); --no-tts: text only")
+    add("--max-reply-tokens", type=int, default=None, help="end each reply after N text tokens")
     add("--seed", type=int, default=None)
     add("--reply-units", type=int, default=None, help="force replies of N 1-second units")
     add("--reply-tokens-per-unit", type=int, default=None, help="force N text tokens per unit")
@@ -190,6 +191,7 @@ def _params(args: argparse.Namespace) -> SessionParams:
         sliding_window_mode=args.sliding_window_mode,
         max_kv_tokens=args.max_kv_tokens,
         tts_enabled=args.tts_enabled,
+        max_reply_tokens=args.max_reply_tokens,
     )
 
 

@@ -30,6 +30,7 @@ class SessionParams:
     sliding_window_mode: str | None = None
     max_kv_tokens: int | None = None
     tts_enabled: bool | None = None  # False: text-only replies (the server skips the speech stages)
+    max_reply_tokens: int | None = None  # option: a reply ends after this many text tokens
 
     def __post_init__(self) -> None:
         self._check_policy()
@@ -51,7 +52,7 @@ class SessionParams:
 
     def _check_decoding(self) -> None:
         at_least = {"top_k": 1, "max_new_speak_tokens_per_chunk": 2, "text_repetition_window_size": 1,
-                    "max_kv_tokens": 1}
+                    "max_kv_tokens": 1, "max_reply_tokens": 1}
         for name, low in at_least.items():
             value = getattr(self, name)
             if value is not None and value < low:
@@ -83,6 +84,7 @@ class SessionParams:
             "sliding_window_mode": self.sliding_window_mode,
             "max_kv_tokens": self.max_kv_tokens,
             "tts_enabled": self.tts_enabled,
+            "max_reply_tokens": self.max_reply_tokens,
             **{name: None if getattr(self, name) is None else float(getattr(self, name)) for name in floats},
         }
         return {key: value for key, value in values.items() if value is not None}

@@ -18,11 +18,12 @@ from perf.fuzz_oracle import START_RULES
 REALTIME, DEMO = "realtime", "demo"
 # Config fields each protocol maps to START parameters (backends/gateway/*_codec.py, docs/gateway.md).
 # config name -> START parameter
-MAPPED = {REALTIME: {name: name for name in ("temperature", "length_penalty", "max_kv_tokens", "tts_enabled")},
+MAPPED = {REALTIME: {**{name: name for name in ("temperature", "length_penalty", "max_kv_tokens", "tts_enabled")},
+                     "max_tokens": "max_reply_tokens"},
           DEMO: {**{name: name for name in ("temperature", "force_listen_count", "top_k", "top_p",
                                             "max_new_speak_tokens_per_chunk", "listen_prob_scale")},
                  "generate_audio": "tts_enabled"}}
-NOT_MAPPED = {REALTIME: ("max_tokens", "vision_hd"), DEMO: ("chunk_ms",)}
+NOT_MAPPED = {REALTIME: ("vision_hd",), DEMO: ("chunk_ms",)}
 FLAGS = ("tts_enabled",)  # START parameters a config gives as a boolean
 RATE_SLACK_S = 4
 INT64_MAX = 2**63 - 1  # a START parameter is at most an int64 (and -2**63 is never drawn)

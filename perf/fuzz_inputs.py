@@ -97,7 +97,7 @@ ANY_KEYS = ("action", "sample_rate")
 START_KEYS = ("instructions", "initial_user_text", "temperature", "seed", "voice", "reply_units",
               "reply_tokens_per_unit", "force_listen_count", "sliding_window_mode", "top_k", "top_p",
               "max_new_speak_tokens_per_chunk", "listen_prob_scale", "length_penalty", "text_repetition_penalty",
-              "text_repetition_window_size", "listen_when_silent", "max_kv_tokens", "tts_enabled")
+              "text_repetition_window_size", "listen_when_silent", "max_kv_tokens", "tts_enabled", "max_reply_tokens")
 ODD_KEYS = ("no_such_knob", "Action", "action ", "", "triton_anything", "ü🎙", "x" * 300)
 ACTION_VALUES = st.one_of(st.sampled_from(["append", "commit", "cancel", "", "dance", "APPEND", "run", "stop",
                                            "health", "append\x00", HUGE_TEXT[:500]]), VALUES)
@@ -124,6 +124,7 @@ def _value_for(key: str) -> st.SearchStrategy[object]:
         "listen_when_silent": st.sampled_from([True, False, 0, 1, "true"]),
         "length_penalty": st.sampled_from([0, 1e-9, 1.1, 10, 10.5, float("nan"), True]),
         "tts_enabled": st.sampled_from([True, False, 0, 1, "false"]),
+        "max_reply_tokens": st.sampled_from([0, 1, 64, 100_000, 100_001, 8.0, "8", True]),
         "max_kv_tokens": st.sampled_from([0, 511, 512, 4096, 1 << 20, (1 << 20) + 1, 4096.0, "4096", True]),
         "voice": st.sampled_from(["", "default", "Default", "alice", 0, True]),
         "instructions": TEXTS,

@@ -101,6 +101,7 @@ START_RULES: dict[str, Callable[[object], bool]] = {
     "sliding_window_mode": lambda value: isinstance(value, str) and value in ("off", "basic", "context"),
     "max_kv_tokens": _in_range(512, 1 << 20),
     "tts_enabled": lambda value: isinstance(value, bool),
+    "max_reply_tokens": _in_range(1, 100_000),
 }
 
 

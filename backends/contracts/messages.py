@@ -64,6 +64,7 @@ class ThinkerRequest:
     text_repetition_penalty: float = -1.0  # 1.05
     text_repetition_window_size: int = -1  # 512
     listen_when_silent: int = -1  # option: 1 on, 0 off, < 0 the engine's default
+    max_reply_tokens: int = 0  # option: a reply ends after this many text tokens (0 = off)
 
 
 @dataclass(frozen=True, slots=True)

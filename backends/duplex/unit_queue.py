@@ -127,5 +127,5 @@ def thinker_request(ids: EpochIds, batch: list[UnitWork], opts: SessionOptions) 
         listen_prob_scale=opts.listen_prob_scale, length_penalty=opts.length_penalty,
         text_repetition_penalty=opts.text_repetition_penalty,
         text_repetition_window_size=opts.text_repetition_window_size,
-        listen_when_silent=opts.listen_when_silent,
+        listen_when_silent=opts.listen_when_silent, max_reply_tokens=opts.max_reply_tokens,
     )

@@ -41,6 +41,7 @@ MAX_PENALTY_WINDOW = 8192
 # A session's own Thinker KV limit (`max_kv_tokens`): room for the setup and a few units at
 # least; above the server's reservation (`max_context_tokens`) the reservation is the limit.
 MIN_KV_TOKENS, MAX_KV_TOKENS = 512, 1 << 20
+MAX_REPLY_TOKENS = 100_000
 VOICES = ("", "default")
 
 
@@ -79,6 +80,7 @@ class SessionOptions:
     sliding_window_mode: str = ""  # off | basic | context; "" = the Thinker's default (off)
     max_kv_tokens: int = 0  # the session's Thinker KV limit; 0: the server's reservation
     tts_enabled: bool = True  # False: replies are text only (no Talker, no Code2Wav)
+    max_reply_tokens: int = 0  # option: a reply ends after this many text tokens (0 = off)
     ref_audio: np.ndarray | None = None  # [n] float32 16 kHz
 
 
@@ -112,6 +114,7 @@ _START_PARAMS: dict[str, tuple[tuple[type, ...], Any]] = {
     "sliding_window_mode": ((str,), lambda v: None if v in WINDOW_MODES else f"must be one of {list(WINDOW_MODES)}"),
     "max_kv_tokens": ((int,), lambda v: _int_range(v, MIN_KV_TOKENS, MAX_KV_TOKENS)),
     "tts_enabled": ((bool,), lambda v: None),
+    "max_reply_tokens": ((int,), lambda v: _int_range(v, 1, MAX_REPLY_TOKENS)),
     "voice": ((str,), lambda v: None if v in VOICES else "only 'default' or REF_AUDIO is supported"),
 }
 _ANY_PARAMS = ("action", "sample_rate")

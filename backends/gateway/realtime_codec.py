@@ -23,7 +23,8 @@ from backends.gateway.errors import (
 from backends.gateway.session_context import SessionContext
 
 SUBPROTOCOL = "map.realtime"
-CONFIG_TO_START = {name: name for name in ("temperature", "length_penalty", "max_kv_tokens", "tts_enabled")}
+CONFIG_TO_START = {**{name: name for name in ("temperature", "length_penalty", "max_kv_tokens", "tts_enabled")},
+                   "max_tokens": "max_reply_tokens"}
 # An extension of session.init's payload: START parameters of the duplex contract passed as they
 # are (the server validates them), for clients that need more than the SDK's fields.
 DUPLEX_PARAMS = "duplex_params"

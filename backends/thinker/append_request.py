@@ -53,6 +53,7 @@ def policy_config(first: ThinkerRequest, listen_when_silent: bool = False) -> Po
         return PolicyConfig(
             **settings,
             listen_when_silent=silent,
+            max_reply_tokens=first.max_reply_tokens,
             reply_units=first.reply_units,
             reply_tokens_per_unit=first.reply_tokens_per_unit,
         )

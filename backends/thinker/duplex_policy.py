@@ -19,7 +19,9 @@ Per sampled token, in order:
    turn_eos length penalty (1.1), the listen scale on the tokenizer's EOS id, temperature,
    top-k, top-p, draw (noise keyed on the request seed and the stream position:
    backends/runner/host_draws.py); the decoded token joins the penalty window;
-6. with the `max_chars_per_unit` option: a cut of the unit's text -> `<|chunk_eos|>`;
+6. with the `max_chars_per_unit` option: a cut of the unit's text -> `<|chunk_eos|>`; with the
+   `max_reply_tokens` option, checked before rule 3: a turn that has that many text tokens ->
+   `<|turn_eos|>`, then `<|chunk_eos|>`;
 7. `<|listen|>` while a turn is open (and not forced) -> `<|tts_bos|>`;
 8. latches updated from the final token (`after_sample`).
 
@@ -67,6 +69,7 @@ class TurnLatches:
     turn_open: bool = False
     pending_speech_context: bool = False  # user speech (or initial text) awaits an answer
     pending_terminator: int | None = None  # re-injected at the head of the next append
+    reply_tokens: int = 0  # text tokens of the open turn (the max_reply_tokens option)
     history: RecentTokens = field(default_factory=lambda: RecentTokens(PENALTY_WINDOW))
 
 
@@ -76,6 +79,7 @@ class _UnitState:
     tokens: list[int] = field(default_factory=list)  # accepted tokens of this unit, in order
     guard_hit: bool = False  # the pending sample is a lookahead re-emit: change no state
     decoded: int | None = None  # the pending sample's rule-5 draw (joins the penalty window)
+    turn_ended: bool = False  # max_reply_tokens ended the turn in this unit: the unit ends next
 
 
 class DuplexPolicy:
@@ -117,6 +121,7 @@ class DuplexPolicy:
         """`initial_user_text`: the turn starts open with a pending question to answer."""
         self.latches.turn_open = True
         self.latches.pending_speech_context = True
+        self.latches.reply_tokens = 0
         self.reply_units_done = 0
 
     def begin_unit(self, force_listen: bool, speech: Sequence[bool]) -> None:
@@ -155,6 +160,9 @@ class DuplexPolicy:
             return unit.tokens[-1]
         if self.config.has_reply_knobs:
             return (yield from self._reply_token(row, ctx))
+        ending = self._reply_budget_token()
+        if ending is not None:
+            return ending
         if len(unit.tokens) >= self.config.max_tokens_per_unit - 1:
             return self.special.chunk_eos
         greedy = self.config.temperature == 0.0
@@ -186,15 +194,34 @@ class DuplexPolicy:
         if token in self.terminators:
             latches.pending_terminator = token
             if token == sp.listen and self._unit.force_listen:
-                latches.turn_open = False
+                latches.turn_open, latches.reply_tokens = False, 0
             elif token != sp.listen and self.config.has_reply_knobs:
                 self.reply_units_done += 1
         elif token == sp.turn_eos:
-            latches.turn_open = False
+            latches.turn_open, latches.reply_tokens = False, 0
         else:
             latches.turn_open = True
             if token not in self.special_ids:
                 latches.pending_speech_context = False
+                latches.reply_tokens += 1
+
+    def _reply_budget_token(self) -> int | None:
+        """The `max_reply_tokens` option: once the open turn holds that many text tokens, the
+        unit (opened by `<|speak|>` if this is its first token) takes `<|turn_eos|>` and then
+        `<|chunk_eos|>`; where only the terminator still fits, the hard cut ends the unit and
+        the next one ends the turn."""
+        unit, sp = self._unit, self.special
+        if unit.turn_ended:
+            return sp.chunk_eos
+        budget = self.config.max_reply_tokens
+        if not budget or not self.latches.turn_open or self.latches.reply_tokens < budget:
+            return None
+        if not unit.tokens:
+            return sp.speak
+        if len(unit.tokens) < self.config.max_tokens_per_unit - 1:
+            unit.turn_ended = True
+            return sp.turn_eos
+        return None
 
     def _knob_opens_turn(self, force_listen: bool) -> bool:
         latches = self.latches

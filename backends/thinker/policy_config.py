@@ -33,6 +33,7 @@ class PolicyConfig:
     length_penalty: float = TURN_EOS_LENGTH_PENALTY
     max_chars_per_unit: int = 0  # option: cut a unit's text at this many characters (0 = off)
     listen_when_silent: bool = False  # option: listen on a non-speech unit with nothing to answer
+    max_reply_tokens: int = 0  # option: a reply ends (<|turn_eos|>) after this many text tokens (0 = off)
     reply_units: int = 0  # knob: force replies of this many speak units (0 = off)
     reply_tokens_per_unit: int = 0  # knob: text tokens per forced speak unit
 
@@ -52,10 +53,12 @@ class PolicyConfig:
         if not (self.listen_prob_scale > 0.0 and self.length_penalty > 0.0):
             raise ValueError(f"listen_prob_scale and length_penalty must be > 0, got "
                              f"{self.listen_prob_scale}, {self.length_penalty}")
-        if not 2 <= self.max_tokens_per_unit <= TOKENS_PER_UNIT_LIMIT or self.max_chars_per_unit < 0:
+        if not 2 <= self.max_tokens_per_unit <= TOKENS_PER_UNIT_LIMIT or min(self.max_chars_per_unit,
+                                                                            self.max_reply_tokens) < 0:
             raise ValueError(
-                f"max_tokens_per_unit must be in [2, {TOKENS_PER_UNIT_LIMIT}] and max_chars_per_unit "
-                f">= 0, got {self.max_tokens_per_unit}, {self.max_chars_per_unit}"
+                f"max_tokens_per_unit must be in [2, {TOKENS_PER_UNIT_LIMIT}], max_chars_per_unit and "
+                f"max_reply_tokens >= 0, got {self.max_tokens_per_unit}, {self.max_chars_per_unit}, "
+                f"{self.max_reply_tokens}"
             )
         self._check_reply_knobs()
 

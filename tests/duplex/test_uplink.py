@@ -80,6 +80,8 @@ def test_triton_parameters_are_ignored_and_empty_audio_is_fine():
     (dict(length_penalty=0), r"length_penalty must be in \(0, 10\]"),
     (dict(max_kv_tokens=511), r"max_kv_tokens must be an integer in \[512, 1048576\]"),
     (dict(max_kv_tokens=2048.0), "parameter max_kv_tokens has the wrong type"),
+    (dict(max_reply_tokens=0), r"max_reply_tokens must be an integer in \[1, 100000\]"),
+    (dict(tts_enabled=0), "parameter tts_enabled has the wrong type"),
     (dict(text_repetition_penalty=float("nan")), r"text_repetition_penalty must be in \(0, 2\]"),
     (dict(text_repetition_window_size=0), r"text_repetition_window_size must be an integer in \[1, 8192\]"),
     (dict(listen_when_silent=1), "parameter listen_when_silent has the wrong type"),
@@ -165,9 +167,10 @@ def test_the_decoding_settings_travel_on_every_thinker_request():
     options = parse_uplink(_raw(True, temperature=0, top_k=7, top_p=0.5, max_new_speak_tokens_per_chunk=12,
                                 listen_prob_scale=1.5, length_penalty=0.9, text_repetition_penalty=1.2,
                                 text_repetition_window_size=99, listen_when_silent=False, max_kv_tokens=2048,
-                                sliding_window_mode="basic"), MAX).options
+                                sliding_window_mode="basic", max_reply_tokens=40, tts_enabled=False), MAX).options
     request = setup_request(EpochIds("s", 0), options)
-    assert (request.max_kv_tokens, request.sliding_window_mode) == (2048, "basic")
+    assert (request.max_kv_tokens, request.sliding_window_mode, request.max_reply_tokens) == (2048, "basic", 40)
+    assert options.tts_enabled is False
     assert (request.temperature, request.top_k, request.top_p) == (0.0, 7, 0.5)
     assert (request.max_new_speak_tokens_per_chunk, request.listen_prob_scale, request.length_penalty) == (12, 1.5, 0.9)
     assert (request.text_repetition_penalty, request.text_repetition_window_size) == (1.2, 99)

@@ -78,11 +78,12 @@ def test_realtime_init_maps_fields_and_lists_the_unapplied():
     voice = pcm16_to_float32_base64(np.zeros(1600, np.int16))
     init = codec.parse(json.dumps({"type": "session.init", "payload": {
         "system_prompt": "Be brief.", "config": {"temperature": 0.5, "length_penalty": 1.3, "max_tokens": 100,
-                                                          "tts_enabled": True, "max_kv_tokens": 4096},
+                                                          "tts_enabled": True, "max_kv_tokens": 4096, "vision_hd": True},
         "voice": {"ref_audio_base64": voice}}}))
     assert isinstance(init, Init) and init.params == {"temperature": 0.5, "length_penalty": 1.3, "tts_enabled": True,
-                                                      "max_kv_tokens": 4096, "instructions": "Be brief."}
-    assert init.ref_audio.size == 1600 and init.not_applied == ("max_tokens",)
+                                                      "max_kv_tokens": 4096, "max_reply_tokens": 100,
+                                                      "instructions": "Be brief."}
+    assert init.ref_audio.size == 1600 and init.not_applied == ("vision_hd",)
     append = codec.parse(json.dumps({"type": "input.append", "input": {"audio": voice, "force_listen": True}}))
     assert isinstance(append, Append) and append.interrupt
     assert codec.parse(json.dumps({"type": "session.close", "reason": "bye"})) == Close("bye")

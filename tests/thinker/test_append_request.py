@@ -55,13 +55,15 @@ def test_unset_decoding_settings_are_the_official_defaults() -> None:
     assert (config.max_tokens_per_unit, config.listen_prob_scale, config.length_penalty) == (20, 1.0, 1.1)
     assert (config.repetition_penalty, config.penalty_window) == (1.05, 512)
     assert config.max_chars_per_unit == 0 and not config.listen_when_silent and not config.has_reply_knobs
+    assert config.max_reply_tokens == 0
 
 
 def test_decoding_settings_travel_to_the_policy() -> None:
     request = dataclasses.replace(
         VALID, top_k=5, top_p=0.5, max_new_speak_tokens_per_chunk=9, listen_prob_scale=1.5, length_penalty=1.3,
-        text_repetition_penalty=1.2, text_repetition_window_size=64, listen_when_silent=1)
+        text_repetition_penalty=1.2, text_repetition_window_size=64, listen_when_silent=1, max_reply_tokens=30)
     config = policy_config(request)
+    assert config.max_reply_tokens == 30
     assert (config.top_k, config.top_p, config.max_tokens_per_unit) == (5, 0.5, 9)
     assert (config.listen_prob_scale, config.repetition_penalty, config.penalty_window) == (1.5, 1.2, 64)
     assert config.listen_when_silent and config.length_penalty == 1.3

@@ -509,3 +509,48 @@ def test_penalty_window_holds_the_decoder_s_own_draws(tokenizer, special) -> Non
     assert _sample(policy, _logits({word: 30.0})) == word
     assert _sample(policy, _logits({special.listen: 30.0})) == special.tts_bos
     assert policy.latches.history.tokens() == [word, special.listen]
+
+
+# ---- option: max_reply_tokens ----------------------------------------------------------------
+
+
+def _text_logits(tokenizer: TextTokenizer, special: SpecialTokens) -> Callable[[int], torch.Tensor]:
+    """A row that makes the unit speak: <|speak|> first, then one text id, never a terminator."""
+    text = _text_ids(tokenizer, "hello")[0]
+    return lambda index: _logits({special.speak: 50.0} if index == 0 else {text: 50.0})
+
+
+def test_max_reply_tokens_ends_the_turn_after_that_many_text_tokens(tokenizer, special) -> None:
+    policy = _policy(tokenizer, special, temperature=0.0, max_reply_tokens=5)
+    policy.open_turn_with_text()
+    policy.begin_unit(force_listen=False, speech=[False])
+    unit = _run_unit(policy, _text_logits(tokenizer, special))
+    text = [t for t in unit if t not in policy.special_ids]
+    assert len(text) == 5 and unit[-2:] == [special.turn_eos, special.chunk_eos], unit
+    assert not policy.latches.turn_open and policy.latches.reply_tokens == 0
+
+
+def test_max_reply_tokens_counts_across_units_and_keeps_the_unit_size(tokenizer, special) -> None:
+    """11 text tokens in units of at most 8: the first unit is cut by the hard cut (speak, 6
+    text tokens, chunk_eos), the second ends the turn after 5 more; no unit is longer."""
+    policy = _policy(tokenizer, special, temperature=0.0, max_reply_tokens=11, max_tokens_per_unit=8)
+    policy.open_turn_with_text()
+    units = []
+    for _ in range(2):
+        policy.begin_unit(force_listen=False, speech=[False])
+        units.append(_run_unit(policy, _text_logits(tokenizer, special)))
+    assert all(len(unit) <= 8 for unit in units), units
+    text = [[t for t in unit if t not in policy.special_ids] for unit in units]
+    assert [len(t) for t in text] == [6, 5] and special.turn_eos not in units[0]
+    assert units[1][-2:] == [special.turn_eos, special.chunk_eos]
+
+
+def test_a_spent_budget_at_a_units_start_speaks_then_ends_the_turn(tokenizer, special) -> None:
+    policy = _policy(tokenizer, special, temperature=0.0, max_reply_tokens=6, max_tokens_per_unit=8)
+    policy.open_turn_with_text()
+    policy.begin_unit(force_listen=False, speech=[False])
+    first = _run_unit(policy, _text_logits(tokenizer, special))  # speak + 6 text + chunk_eos (cut)
+    assert len(first) == 8 and special.turn_eos not in first, first
+    policy.begin_unit(force_listen=False, speech=[False])
+    second = _run_unit(policy, _text_logits(tokenizer, special))
+    assert second == [special.speak, special.turn_eos, special.chunk_eos]
