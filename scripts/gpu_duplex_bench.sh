@@ -46,9 +46,9 @@ PROFILE=${PROFILE:-gpu}
 CHECKPOINT=${CHECKPOINT:-full-random}
 PYTHON=${PYTHON:-python3}
 # The `gpu` profile sized for an 80 GB card (24 sessions of 4096 Thinker tokens; serves C <= 16 on
-# an H100, perf/results/duplex_h100.md): SERVER_SETS=h100. These shares were measured to serve;
-# the memory plan (deploy/README.md "Memory plan") gives 0.571 / 0.12 / 0.258 for 79.2 GiB
-# (`gpu_memory_gib=79.2` and the three fractions at 0), to be checked on an H100 before it replaces them.
+# an H100, perf/results/duplex_h100.md): SERVER_SETS=h100, with hand-set shares. The memory plan's
+# for 79.2 GiB (`gpu_memory_gib=79.2`, the three fractions at 0: 0.579 / 0.117 / 0.252) served the
+# same levels with RTF P99 0.82 at C = 16 against 0.66 with these (perf/results/duplex_h100.md).
 H100_SETS="max_sessions=24 max_context_tokens=4096 thinker_memory_fraction=0.52 talker_memory_fraction=0.12 code2wav_memory_fraction=0.28"
 
 pack_triton() {  # pack_triton OUT.tar.xz PYVER: the tritonserver of .venv's nvidia-pytriton wheel

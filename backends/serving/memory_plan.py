@@ -22,13 +22,12 @@ from backends.stages.code2wav_engine import DEFAULT_MAX_BATCH as CODE2WAV_MAX_BA
 from backends.stages.factory import BLOCK_SIZE, SLOT_MARGIN, code2wav_pool_streams
 
 SAFETY_MARGIN = 0.10  # share of each stage's computed bytes kept for what the plan misses
-# Measured constants (bf16, H200). Thinker: its warm-up of 32 sessions at 8192 tokens had
-# 62.35 GiB allocated when it ran out (perf/results/duplex_h200.md), over 15.85 GiB of weights
-# and 38.25 GiB of KV: 8.25 GiB of encoder caches, graphs and workspaces. The streaming
-# encoder's caches are computed (encoder_cache_bytes: one per session, allocated on its first
-# unit, and the graphed pass's working rows); what is left of the 8.25 GiB once the 32
-# sessions' caches and the working rows are taken out is the fixed part.
-THINKER_MEASURED_SESSIONS, THINKER_MEASURED_WORKSPACE = 32, round(8.25 * GIB)
+# Measured constants (bf16). Thinker, after its warm-up on an H100 with 24 sessions at 4096
+# tokens (perf/results/duplex_h100.md): 36.93 GiB allocated at peak, its largest warm-up group
+# 16 sessions, so 16 encoder caches held. Weights, KV pool, logits rows and encoder caches are
+# computed (one encoder cache per session, allocated on its first unit, plus the graphed pass's
+# working rows); the rest of that peak is the fixed part (thinker_fixed_workspace).
+THINKER_MEASURED = {"peak": round(36.93 * GIB), "sessions": 24, "window": 4096, "encoder_caches": 16}
 # Code2Wav with graphs, bf16 flow and the pool: peak 1.35 GiB at 1 stream, 7.89 GiB at 16
 # (perf/results/stages_h200.md): 1.35 GiB of weights + context, 0.436 GiB per batched window.
 CODE2WAV_FIXED = round(1.35 * GIB)
@@ -108,18 +107,23 @@ def audio_encoder_weight_count(a: Mapping[str, Any], llm_hidden: int) -> int:
 
 
 def thinker_bytes(p: PlanInputs) -> StageBytes:
-    c = p.config
-    max_len = min(p.max_context_tokens, c["max_position_embeddings"])
+    weights, state, logits, encoder = _thinker_parts(p.config, p.max_sessions, p.max_context_tokens, p.dtype_bytes,
+                                                     p.null_blocks)
+    workspace = logits + encoder * (p.max_sessions + ENCODER_WORKING_ROWS) + thinker_fixed_workspace(p.config)
+    return StageBytes("thinker", weights, state, workspace)
+
+
+def _thinker_parts(c: Mapping[str, Any], sessions: int, window: int, dtype_bytes: int,
+                   null_blocks: int = 1) -> tuple[int, int, int, int]:
+    """(weights, KV pool, logits rows, one encoder cache) of the Thinker, in bytes."""
+    max_len = min(window, c["max_position_embeddings"])
     head_dim = c.get("head_dim") or c["hidden_size"] // c["num_attention_heads"]
-    state = kv_pool_bytes(c["num_hidden_layers"], c["num_key_value_heads"], head_dim, p.max_sessions, max_len,
-                          p.dtype_bytes, p.null_blocks)
+    state = kv_pool_bytes(c["num_hidden_layers"], c["num_key_value_heads"], head_dim, sessions, max_len,
+                          dtype_bytes, null_blocks)
     count = llm_weight_count(c, c["vocab_size"], c["vocab_size"])
     count += audio_encoder_weight_count(c["audio_config"], c["hidden_size"])
-    weights = count * p.dtype_bytes
-    logits = (p.max_sessions + SLOT_MARGIN) * c["vocab_size"] * LOGITS_BYTES
-    encoder = encoder_cache_bytes(c["audio_config"], p.dtype_bytes)
-    return StageBytes("thinker", weights, state,
-                      logits + encoder * (p.max_sessions + ENCODER_WORKING_ROWS) + thinker_fixed_workspace(c, p.dtype_bytes))
+    logits = (sessions + SLOT_MARGIN) * c["vocab_size"] * LOGITS_BYTES
+    return count * dtype_bytes, state, logits, encoder_cache_bytes(c["audio_config"], dtype_bytes)
 
 
 def encoder_cache_bytes(a: Mapping[str, Any], dtype_bytes: int) -> int:
@@ -129,11 +133,12 @@ def encoder_cache_bytes(a: Mapping[str, Any], dtype_bytes: int) -> int:
     return 2 * a["encoder_layers"] * a["encoder_attention_heads"] * a["max_source_positions"] * head_dim * dtype_bytes
 
 
-def thinker_fixed_workspace(c: Mapping[str, Any], dtype_bytes: int) -> int:
+def thinker_fixed_workspace(c: Mapping[str, Any]) -> int:
     """The Thinker's graphs and workspaces that do not grow with the sessions: the measured
-    8.25 GiB less the encoder caches held at that measurement."""
-    held = THINKER_MEASURED_SESSIONS + ENCODER_WORKING_ROWS
-    return THINKER_MEASURED_WORKSPACE - held * encoder_cache_bytes(c["audio_config"], dtype_bytes)
+    peak (bf16) less what is computed of it."""
+    m = THINKER_MEASURED
+    weights, state, logits, encoder = _thinker_parts(c, m["sessions"], m["window"], 2)
+    return m["peak"] - weights - state - logits - encoder * (m["encoder_caches"] + ENCODER_WORKING_ROWS)
 
 
 def talker_bytes(p: PlanInputs) -> StageBytes:

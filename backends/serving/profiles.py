@@ -218,12 +218,13 @@ PROFILES: dict[str, Profile] = {
     # One H200 (139.8 GiB as torch reports it), every share from the memory plan (deploy/README.md
     # "Memory plan"), as many sessions as it admits: a 4096-token Thinker window per session with
     # the sliding window on (`basic` drops the oldest turns past it), and a 1024-token Talker
-    # context (a longer reply rolls over, backends/talker/rollover.py). 128 sessions do not fit
-    # yet: Code2Wav's caches (2 streams per session) and the Thinker's KV alone take 136 GiB.
+    # context (a longer reply rolls over, backends/talker/rollover.py). 72: the most the plan
+    # admits (74) in a multiple of the 4 orchestrator instances. 128 sessions do not fit yet: the
+    # Thinker's KV and encoder caches and Code2Wav's two cache slots per session alone take 153 GiB.
     "gpu-h200": Profile(
         name="gpu-h200", instance_kind="KIND_GPU", device="cuda", dtype="bfloat16", checkpoint="full-random",
         thinker_gpus="0", talker_gpus="0", code2wav_gpus="0", gpu_memory_gib=139.8,
-        duplex_instances=4, max_sessions=68, max_context_tokens=4096, talker_context_tokens=1024,
+        duplex_instances=4, max_sessions=72, max_context_tokens=4096, talker_context_tokens=1024,
         sliding_window_mode="basic", session_voices="off",
     ),
 }
