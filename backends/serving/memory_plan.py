@@ -16,8 +16,8 @@ import argparse
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from backends.serving.profiles import GIB, MAX_GPU_SHARE, get_profile
 from backends.audio.encoder_graphs import DEFAULT_MAX_ROWS as ENCODER_WORKING_ROWS
+from backends.serving.profiles import GIB, MAX_GPU_SHARE, get_profile
 from backends.stages.code2wav_engine import DEFAULT_MAX_BATCH as CODE2WAV_MAX_BATCH
 from backends.stages.factory import BLOCK_SIZE, SLOT_MARGIN, code2wav_pool_streams
 
