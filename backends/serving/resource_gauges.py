@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 from typing import Any
 
 log = logging.getLogger(__name__)
@@ -42,7 +43,21 @@ DESCRIPTIONS = {
     "stage_channels": "gRPC channels of the orchestrator to the stages (pooled or in a call)",
     "stage_idle_streams": "open gRPC streams of pooled stage channels (closed after a few idle seconds)",
     "stage_draining_streams": "pooled stage streams whose abandoned request has not sent its FINAL yet",
+    "cuda_peak_allocated_mib": "peak CUDA memory (MiB) the stage's torch allocator has handed out since it became ready",
+    "cuda_reserved_mib": "CUDA memory (MiB) the stage's torch allocator holds now (what its memory fraction caps)",
 }
+MIB = 1 << 20
+
+
+def cuda_memory_counts() -> dict[str, int]:
+    """The process's torch allocator on its GPU, in MiB: the peak handed out since the stage
+    became ready (backends/stages/factory.py log_allocation restarts it) and what it holds now (the stage's memory share caps the latter). Empty where the process has not
+    initialised CUDA (CPU stages, the orchestrator): torch is not imported for this."""
+    torch = sys.modules.get("torch")
+    if torch is None or not torch.cuda.is_initialized():
+        return {}
+    return {"cuda_peak_allocated_mib": torch.cuda.max_memory_allocated() // MIB,
+            "cuda_reserved_mib": torch.cuda.memory_reserved() // MIB}
 
 
 class ResourceGauges:

@@ -205,11 +205,13 @@ def build_code2wav_engine(params: dict[str, str], device_id: str = "0") -> Code2
 
 def log_allocation(stage: str, device: torch.device, state_bytes: int) -> None:
     """After warm-up: what the stage holds, beside the memory plan's rows logged at render
-    (backends/serving/memory_plan.py) so a GPU start shows plan and measurement together."""
+    (backends/serving/memory_plan.py) so a GPU start shows plan and measurement together. The
+    peak then restarts, so the stage's `cuda_peak_allocated_mib` gauge is the serving peak."""
     gib = 1 << 30
     LOG.warning("%s memory after warm-up: state pool %.2f GiB, allocated %.2f GiB, peak %.2f GiB, "
                 "reserved %.2f GiB", stage, state_bytes / gib, torch.cuda.memory_allocated(device) / gib,
                 torch.cuda.max_memory_allocated(device) / gib, torch.cuda.memory_reserved(device) / gib)
+    torch.cuda.reset_peak_memory_stats(device)
 
 
 def first_window_hold_s(params: dict[str, str]) -> float:

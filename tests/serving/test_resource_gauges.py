@@ -44,3 +44,24 @@ def test_parse_gauges_sums_instances_and_skips_other_lines():
         'nv_inference_count{model="duplex",version="1"} 5',
     ])
     assert parse_gauges(page) == {("requests", "thinker"): 3.0, ("kv_free_blocks", "talker"): 768.0}
+
+
+def test_cuda_memory_counts_only_where_the_process_uses_cuda(monkeypatch) -> None:
+    """CPU stages and processes without torch publish no CUDA gauges; a stage on a GPU publishes
+    its allocator's peak and reservation in MiB."""
+    import sys
+    import types
+
+    from backends.serving.resource_gauges import DESCRIPTIONS, cuda_memory_counts
+
+    monkeypatch.delitem(sys.modules, "torch", raising=False)
+    assert cuda_memory_counts() == {}
+    cuda = types.SimpleNamespace(is_initialized=lambda: False)
+    monkeypatch.setitem(sys.modules, "torch", types.SimpleNamespace(cuda=cuda))
+    assert cuda_memory_counts() == {}
+    cuda.is_initialized = lambda: True
+    cuda.max_memory_allocated = lambda: 5 * (1 << 30) + 1
+    cuda.memory_reserved = lambda: 6 * (1 << 30)
+    counts = cuda_memory_counts()
+    assert counts == {"cuda_peak_allocated_mib": 5120, "cuda_reserved_mib": 6144}
+    assert set(counts) <= set(DESCRIPTIONS)
