@@ -183,14 +183,16 @@ one_server_bench() {  # everything on one GPU (profile gpu) or split over two (p
   # every variant should compile at load (backends/stages/warmup.py), none inside a reply; and
   # every Code2Wav graph be captured at load: a capture or an eager call in a reply is a stall
   { echo "Triton kernels compiled while serving (count, kernel):"; compiled_since /tmp/server_ready_marker || true
-    echo "Code2Wav CUDA graphs and eager CUDA calls, when ready:"; echo "$at_ready"
+    echo "Code2Wav CUDA graphs and eager CUDA calls, the stages' CUDA memory (MiB), when ready:"; echo "$at_ready"
     echo "after the benchmark:"; graph_gauges "$metrics"; } | tee "$OUT/compiled_while_serving.txt"
 }
 
 graph_gauges() {  # graph_gauges METRICS_URL: code2wav's graph gauges (backends/models/token2wav/graphs.py)
+  # and every GPU stage's allocator peak since it became ready and its reservation (MiB)
   "$PYTHON" -c 'import sys, urllib.request
 for line in urllib.request.urlopen(sys.argv[1], timeout=10).read().decode().splitlines():
-    if line.startswith(("minicpmo_cuda_graphs", "minicpmo_graph_eager_calls")): print(line)' "$1" || true
+    if line.startswith(("minicpmo_cuda_graphs", "minicpmo_graph_eager_calls", "minicpmo_cuda_peak_allocated_mib",
+                        "minicpmo_cuda_reserved_mib")): print(line)' "$1" || true
 }
 
 compiled_since() {  # compiled_since MARKER: the Triton kernel variants compiled after MARKER's mtime
