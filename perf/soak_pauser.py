@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 from perf.soak_processes import stub_models
 
+
 @dataclass
 class PauseTally:
     pauses: int = 0

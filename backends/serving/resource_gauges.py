@@ -16,6 +16,8 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import time
+from collections.abc import Callable
 from typing import Any
 
 log = logging.getLogger(__name__)
@@ -51,13 +53,31 @@ MIB = 1 << 20
 
 def cuda_memory_counts() -> dict[str, int]:
     """The process's torch allocator on its GPU, in MiB: the peak handed out since the stage
-    became ready (backends/stages/factory.py log_allocation restarts it) and what it holds now (the stage's memory share caps the latter). Empty where the process has not
-    initialised CUDA (CPU stages, the orchestrator): torch is not imported for this."""
+    became ready (backends/stages/factory.py log_allocation restarts it) and what it holds now
+    (the stage's memory share caps it). Empty where the process has not initialised CUDA (CPU
+    stages, the orchestrator): torch is not imported for this."""
     torch = sys.modules.get("torch")
     if torch is None or not torch.cuda.is_initialized():
         return {}
-    return {"cuda_peak_allocated_mib": torch.cuda.max_memory_allocated() // MIB,
-            "cuda_reserved_mib": torch.cuda.memory_reserved() // MIB}
+    stats = torch.cuda.memory_stats()  # one read: each call builds a dict of every statistic
+    return {"cuda_peak_allocated_mib": stats.get("allocated_bytes.all.peak", 0) // MIB,
+            "cuda_reserved_mib": stats.get("reserved_bytes.all.current", 0) // MIB}
+
+
+class CudaMemoryReader:
+    """`cuda_memory_counts` at most every `every_s`: a stage publishes its counts after every
+    engine step, and reading the allocator's statistics that often would cost the step time."""
+
+    def __init__(self, every_s: float = 1.0, clock: Callable[[], float] = time.monotonic) -> None:
+        self._every_s, self._clock = every_s, clock
+        self._read_at: float | None = None
+        self._last: dict[str, int] = {}
+
+    def counts(self) -> dict[str, int]:
+        now = self._clock()
+        if self._read_at is None or now - self._read_at >= self._every_s:
+            self._read_at, self._last = now, cuda_memory_counts()
+        return self._last
 
 
 class ResourceGauges:

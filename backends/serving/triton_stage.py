@@ -24,7 +24,7 @@ from backends.serving.fault_injection import install_fault_hook
 from backends.serving.metrics_stage import StageMetrics
 from backends.serving.metrics_stage_calls import call_metrics_enabled, sent_ns_of
 from backends.serving.metrics_thread import MetricsThread
-from backends.serving.resource_gauges import ResourceGauges, cuda_memory_counts
+from backends.serving.resource_gauges import CudaMemoryReader, ResourceGauges
 from backends.serving.stage_health import ACTION_HEALTH
 from backends.serving.stage_secret import StageGuard
 from backends.serving.triton_responses import ResponseThread, TritonSink, triton_error
@@ -72,7 +72,8 @@ class StageAdapter:
         if observe_waits is not None:
             observe_waits(self._metrics.on_window_wait)
         counts = getattr(engine, "resource_counts", None)
-        observer = None if counts is None else (lambda: self._metrics.publish({**counts(), **cuda_memory_counts()}))
+        memory = CudaMemoryReader()  # the allocator's peak and reservation, on a GPU
+        observer = None if counts is None else (lambda: self._metrics.publish({**counts(), **memory.counts()}))
         self._expect = getattr(engine, "expect_window", None)  # Code2Wav's first-window hint
         self._actions = (ACTION_RUN, ACTION_STOP, ACTION_HEALTH) + ((ACTION_EXPECT,) if self._expect else ())
         self.engine_thread = EngineThread(engine, f"{name}-engine", on_error=pb_utils.Logger.log_error,

@@ -60,8 +60,33 @@ def test_cuda_memory_counts_only_where_the_process_uses_cuda(monkeypatch) -> Non
     monkeypatch.setitem(sys.modules, "torch", types.SimpleNamespace(cuda=cuda))
     assert cuda_memory_counts() == {}
     cuda.is_initialized = lambda: True
-    cuda.max_memory_allocated = lambda: 5 * (1 << 30) + 1
-    cuda.memory_reserved = lambda: 6 * (1 << 30)
+    cuda.memory_stats = lambda: {"allocated_bytes.all.peak": 5 * (1 << 30) + 1,
+                                 "reserved_bytes.all.current": 6 * (1 << 30), "num_ooms": 0}
     counts = cuda_memory_counts()
     assert counts == {"cuda_peak_allocated_mib": 5120, "cuda_reserved_mib": 6144}
     assert set(counts) <= set(DESCRIPTIONS)
+
+
+def test_the_cuda_memory_reader_reads_at_most_once_a_period(monkeypatch) -> None:
+    """The stage publishes after every engine step; the allocator's statistics are read at most
+    once per period and the last reading stands in between."""
+    import sys
+    import types
+
+    from backends.serving.resource_gauges import CudaMemoryReader
+
+    reads = []
+
+    def memory_stats() -> dict[str, int]:
+        reads.append(1)
+        return {"allocated_bytes.all.peak": len(reads) << 20, "reserved_bytes.all.current": 8 << 20}
+
+    cuda = types.SimpleNamespace(is_initialized=lambda: True, memory_stats=memory_stats)
+    monkeypatch.setitem(sys.modules, "torch", types.SimpleNamespace(cuda=cuda))
+    now = [100.0]
+    reader = CudaMemoryReader(every_s=1.0, clock=lambda: now[0])
+    assert reader.counts() == {"cuda_peak_allocated_mib": 1, "cuda_reserved_mib": 8}
+    now[0] += 0.5
+    assert reader.counts()["cuda_peak_allocated_mib"] == 1 and len(reads) == 1
+    now[0] += 0.5
+    assert reader.counts()["cuda_peak_allocated_mib"] == 2 and len(reads) == 2
