@@ -64,7 +64,9 @@ ERROR_PAUSE_S = 1.0  # a worker's pause after a failed session (a restarting ser
 READY_TIMEOUT_S = 300.0
 GAUGES = (("sessions", "duplex"), ("session_threads", "duplex"), ("stage_channels", "duplex"),
           ("requests", "thinker"), ("kv_free_blocks", "thinker"), ("requests", "talker"),
-          ("kv_free_blocks", "talker"), ("codec_states", "code2wav"), ("stranded_threads", "duplex"))
+          ("kv_free_blocks", "talker"), ("codec_states", "code2wav"), ("stranded_threads", "duplex"),
+          *((gauge, stage) for gauge in ("cuda_peak_allocated_mib", "cuda_reserved_mib")
+            for stage in ("thinker", "talker", "code2wav")))  # GPU stages only
 
 
 @dataclass

@@ -10,7 +10,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from perf.soak_plot import plot_soak
+from perf.soak_plot import plot_soak, stage_sum
 
 MAX_TABLE_ROWS = 30  # the page samples the series; the JSON keeps every window
 
@@ -176,6 +176,7 @@ def _summary_rows(r: SoakResult) -> list[str]:
             ("neighbour cycles (failures)", _neighbour(r.neighbour)), *_pause_rows(r.pauses),
             ("TTFP p50, first / last window, drift", _drift(r)),
             ("server RSS start / end / max", _rss(r.windows)),
+            ("GPU peak allocated (stages summed) first / last / max", _gpu(r.windows)),
             ("held at the end", held_text(r.held_at_end) or "nothing (every gauge back at its start value)")]
     return [f"| {name} | {value} |" for name, value in rows]
 
@@ -227,14 +228,25 @@ def _rss(windows: list[Window]) -> str:
     return f"{rss[0]:.0f} / {rss[-1]:.0f} / {max(rss):.0f} MiB (growth {rss[-1] - rss[0]:+.0f} MiB)"
 
 
+GPU_PEAK = "cuda_peak_allocated_mib"  # each GPU stage's allocator peak since it became ready
+
+
+def _gpu(windows: list[Window]) -> str:
+    peaks = [mib for mib in (stage_sum(w, GPU_PEAK) for w in windows) if mib is not None]
+    if not peaks:
+        return "not published (no GPU stage)"
+    return f"{peaks[0]:.0f} / {peaks[-1]:.0f} / {max(peaks):.0f} MiB (growth {peaks[-1] - peaks[0]:+.0f} MiB)"
+
+
 def _series_table(windows: list[Window]) -> list[str]:
     step = max(1, -(-len(windows) // MAX_TABLE_ROWS))
     shown = windows[::step] + ([windows[-1]] if windows and (len(windows) - 1) % step else [])
-    rows = ["| t (min) | sessions | turns | barge-ins | drops | errors | TTFP p50 / p90 (ms) | RSS (MiB) | stubs "
-            "| stub restarts | neighbour ran |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    rows = ["| t (min) | sessions | turns | barge-ins | drops | errors | TTFP p50 / p90 (ms) | RSS (MiB) "
+            "| GPU peak (MiB) | stubs | stub restarts | neighbour ran |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for w in shown:
         rows.append(f"| {w.t_s / 60:.1f} | {w.sessions} | {w.turns} | {w.barge_ins} | {w.drops} | {w.errors} "
-                    f"| {_ms(w.ttfp_p50_ms)} / {_ms(w.ttfp_p90_ms)} | {_ms(w.rss_mib)} | {_ms(w.stubs)} "
+                    f"| {_ms(w.ttfp_p50_ms)} / {_ms(w.ttfp_p90_ms)} | {_ms(w.rss_mib)} | {_ms(stage_sum(w, GPU_PEAK))} "
+                    f"| {_ms(w.stubs)} "
                     f"| {w.stub_restarts} | {'yes' if w.neighbour_ran else 'no'} |")
     if step > 1:
         rows.append(f"\nEvery {step}th window of {len(windows)} (and the last); the JSON has them all.")
@@ -250,7 +262,8 @@ def _notes(r: SoakResult) -> list[str]:
              "audio); each window's p50 / p90 is over the replies whose first audio arrived in it. "
              "Drift = (last window p50 - first window p50) / first window p50.",
              "RSS is the resident memory of the tritonserver process and its descendants (the model "
-             "stub processes); a restarted server starts a new tree.",
+             "stub processes); a restarted server starts a new tree. GPU peak: the stages' "
+             "`minicpmo_cuda_peak_allocated_mib` summed (each stage's allocator peak since it became ready).",
              "A client drop closes the session's gRPC stream without END at a random moment of a "
              "random turn (the stream is cancelled, as when a client vanishes); the server reaps the "
              "session (client-gone detection, else the idle timeout), and 'held at the end' checks it did."]

@@ -80,7 +80,9 @@ prepare() {
     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
     --platform manylinux1_x86_64 -d "$CARRY/wheels" \
     "aiohttp==$(.venv/bin/pip show aiohttp | sed -n 's/^Version: //p')" \
-    "websockets==$(.venv/bin/pip show websockets | sed -n 's/^Version: //p')"
+    "websockets==$(.venv/bin/pip show websockets | sed -n 's/^Version: //p')" \
+    "soundfile==$(.venv/bin/pip show soundfile | sed -n 's/^Version: //p')" \
+    "soxr==$(.venv/bin/pip show soxr | sed -n 's/^Version: //p')"  # perf/workload reads the bundled wavs
   rm -f "$CARRY"/wheels/typing_extensions-*.whl
   (cd "$CARRY" && apt-get download libb64-0d)
   .venv/bin/python - "$CARRY"/wheels/tritonclient-*.whl <<'PY'  # the wheel without its binaries
@@ -138,7 +140,7 @@ start_server() {  # start_server NAME PORT_BASE [ENV=VALUE...]: one tritonserver
   local wanted=${SERVER_SETS:-}
   [ "$wanted" = h100 ] && wanted=$H100_SETS
   for var in $wanted; do sets+=(--set "$var"); done
-  env "$@" "$PYTHON" -m backends.serving.launcher --profile "$PROFILE" --mps "${MPS:-auto}" --http-port "$base" --grpc-port $((base + 1)) \
+  ${DETACH:+setsid} env "$@" "$PYTHON" -m backends.serving.launcher --profile "$PROFILE" --mps "${MPS:-auto}" --http-port "$base" --grpc-port $((base + 1)) \
     --metrics-port $((base + 2)) --log-file "$OUT/server_$name.log" ${sets[@]+"${sets[@]}"} > "$OUT/launcher_$name.log" 2>&1 &
   SERVER_PIDS+=($!)
   local pid=$! started=$SECONDS
@@ -185,6 +187,21 @@ one_server_bench() {  # everything on one GPU (profile gpu) or split over two (p
   { echo "Triton kernels compiled while serving (count, kernel):"; compiled_since /tmp/server_ready_marker || true
     echo "Code2Wav CUDA graphs and eager CUDA calls, the stages' CUDA memory (MiB), when ready:"; echo "$at_ready"
     echo "after the benchmark:"; graph_gauges "$metrics"; } | tee "$OUT/compiled_while_serving.txt"
+}
+
+attached_bench() {  # attached_bench LEVELS PART: `bench` against the server `serve` started
+  local metrics="http://127.0.0.1:$((BASE + 2))/metrics"
+  bench "$1" "$2" "127.0.0.1:$((BASE + 1))" "$metrics"
+  { echo "after part $2:"; graph_gauges "$metrics"; } | tee -a "$OUT/compiled_while_serving.txt"
+}
+
+attached_soak() {  # attached_soak SESSIONS MINUTES: long sessions (no barge-in, no drop) in the background
+  local pid
+  pid=$(pgrep -f 'tritonserver --model-repository' | head -n 1)
+  setsid "$PYTHON" -m perf.soak --url "127.0.0.1:$((BASE + 1))" --metrics-url "http://127.0.0.1:$((BASE + 2))" \
+    --server-pid "$pid" --sessions "$1" --minutes "$2" --turns 100000 --barge-in 0 --drop 0 --report-every 30 \
+    --out "$OUT" --name "long_sessions" > "$OUT/soak_attached.log" 2>&1 < /dev/null &
+  echo "soak started: $1 sessions for $2 min (log $OUT/soak_attached.log)"
 }
 
 graph_gauges() {  # graph_gauges METRICS_URL: code2wav's graph gauges (backends/models/token2wav/graphs.py)
@@ -256,6 +273,14 @@ case "${1:-}" in
                one_server_bench "${2:-}" "${3:-}" ;;
   bench-replicas) on_device; TITLE="2x H200, two full replicas (one per GPU)" replicas_bench "${2:-}" "${3:-}" ;;
   soak) on_device; soak "${2:-16}" "${3:-30}" ;;
+  # A server that outlives the call (setsid), for runs longer than one device call: `serve`
+  # starts it, `attach` benchmarks it, `soak-attach` starts a soak against it in the background
+  # (its page lands in $OUT when it ends), `down` stops it. OUT must name the same folder in
+  # each call (e.g. /tmp/run: the call's own output folder is emptied before the next).
+  serve) on_device; DETACH=1 start_server main "$BASE"; SERVER_PIDS=() ;;
+  attach) on_device; attached_bench "${2:-}" "${3:-}" ;;
+  soak-attach) on_device; attached_soak "${2:-64}" "${3:-10}" ;;
+  down) pkill -INT -f backends.serving.launcher || true; sleep 15 ;;
   diag) on_device; diagnose ;;
   pa) on_device; start_server main "$BASE"; perf_analyzer_all ;;
   *) sed -n '2,/^set -euo/p' "$0" | sed '$d'; exit 2 ;;

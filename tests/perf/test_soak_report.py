@@ -88,7 +88,17 @@ def test_the_page_has_the_command_commit_device_and_summary():
                  "100 / 104 ms, drift +4.0 %", "800 / 870 / 870 MiB (growth +70 MiB)",
                  "[soak_test.png](soak_test.png)", "verdict: fail: 2 errors"):
         assert text in page, text
-    assert page.count("\n| 3.0 | 9 | 30 | 4 | 2 | 0 | 104 / 156 | 870 | 4 | 0 | no |") == 1
+    assert page.count("\n| 3.0 | 9 | 30 | 4 | 2 | 0 | 104 / 156 | 870 | - | 4 | 0 | no |") == 1
+    assert "| GPU peak allocated (stages summed) first / last / max | not published (no GPU stage) |" in page
+
+
+def test_the_page_follows_the_gpu_stages_summed_peak():
+    result = _result()
+    for window, peak in zip(result.windows, (900.0, 1000.0, 1100.0, 1050.0)):
+        window.held.update({"cuda_peak_allocated_mib.thinker": peak, "cuda_peak_allocated_mib.talker": 100.0})
+    page = render_markdown("Soak", result, None)
+    assert "| 1000 / 1150 / 1200 MiB (growth +150 MiB) |" in page
+    assert "\n| 3.0 | 9 | 30 | 4 | 2 | 0 | 104 / 156 | 870 | 1150 | 4 | 0 | no |" in page
 
 
 def test_a_long_series_is_sampled_on_the_page_but_whole_in_the_json(tmp_path):
@@ -123,6 +133,23 @@ def test_the_plot_title_names_the_device_and_profile():
     fig = build_figure("Soak", META, _result().windows)
     assert "Intel(R) Xeon(R) Processor (2 cores)" in fig._suptitle.get_text()
     assert "profile: cpu" in fig._suptitle.get_text()
+    plt.close(fig)
+
+
+def test_the_memory_panel_sums_the_gpu_stages_gauges_where_they_are_published():
+    pytest.importorskip("matplotlib")
+    import matplotlib.pyplot as plt
+
+    from perf.soak_plot import build_figure
+
+    windows = _result().windows
+    for window, peak in zip(windows[1:], (1000.0, 1100.0, 1100.0)):
+        window.held.update({"cuda_peak_allocated_mib.thinker": peak, "cuda_peak_allocated_mib.code2wav": 200.0})
+    fig = build_figure("Soak", META, windows)
+    lines = {line.get_label(): line for line in fig.axes[0].get_lines()}
+    peak = lines["GPU peak allocated (stages, summed)"]
+    assert list(peak.get_ydata()) == [1200.0, 1300.0, 1300.0]  # the first window had no gauge
+    assert "GPU reserved (stages, summed)" not in lines  # nobody published it: no line
     plt.close(fig)
 
 
