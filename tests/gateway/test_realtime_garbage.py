@@ -69,6 +69,17 @@ def test_an_empty_mode_is_audio(gateway):
     assert asyncio.run(scenario())["type"] == "session.queue_done"
 
 
+def test_the_gateway_declines_per_message_deflate(gateway):
+    """Reply audio barely compresses and deflating it costs the gateway milliseconds a message."""
+    async def scenario():
+        async with ws_connect(f"{gateway.ws_url}/v1/realtime?mode=audio&model=m", additional_headers=HEADERS,
+                              subprotocols=["map.realtime"], compression="deflate") as ws:
+            await asyncio.wait_for(_until(ws, "session.queue_done"), 30)
+            return ws.response.headers.get("Sec-WebSocket-Extensions")
+
+    assert asyncio.run(scenario()) is None
+
+
 def test_garbage_is_answered_while_another_session_goes_on(gateway):
     async def scenario():
         healthy = await connect(gateway.ws_url, API_KEY)
