@@ -144,7 +144,7 @@ start_server() {  # start_server NAME PORT_BASE [ENV=VALUE...]: one tritonserver
     --metrics-port $((base + 2)) --log-file "$OUT/server_$name.log" ${sets[@]+"${sets[@]}"} > "$OUT/launcher_$name.log" 2>&1 &
   SERVER_PIDS+=($!)
   local pid=$! started=$SECONDS
-  until grep -q "tritonserver ready" "$OUT/launcher_$name.log"; do
+  until grep -qs "tritonserver ready" "$OUT/launcher_$name.log"; do
     if ! kill -0 "$pid" 2>/dev/null; then
       tail -n 60 "$OUT/server_$name.log" "$OUT/launcher_$name.log"; exit 1
     fi
