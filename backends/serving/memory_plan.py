@@ -256,10 +256,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--sessions", type=int, default=0, help="override the profile's max_sessions")
     parser.add_argument("--code2wav-streams", type=int, default=-1,
                         help="override the profile's code2wav_streams (0: two per session)")
+    parser.add_argument("--window", type=int, default=0, help="override the profile's max_context_tokens")
+    parser.add_argument("--talker-window", type=int, default=0, help="override the profile's talker_context_tokens")
     args = parser.parse_args(argv)
     profile = get_profile(args.profile)
-    inputs = full_random_inputs(args.sessions or profile.max_sessions, profile.max_context_tokens,
-                                profile.talker_context_tokens, 2 if profile.dtype == "bfloat16" else 4,
+    inputs = full_random_inputs(args.sessions or profile.max_sessions, args.window or profile.max_context_tokens,
+                                args.talker_window or profile.talker_context_tokens,
+                                2 if profile.dtype == "bfloat16" else 4,
                                 args.code2wav_streams if args.code2wav_streams >= 0 else profile.code2wav_streams)
     result = plan(inputs, round(args.device_gib * GIB))
     print(result.table())

@@ -158,6 +158,15 @@ def test_the_table_prints(capsys: pytest.CaptureFixture[str]) -> None:
     assert "| thinker |" in out and "shares: thinker" in out
 
 
+def test_the_table_takes_other_windows(capsys: pytest.CaptureFixture[str]) -> None:
+    """128 sessions on an H200: not at a 4096-token Thinker window even with a quarter of the
+    sessions decoding audio at once; at 3072 tokens with half of them and a 512-token Talker."""
+    main(["--sessions", "128", "--code2wav-streams", "32", "--talker-window", "512"])
+    assert "does not fit" in capsys.readouterr().out
+    main(["--sessions", "128", "--code2wav-streams", "64", "--window", "3072", "--talker-window", "512"])
+    assert "all (128 sessions)" in (out := capsys.readouterr().out) and "(fits)" in out
+
+
 def test_the_h100_benchmark_sizing_is_a_plan_that_fits() -> None:
     """scripts/gpu_duplex_bench.sh's H100_SETS (the gpu profile at 24 sessions, hand-set
     shares): the plan for an 80 GB card holds those sessions, and the shares leave the card's
