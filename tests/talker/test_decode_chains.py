@@ -50,11 +50,12 @@ def fast_model(eos_bias: float) -> TalkerModel:
     return build_model(eos_bias, **INTERPRETED)
 
 
-def make_engine(model: TalkerModel, chains: tuple[int, ...] | None) -> TalkerEngine:
+def make_engine(model: TalkerModel, chains: tuple[int, ...] | None,
+                sizes: tuple[int, ...] = (1, 2, 4)) -> TalkerEngine:
     config = RunnerConfig(
         num_blocks=MAX_REQS * CONTEXT // BLOCK_SIZE, max_num_reqs=MAX_REQS,
         max_model_len=CONTEXT, block_size=BLOCK_SIZE, attention_backend="triton",
-        cuda_graph_sizes=(1, 2, 4),
+        cuda_graph_sizes=sizes,
     )  # fmt: skip
     return TalkerEngine(model, config, chain_lengths=chains)
 
@@ -92,11 +93,13 @@ class ChainCounter:
 
     def __init__(self, engine: TalkerEngine) -> None:
         self.lengths: list[int] = []
+        self.rows: list[int] = []
         self._chain = engine.runner.decode_chain
         engine.runner.decode_chain = self  # type: ignore[method-assign]
 
     def __call__(self, inputs, length):
         self.lengths.append(length)
+        self.rows.append(len(inputs))
         return self._chain(inputs, length)
 
 
@@ -141,6 +144,19 @@ def test_chains_stream_the_single_step_groups(eos_bias: float, plan_of) -> None:
         assert [len(codes) for codes, _ in expected["s0"][0]] == [25, 25, 25, 25, 3]
     else:
         assert any(0 < n < 25 for n in lengths)
+    assert_no_leak(chained)
+
+
+@pytest.mark.interpreter
+def test_a_chain_takes_more_rows_than_the_configured_buckets() -> None:
+    """With chains on, the decode buckets grow to every request: more sessions speaking at once
+    than the largest configured bucket (32 by default) used to fail every chain."""
+    model = fast_model(3.0)
+    stepped, chained = make_engine(model, ()), make_engine(model, CHAINS, sizes=(1,))
+    assert chained.runner.config.cuda_graph_sizes == (1, 2, 4)
+    counter = ChainCounter(chained)
+    assert run_staggered(chained, plan, 2) == run_staggered(stepped, plan, 2)
+    assert max(counter.rows) == 2, counter.rows
     assert_no_leak(chained)
 
 
