@@ -58,6 +58,7 @@ from perf.soak_report import ServerHealth, SoakResult, Window, held_text, ttfp_d
 APPEND_S = 0.2
 APPEND_SAMPLES = 3200  # 200 ms at 16 kHz
 SPEECH_APPENDS = 5  # one second of speech opens a user turn
+MESSAGES_PER_KIND = 3  # the first error messages of each kind are printed as they come
 DROP_APPENDS = 20  # a drop comes within the first 4 s of its turn: speech, reply or its audio
 TURN_TIMEOUT_S = 30.0
 ERROR_PAUSE_S = 1.0  # a worker's pause after a failed session (a restarting server refuses for a while)
@@ -81,9 +82,11 @@ class Tally:
     errors: dict[str, int] = field(default_factory=dict)
     ttfp: list[tuple[float, float]] = field(default_factory=list)  # (monotonic s, server ttfp ms)
 
-    def error(self, kind: str) -> None:
+    def error(self, kind: str, message: str = "") -> None:
         with self.lock:
-            self.errors[kind] = self.errors.get(kind, 0) + 1
+            self.errors[kind] = seen = self.errors.get(kind, 0) + 1
+        if message and seen <= MESSAGES_PER_KIND:
+            print(f"{kind}: {message}", flush=True)
 
     def count(self, name: str) -> None:
         with self.lock:
@@ -205,7 +208,7 @@ class Worker:
             self._tally.count("turns")
             return "done"
         if isinstance(event, ErrorEvent):
-            self._tally.error(f"error:{event.code}")
+            self._tally.error(f"error:{event.code}", event.message)
         elif isinstance(event, RequestFailed):
             self._tally.error("request_failed")
         return ""
