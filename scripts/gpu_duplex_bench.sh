@@ -273,10 +273,10 @@ case "${1:-}" in
                one_server_bench "${2:-}" "${3:-}" ;;
   bench-replicas) on_device; TITLE="2x H200, two full replicas (one per GPU)" replicas_bench "${2:-}" "${3:-}" ;;
   soak) on_device; soak "${2:-16}" "${3:-30}" ;;
-  # A server that outlives the call (setsid), for runs longer than one device call: `serve`
-  # starts it, `attach` benchmarks it, `soak-attach` starts a soak against it in the background
-  # (its page lands in $OUT when it ends), `down` stops it. OUT must name the same folder in
-  # each call (e.g. /tmp/run: the call's own output folder is emptied before the next).
+  # A server that outlives the command (setsid), for runs longer than a job's time limit:
+  # `serve` starts it, `attach` benchmarks it, `soak-attach` starts a soak against it in the
+  # background (its page lands in $OUT when it ends), `down` stops it. OUT must name the same
+  # folder in each command (e.g. /tmp/run).
   serve) on_device; DETACH=1 start_server main "$BASE"; SERVER_PIDS=() ;;
   attach) on_device; attached_bench "${2:-}" "${3:-}" ;;
   soak-attach) on_device; attached_soak "${2:-64}" "${3:-10}" ;;
