@@ -29,6 +29,7 @@ MODEL_NAME = "duplex"
 # The header a session-affinity load balancer hashes on (deploy/README.md "Scale-out").
 AFFINITY_HEADER = "x-session-id"
 INPUT_SAMPLE_RATE = 16000
+STREAM_ERROR_WAIT_S = 2.0  # how long a refused send waits for the broken stream's own error
 _EMPTY_PCM = np.zeros(0, dtype=np.int16)  # [0] int16: control-only requests
 
 
@@ -175,6 +176,9 @@ class DuplexSession:
                 parameters=parameters or None,
             )
         except InferenceServerException as exc:
+            # A broken stream refuses sends; its own error (why it broke, e.g. the server went
+            # away) reaches the callback at the same moment, so raise that one where it comes.
+            self._raise_stream_error(STREAM_ERROR_WAIT_S)
             raise DuplexStreamError(
                 f"session {self.session_id}: send failed: {exc.message()}"
             ) from exc
@@ -250,6 +254,13 @@ class DuplexSession:
     ) -> None:
         # Runs on tritonclient's stream thread: stamp and enqueue, nothing else.
         self._inbox.put(Arrival(time.monotonic(), result, error))
+
+    def _raise_stream_error(self, wait_s: float) -> None:
+        """Process what arrives for up to `wait_s`: the demux raises the stream's own error
+        (DuplexStreamError) when it comes. Events met on the way are dropped (audio is kept)."""
+        deadline_s = time.monotonic() + wait_s
+        while self._demux.downlink_open and (arrival := self._take(deadline_s)) is not None:
+            self._process(arrival)
 
     def _take(self, deadline_s: float) -> Arrival | None:
         try:

@@ -211,6 +211,17 @@ def test_broken_stream_raises_stream_error(session, fake):
         session.append(np.zeros(4, dtype=np.int16))
 
 
+def test_a_send_refused_by_a_broken_stream_raises_why_it_broke(session, fake):
+    """The real client refuses sends once the stream broke, while its error (the server went
+    away) is still on its way through the callback: that error is the one raised."""
+    session.start()
+    assert isinstance(session.next_event(WAIT_S), SessionCreated)
+    fake.break_stream()
+    with pytest.raises(DuplexStreamError, match="connection reset") as broken:
+        session.append(np.zeros(4, dtype=np.int16))
+    assert broken.value.code == "server_restarting"
+
+
 def test_methods_out_of_order_raise(session):
     with pytest.raises(DuplexStateError, match="cannot append in phase 'new'"):
         session.append(np.zeros(4, dtype=np.int16))
