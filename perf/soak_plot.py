@@ -39,24 +39,26 @@ def build_figure(title: str, meta: Mapping[str, Any], windows: Sequence["Window"
 
     fig, (rss_ax, ttfp_ax) = plt.subplots(1, 2, figsize=(11, 4.6))
     minutes = [w.t_s / 60.0 for w in windows]
-    rss = [(t, w.rss_mib) for t, w in zip(minutes, windows) if w.rss_mib is not None]
-    rss_ax.plot([t for t, _ in rss], [mb for _, mb in rss], "o-", markersize=3, label="server RSS (process tree)")
+    _series(rss_ax, minutes, [w.rss_mib for w in windows], "o-", "server RSS (process tree)")
     for gauge, style, label in (("cuda_peak_allocated_mib", "^-", "GPU peak allocated (stages, summed)"),
                                 ("cuda_reserved_mib", "v--", "GPU reserved (stages, summed)")):
-        gpu = [(t, stage_sum(w, gauge)) for t, w in zip(minutes, windows)]
-        kept = [(t, mb) for t, mb in gpu if mb is not None]
-        if kept:
-            rss_ax.plot([t for t, _ in kept], [mb for _, mb in kept], style, markersize=3, label=label)
+        values = [stage_sum(w, gauge) for w in windows]
+        if any(value is not None for value in values):  # GPU stages only
+            _series(rss_ax, minutes, values, style, label)
     for stat, style in (("p50", "o-"), ("p90", "s--")):
-        points = [(t, getattr(w, f"ttfp_{stat}_ms")) for t, w in zip(minutes, windows)]
-        kept = [(t, ms) for t, ms in points if ms is not None]
-        ttfp_ax.plot([t for t, _ in kept], [ms for _, ms in kept], style, markersize=3, label=f"server TTFP {stat}")
+        _series(ttfp_ax, minutes, [getattr(w, f"ttfp_{stat}_ms") for w in windows], style, f"server TTFP {stat}")
     for ax, ylabel in ((rss_ax, "memory (MiB)"), (ttfp_ax, "TTFP per window (ms)")):
         _shade_neighbour(ax, minutes, windows)
         _axes(ax, ylabel)
     fig.suptitle(plot_title(title, meta), fontsize=10)
     fig.tight_layout()
     return fig
+
+
+def _series(ax: "Axes", minutes: Sequence[float], values: Sequence[float | None], style: str, label: str) -> None:
+    """One line over the windows that have a value."""
+    kept = [(t, value) for t, value in zip(minutes, values) if value is not None]
+    ax.plot([t for t, _ in kept], [value for _, value in kept], style, markersize=3, label=label)
 
 
 def stage_sum(window: "Window", gauge: str) -> float | None:

@@ -223,9 +223,7 @@ def _drift(r: SoakResult) -> str:
 
 def _rss(windows: list[Window]) -> str:
     rss = [w.rss_mib for w in windows if w.rss_mib is not None]
-    if not rss:
-        return "not measured"
-    return f"{rss[0]:.0f} / {rss[-1]:.0f} / {max(rss):.0f} MiB (growth {rss[-1] - rss[0]:+.0f} MiB)"
+    return _first_last_max(rss) if rss else "not measured"
 
 
 GPU_PEAK = "cuda_peak_allocated_mib"  # each GPU stage's allocator peak since it became ready
@@ -233,9 +231,11 @@ GPU_PEAK = "cuda_peak_allocated_mib"  # each GPU stage's allocator peak since it
 
 def _gpu(windows: list[Window]) -> str:
     peaks = [mib for mib in (stage_sum(w, GPU_PEAK) for w in windows) if mib is not None]
-    if not peaks:
-        return "not published (no GPU stage)"
-    return f"{peaks[0]:.0f} / {peaks[-1]:.0f} / {max(peaks):.0f} MiB (growth {peaks[-1] - peaks[0]:+.0f} MiB)"
+    return _first_last_max(peaks) if peaks else "not published (no GPU stage)"
+
+
+def _first_last_max(mib: list[float]) -> str:
+    return f"{mib[0]:.0f} / {mib[-1]:.0f} / {max(mib):.0f} MiB (growth {mib[-1] - mib[0]:+.0f} MiB)"
 
 
 def _series_table(windows: list[Window]) -> list[str]:
