@@ -21,7 +21,13 @@ from backends.serving.profiles import GIB, MAX_GPU_SHARE, get_profile
 from backends.stages.code2wav_engine import DEFAULT_MAX_BATCH as CODE2WAV_MAX_BATCH
 from backends.stages.factory import BLOCK_SIZE, SLOT_MARGIN, code2wav_pool_streams
 
-SAFETY_MARGIN = 0.10  # share of each stage's computed bytes kept for what the plan misses
+# Kept for what the plan misses: a share of the estimated part (graphs and workspaces, from
+# measured constants and the largest batch) and a small one of the exact part (weights and
+# pools, computed as the engines allocate them: allocator rounding). At 100 sessions on an H200
+# every stage's serving peak stayed under its bytes before any margin
+# (perf/results/duplex_h200.md), so a margin on the exact pools would only idle memory.
+SAFETY_MARGIN = 0.10
+EXACT_MARGIN = 0.01
 # Measured constants (bf16). Thinker, after its warm-up on an H100 with 24 sessions at 4096
 # tokens (perf/results/duplex_h100.md): 36.93 GiB allocated at peak, its largest warm-up group
 # 16 sessions, so 16 encoder caches held. Weights, KV pool, logits rows and encoder caches are
@@ -55,7 +61,7 @@ class StageBytes:
 
     @property
     def margin(self) -> int:
-        return round(self.computed * SAFETY_MARGIN)
+        return round(self.workspace * SAFETY_MARGIN + (self.weights + self.state) * EXACT_MARGIN)
 
     @property
     def total(self) -> int:

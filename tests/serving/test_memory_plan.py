@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from backends.serving.memory_plan import (
-    GIB, MAX_GPU_SHARE, SAFETY_MARGIN, MemoryPlanError, PlanInputs, code2wav_bytes, full_random_inputs,
+    EXACT_MARGIN, GIB, MAX_GPU_SHARE, SAFETY_MARGIN, MemoryPlanError, PlanInputs, code2wav_bytes, full_random_inputs,
     encoder_cache_bytes, largest_fitting_sessions, main, plan, planned_shares, talker_bytes, thinker_bytes,
     thinker_fixed_workspace,
 )
@@ -159,12 +159,21 @@ def test_the_table_prints(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_the_table_takes_other_windows(capsys: pytest.CaptureFixture[str]) -> None:
-    """128 sessions on an H200: not at a 4096-token Thinker window even with a quarter of the
-    sessions decoding audio at once; at 3072 tokens with half of them and a 512-token Talker."""
+    """128 sessions on an H200 at a 4096-token Thinker window with a 512-token Talker: with a
+    quarter of them decoding audio at once, not with every one of them."""
     main(["--sessions", "128", "--code2wav-streams", "32", "--talker-window", "512"])
-    assert "does not fit" in capsys.readouterr().out
-    main(["--sessions", "128", "--code2wav-streams", "64", "--window", "3072", "--talker-window", "512"])
     assert "all (128 sessions)" in (out := capsys.readouterr().out) and "(fits)" in out
+    main(["--sessions", "128", "--code2wav-streams", "128", "--talker-window", "512"])
+    assert "does not fit" in capsys.readouterr().out
+
+
+def test_the_margin_is_mostly_on_what_the_plan_estimates() -> None:
+    """Pools and weights are computed as allocated, so more cache slots add 1 % of their bytes
+    to the margin, a larger workspace 10 %."""
+    small, large = (code2wav_bytes(full_random_inputs(16, 4096, 1024, code2wav_streams=n)) for n in (16, 32))
+    assert large.workspace == small.workspace
+    assert large.margin - small.margin == pytest.approx(EXACT_MARGIN * (large.state - small.state), abs=1)
+    assert small.margin == pytest.approx(SAFETY_MARGIN * small.workspace + EXACT_MARGIN * small.state, abs=1)
 
 
 def test_the_h100_benchmark_sizing_is_a_plan_that_fits() -> None:
