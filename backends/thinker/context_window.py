@@ -43,12 +43,18 @@ WINDOW_CONTEXT = "context"
 WINDOW_MODES = (WINDOW_OFF, WINDOW_BASIC, WINDOW_CONTEXT)
 
 
+# The official marks leave this much of a 4096-token context free above the high mark: room
+# for the append that crosses it and for a few more units while no cut is page aligned.
+MARK_HEADROOM_TOKENS = 96
+
+
 @dataclass(frozen=True, slots=True)
 class WindowConfig:
-    """Upstream's defaults (`basic_window_*_tokens`, `context_*`)."""
+    """The official duplex model's defaults (MiniCPMODuplex's `basic_window_*_tokens`,
+    `context_*`; its DuplexWindowConfig dataclass says 8000 / 6000, which that model overrides)."""
 
-    high_tokens: int = 8000  # basic: projected KV above this triggers a cut
-    low_tokens: int = 6000  # basic: a cut aims to land at or below this
+    high_tokens: int = 4000  # basic: projected KV above this triggers a cut
+    low_tokens: int = 3500  # basic: a cut aims to land at or below this
     previous_max_tokens: int = 500  # context: dropped text kept, newest first
     max_units: int = 24  # context: units kept in the prompt
 
@@ -92,8 +98,12 @@ class ContextWindow:
         self.mode = mode
         self.config = config
         self.block_size = block_size
-        self.high = min(config.high_tokens, max_len)
-        self.low = min(config.low_tokens, self.high)
+        # A smaller context (a session's max_kv_tokens) scales both marks, keeping their headroom
+        # in proportion: marks at the context itself would cut at every unit, and a cut that
+        # finds no page-aligned unit start would end the session at once.
+        scale = min(1.0, max_len / (config.high_tokens + MARK_HEADROOM_TOKENS))
+        self.high = int(config.high_tokens * scale)
+        self.low = int(config.low_tokens * scale)
         self.units: list[UnitRecord] = []
         self.prefix_len: int | None = None  # system context rows (known after the first append)
         self.previous: deque[int] = deque(maxlen=config.previous_max_tokens)

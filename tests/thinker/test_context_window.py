@@ -58,9 +58,14 @@ def test_unknown_mode_is_refused() -> None:
         ContextWindow("sliding", WindowConfig(), BS, 8192)
 
 
-def test_watermarks_are_clamped_to_the_reservation() -> None:
-    window = ContextWindow(WINDOW_BASIC, WindowConfig(), BS, max_len=4096)
-    assert (window.high, window.low) == (4096, 4096)
+def test_the_official_marks_hold_at_a_4096_token_context_and_scale_below_it() -> None:
+    """4000 / 3500 as the official duplex model sets them; a smaller context keeps their
+    proportions, so a cut leaves room to land on a page-aligned unit start."""
+    for max_len in (4096, 8192):
+        window = ContextWindow(WINDOW_BASIC, WindowConfig(), BS, max_len=max_len)
+        assert (window.high, window.low) == (4000, 3500)
+    window = ContextWindow(WINDOW_BASIC, WindowConfig(), BS, max_len=1024)
+    assert (window.high, window.low) == (1000, 875)
 
 
 def test_prefill_records_unit_starts_and_heads(
