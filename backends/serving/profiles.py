@@ -218,14 +218,14 @@ PROFILES: dict[str, Profile] = {
     # One H200 (139.8 GiB as torch reports it), every share from the memory plan (deploy/README.md
     # "Memory plan"), as many sessions as it admits: a 4096-token Thinker window per session with
     # the sliding window on (`basic` drops the oldest turns past it), and a 1024-token Talker
-    # context (a longer reply rolls over, backends/talker/rollover.py). 100 sessions, each with a
-    # Code2Wav cache slot, so all of them may speak at once: the most the plan admits so (a
-    # barge-in's new reply waits for a slot only while every other session speaks). 128 sessions
-    # fit this window only with fewer slots than sessions (deploy/README.md).
+    # context (a longer reply rolls over, backends/talker/rollover.py). 100 sessions with 64
+    # Code2Wav cache slots (replies decoding at once), as measured on an H200 to C = 96
+    # (perf/results/duplex_h200.md). The plan admits a slot per session (100) at this size; that
+    # is not measured yet. 128 sessions fit this window only with fewer slots than sessions.
     "gpu-h200": Profile(
         name="gpu-h200", instance_kind="KIND_GPU", device="cuda", dtype="bfloat16", checkpoint="full-random",
         thinker_gpus="0", talker_gpus="0", code2wav_gpus="0", gpu_memory_gib=139.8,
-        duplex_instances=4, max_sessions=100, code2wav_streams=100, max_context_tokens=4096,
+        duplex_instances=4, max_sessions=100, code2wav_streams=64, max_context_tokens=4096,
         talker_context_tokens=1024, sliding_window_mode="basic", session_voices="off",
     ),
 }
