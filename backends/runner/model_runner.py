@@ -383,7 +383,7 @@ class ModelRunner:
     def reanchor(self, request_id: str, keep_prefix: int, drop: int) -> None:
         """Drop the `drop` tokens after the first `keep_prefix` and re-RoPE the rest.
 
-        Whole pages only: both must be multiples of block_size. See `reanchor.reanchor_slot`
+        `keep_prefix` is a multiple of block_size; `drop` any count. See `reanchor.reanchor_slot`
         for the semantics (StreamingLLM-style; the request keeps its exact reservation).
         """
         self._pending.settle()

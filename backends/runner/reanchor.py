@@ -1,8 +1,10 @@
-"""KV window re-anchoring: drop whole pages after a kept prefix and re-RoPE the rest.
+"""KV window re-anchoring: drop rows after a page-aligned kept prefix and re-RoPE the rest.
 
-The retained keys after the cut are rotated by -drop positions in every layer (values
-untouched), so every retained token sits at RoPE position == its new KV index and new rows
-continue from there. In layer 0 this is exactly a fresh prefill of the retained tokens; deeper
+Whole pages of the dropped rows leave the request's page chain; when the drop is not a whole
+number of pages, the retained rows then move down by the remainder inside their pages (keys and
+values of every layer), so a cut can land on any unit boundary. The retained keys are rotated
+by -drop positions in every layer (values untouched), so every retained token sits at RoPE
+position == its new KV index and new rows continue from there. In layer 0 this is exactly a fresh prefill of the retained tokens; deeper
 layers keep the context their K/V was computed with (StreamingLLM semantics; a full re-prefill
 is the only way to forget it). The dropped pages move to the end of the request's block-table
 row instead of back to the pool: the request keeps its exact reservation and can grow to
@@ -12,6 +14,7 @@ max_len again.
 from __future__ import annotations
 
 import numpy as np
+import torch
 
 from backends.runner.block_table import BlockTable
 from backends.runner.host_staging import to_device
@@ -23,12 +26,12 @@ from backends.runner.rope import RotaryEmbedding
 def check_reanchor(
     request_id: str, keep_prefix: int, drop: int, num_computed: int, block_size: int
 ) -> None:
-    """Raise ValueError unless the cut is whole pages inside the `num_computed` tokens."""
-    bs = block_size
-    if keep_prefix < 0 or drop < 0 or keep_prefix % bs or drop % bs:
+    """Raise ValueError unless the cut keeps whole pages and lies inside the `num_computed`
+    tokens."""
+    if keep_prefix < 0 or drop < 0 or keep_prefix % block_size:
         raise ValueError(
-            f"request {request_id!r}: reanchor keep_prefix={keep_prefix} and drop={drop} "
-            f"must be non-negative multiples of block_size {bs}"
+            f"request {request_id!r}: reanchor keep_prefix={keep_prefix} must be a non-negative "
+            f"multiple of block_size {block_size} and drop={drop} non-negative"
         )
     if keep_prefix + drop > num_computed:
         raise ValueError(
@@ -50,14 +53,29 @@ def reanchor_slot(
     if drop == 0:
         return
     bs = kv.block_size
-    num_computed = int(states.num_computed_tokens_np[slot])
+    num_kept = int(states.num_computed_tokens_np[slot]) - keep_prefix - drop
     first_kept = keep_prefix // bs
-    block_table.move_pages_to_end(slot, first_kept, drop // bs)
-    num_retained_pages = -(-(num_computed - keep_prefix - drop) // bs)
-    retained = block_table.row(slot)[first_kept : first_kept + num_retained_pages]
+    whole_pages, rows_left = divmod(drop, bs)
+    block_table.move_pages_to_end(slot, first_kept, whole_pages)
+    if rows_left and num_kept:
+        pages = block_table.row(slot)[first_kept : first_kept + -(-(rows_left + num_kept) // bs)]
+        shift_rows(kv, pages, rows_left, num_kept)
+    retained = block_table.row(slot)[first_kept : first_kept + -(-num_kept // bs)]
     if retained:
         rotate_keys(kv, rotary, retained, -drop)
     states.drop_tokens(slot, keep_prefix, drop)
+
+
+def shift_rows(kv: KVCache, block_ids: list[int], shift: int, count: int) -> None:
+    """Read `block_ids` as one run of rows and move rows [shift, shift + count) to [0, count),
+    keys and values of every layer; a layer at a time, so the copy is one layer's pages."""
+    bs = kv.block_size
+    index = to_device(np.asarray(block_ids, dtype=np.int64), kv.data.device)
+    for layer in kv.data:  # [2, num_blocks, block_size, num_kv_heads, head_dim]
+        rows = layer.index_select(1, index).flatten(1, 2)
+        moved = torch.zeros_like(rows)
+        moved[:, :count] = rows[:, shift : shift + count]
+        layer.index_copy_(1, index, moved.unflatten(1, (len(block_ids), bs)))
 
 
 def rotate_keys(kv: KVCache, rotary: RotaryEmbedding, block_ids: list[int], delta: int) -> None:

@@ -6,16 +6,13 @@ Modes (chosen per session at START, immutable afterwards):
   context is full, then ends with `context_length_exceeded`.
 - `basic`: in-place re-anchoring on the runner (the newer upstream design, without re-prefill).
   When an append plus a unit's decode would take the KV past the high watermark, the oldest
-  whole units are dropped so it lands at (or as near as possible above) the low watermark.
-  The runner drops whole pages after a kept prefix and re-rotates the kept keys, so the cut
-  must be page aligned and land on a unit start. A unit may start at its `<unit>` row (what a
-  first append looks like) or at the rows that open it in its append (the re-injected
-  terminator and `</unit>`, as the upstream unit records count them); either keeps units
-  whole, and two candidates per unit double the chance of a page-aligned one. The kept prefix
-  (the attention sink) is the system context rounded up to a whole page: when the context
-  does not end on a page boundary, the head of the first unit shares its last page and stays
-  with it. If no unit start is page aligned the window waits for a later append; a session
-  that reaches its reserved context without a valid cut ends with `context_length_exceeded`.
+  whole units are dropped so it lands at (or as near as possible above) the low watermark. A
+  unit starts at the rows that open it in its append (the re-injected terminator and
+  `</unit>`, as the upstream unit records count them), or at its `<unit>` row in a first
+  append. The kept prefix (the attention sink) is the system context rounded up to a whole
+  page (the runner keeps whole pages before a cut): when the context does not end on a page
+  boundary, the head of the first unit shares its last page and stays with it. A session that
+  reaches its reserved context with nothing left to drop ends with `context_length_exceeded`.
   Deeper layers keep the context their K/V was computed with (StreamingLLM semantics).
 - `context`: at most `max_units` units stay; the sampled text of dropped units accumulates
   (at most `previous_max_tokens` tokens, newest kept) and is shown after the instructions
@@ -44,7 +41,7 @@ WINDOW_MODES = (WINDOW_OFF, WINDOW_BASIC, WINDOW_CONTEXT)
 
 
 # The official marks leave this much of a 4096-token context free above the high mark: room
-# for the append that crosses it and for a few more units while no cut is page aligned.
+# for the append that crosses it.
 MARK_HEADROOM_TOKENS = 96
 
 
@@ -98,9 +95,8 @@ class ContextWindow:
         self.mode = mode
         self.config = config
         self.block_size = block_size
-        # A smaller context (a session's max_kv_tokens) scales both marks, keeping their headroom
-        # in proportion: marks at the context itself would cut at every unit, and a cut that
-        # finds no page-aligned unit start would end the session at once.
+        # A smaller context (a session's max_kv_tokens) scales both marks, keeping their gaps in
+        # proportion: marks at the context itself would cut (and re-rotate the KV) every unit.
         scale = min(1.0, max_len / (config.high_tokens + MARK_HEADROOM_TOKENS))
         self.high = int(config.high_tokens * scale)
         self.low = int(config.low_tokens * scale)
@@ -155,8 +151,7 @@ class ContextWindow:
             return None
         bs = self.block_size
         sink = -(-self.prefix_len // bs) * bs
-        candidates = (s for u in self.units for s in (u.start - u.head, u.start))
-        starts = sorted({s for s in candidates if s > sink and s % bs == 0})
+        starts = [u.start - u.head for u in self.units if u.start - u.head > sink]
         if not starts:
             return None
         landing = [s for s in starts if projected - (s - sink) <= self.low]

@@ -149,7 +149,7 @@ def _reanchor_pair(
     return cut, fresh
 
 
-@pytest.mark.parametrize("keep,drop", [(0, 8), (8, 12), (4, 4), (8, 24)])
+@pytest.mark.parametrize("keep,drop", [(0, 8), (8, 12), (4, 4), (8, 24), (0, 7), (4, 13), (8, 26)])
 def test_reanchor_equals_fresh_prefill_of_retained(
     make_runner, qwen3_one_layer, keep, drop
 ) -> None:
@@ -172,8 +172,9 @@ def test_reanchor_multilayer_equals_masked_reference(make_runner, hf_qwen3, qwen
     """Deeper layers keep the context their K/V was computed with (StreamingLLM semantics), so
     the reference is HF over the whole sequence at the original positions with the dropped
     tokens masked out for the new rows only: with no kept prefix, every relative distance is
-    the same as after the -drop rotation."""
-    ids, tail, drop = prompt(15, 30), prompt(16, 5), 12
+    the same as after the -drop rotation. The drop is not a whole number of pages, so the kept
+    rows also move down inside their pages."""
+    ids, tail, drop = prompt(15, 30), prompt(16, 5), 13
     cut = make_runner()
     cut.add_request("r", GREEDY)
     cut.step([StepInput("r", ids, None, sample=False)])
@@ -226,7 +227,7 @@ def test_reanchor_repeated_drift_stays_small(make_runner, qwen3_one_layer) -> No
     torch.testing.assert_close(got, ref, atol=5 * HIDDEN_ATOL, rtol=0)
 
 
-@pytest.mark.parametrize("keep,drop", [(2, 4), (4, 3), (-4, 4), (8, 32)])
+@pytest.mark.parametrize("keep,drop", [(2, 4), (4, -3), (-4, 4), (8, 32)])
 def test_reanchor_rejects_bad_cuts(make_runner, keep, drop) -> None:
     runner = make_runner()
     runner.add_request("r", GREEDY)

@@ -112,6 +112,22 @@ def test_fast_path_matches_cpu_reference(cpu_model, make_gpu_model, dtype, bound
         assert [[r.token for r in s] for s in got] == [[r.token for r in s] for s in expected]
 
 
+@pytest.mark.parametrize("keep,drop", [(16, 37), (0, 5), (32, 16)])
+def test_reanchor_on_the_fast_path_matches_cpu_reference(cpu_model, make_gpu_model, keep, drop) -> None:
+    """A cut on the CUDA KV pages (whole pages out of the chain, the remainder moved inside the
+    pages, keys re-rotated) leaves the same cache as on the CPU reference path."""
+    def cut_then_append(runner):
+        runner.add_request("r", SamplingParams())
+        runner.step([StepInput("r", list(range(1, 80)), sample=False)])
+        runner.reanchor("r", keep_prefix=keep, drop=drop)
+        return runner.step([StepInput("r", [7, 8, 9], capture_hidden=True)])[0]
+
+    ref = cut_then_append(runner_for(cpu_model))
+    got = cut_then_append(runner_for(make_gpu_model(torch.float32)))
+    assert got.positions == ref.positions == list(range(79 - drop, 82 - drop))
+    assert rel_error(got.hidden, ref.hidden) < FP32_REL
+
+
 def test_graph_replay_equals_eager(make_gpu_model) -> None:
     model = make_gpu_model(torch.bfloat16)
     graphed = runner_for(model)

@@ -101,24 +101,25 @@ def test_no_cut_below_the_high_watermark_or_outside_basic() -> None:
     assert window.plan_cut(170, 30) is None  # 200 is not above high
 
 
-def test_cut_lands_at_the_first_aligned_start_reaching_low() -> None:
+def test_cut_lands_at_the_first_unit_start_reaching_low() -> None:
     """Sink = 20 rounded up = 32. Projected 230: landing <= 100 needs a drop >= 130, so the
-    cut end must be >= 162: 176 (a head row 178 - 2) is the first aligned candidate."""
+    cut end must be >= 162: 163 (the unit at 165 opens with 2 head rows) is the first unit
+    start; no page alignment is needed."""
     window = _window()
-    _with_units(window, 20, [(20, 0), (48, 2), (113, 2), (150, 2), (178, 2), (210, 2)])
-    assert window.plan_cut(200, 30) == Cut(keep_prefix=32, drop=144)
+    _with_units(window, 20, [(20, 0), (48, 2), (113, 2), (150, 2), (165, 2), (210, 2)])
+    assert window.plan_cut(200, 30) == Cut(keep_prefix=32, drop=131)
 
 
-def test_cut_falls_back_to_the_largest_aligned_start() -> None:
-    """No candidate lands at low: take the most that can be dropped (end 112 = 114 - 2)."""
+def test_cut_falls_back_to_the_last_unit_start() -> None:
+    """No start lands at low: take the most that can be dropped (end 148 = 150 - 2)."""
     window = _window()
     _with_units(window, 20, [(20, 0), (48, 2), (114, 2), (150, 2)])
-    assert window.plan_cut(300, 30) == Cut(keep_prefix=32, drop=80)
+    assert window.plan_cut(300, 30) == Cut(keep_prefix=32, drop=116)
 
 
-def test_no_aligned_start_means_no_cut() -> None:
+def test_nothing_after_the_sink_means_no_cut() -> None:
     window = _window()
-    _with_units(window, 20, [(20, 0), (32, 0), (51, 2), (75, 2), (101, 1)])
+    _with_units(window, 20, [(20, 0), (34, 2)])
     assert window.plan_cut(300, 30) is None  # 32 is the sink itself: nothing to drop
 
 
