@@ -47,11 +47,15 @@ RowSampler = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 _Output = TypeVar("_Output")
 
 
-def bucket_sizes(requested: Sequence[int], max_num_reqs: int) -> tuple[int, ...]:
+def bucket_sizes(requested: Sequence[int], max_num_reqs: int, cover_every_batch: bool = False) -> tuple[int, ...]:
     """The requested sizes that fit `max_num_reqs`, plus the largest batch that can occur
-    when it falls between two requested sizes."""
-    sizes = {size for size in requested if size <= max_num_reqs}
-    sizes.add(min(max_num_reqs, max(requested)))
+    when it falls between two requested sizes. `cover_every_batch` (decode chains, which run
+    only as graphs of a bucket) goes on doubling past the requested sizes up to every request."""
+    largest = min(max_num_reqs, max(requested))
+    sizes = {size for size in requested if size <= max_num_reqs} | {largest}
+    while cover_every_batch and largest < max_num_reqs:
+        largest = min(2 * largest, max_num_reqs)
+        sizes.add(largest)
     return tuple(sorted(sizes))
 
 

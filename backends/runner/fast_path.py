@@ -70,7 +70,7 @@ class FastPath:
         self.block_table = block_table
         # the processor's fused draw where it has one (CUDA), else the torch sampler
         self.sampling = sampling_states_for(config.max_num_reqs, kv.data.device, processor)
-        sizes = bucket_sizes(config.cuda_graph_sizes, config.max_num_reqs)
+        sizes = bucket_sizes(config.cuda_graph_sizes, config.max_num_reqs, bool(config.decode_chain_lengths))
         self.graphs = DecodeGraphs(
             model,
             kv,

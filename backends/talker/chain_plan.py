@@ -39,19 +39,7 @@ def chain_config(
     elif lengths is None:
         lengths = runner_config.decode_chain_lengths
         lengths = DEFAULT_CHAIN_LENGTHS if lengths is None else lengths
-    sizes = chain_buckets(runner_config.cuda_graph_sizes, runner_config.max_num_reqs) if lengths else None
-    return dataclasses.replace(runner_config, decode_chain_lengths=lengths,
-                               cuda_graph_sizes=sizes or runner_config.cuda_graph_sizes)
-
-
-def chain_buckets(sizes: tuple[int, ...], max_num_reqs: int) -> tuple[int, ...]:
-    """Decode buckets up to every request: a chain runs all speaking sessions in one graph, and
-    cannot run more rows than its largest bucket (doubling past the configured sizes)."""
-    extra, size = [], max(sizes)
-    while size < max_num_reqs:
-        size = min(2 * size, max_num_reqs)
-        extra.append(size)
-    return (*sizes, *extra)
+    return dataclasses.replace(runner_config, decode_chain_lengths=lengths)
 
 
 def is_plain_decode(step_input: StepInput) -> bool:

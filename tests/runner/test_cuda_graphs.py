@@ -23,6 +23,14 @@ def test_bucket_sizes_fit_max_num_reqs() -> None:
     assert bucket_sizes((4,), 2) == (2,)
 
 
+def test_with_decode_chains_the_buckets_reach_every_request() -> None:
+    """A chain runs only as one bucket's graph, so the buckets double up to max_num_reqs."""
+    assert bucket_sizes((1, 2, 4, 8, 16, 32), 102, True) == (1, 2, 4, 8, 16, 32, 64, 102)
+    assert bucket_sizes((1, 2, 4, 8, 16, 32), 32, True) == (1, 2, 4, 8, 16, 32)
+    assert bucket_sizes((1, 2, 4, 8, 16, 32), 6, True) == (1, 2, 4, 6)
+    assert bucket_sizes((1,), 5, True) == (1, 2, 4, 5)
+
+
 def test_stage_fills_real_and_padding_rows(qwen3) -> None:
     kv = KVCache(qwen3.num_layers, 9, 4, qwen3.num_kv_heads, qwen3.head_dim, torch.float32, "cpu")
     graphs = DecodeGraphs(qwen3, kv, (1, 2, 4), 3, pad_block=8, max_seq_len=12)

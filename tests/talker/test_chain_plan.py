@@ -13,7 +13,7 @@ from types import SimpleNamespace
 import torch
 
 from backends.runner.types import RunnerConfig, StepInput
-from backends.talker.chain_plan import DEFAULT_CHAIN_LENGTHS, chain_buckets, chain_config, chain_length
+from backends.talker.chain_plan import DEFAULT_CHAIN_LENGTHS, chain_config, chain_length
 
 DECODE = StepInput("r", [5])
 PREFILL = StepInput("r", [0, 0], torch.zeros(2, 4))
@@ -47,12 +47,3 @@ def test_chain_config() -> None:
     configured = RunnerConfig(num_blocks=4, max_num_reqs=2, max_model_len=16,
                               attention_backend="triton", decode_chain_lengths=())  # fmt: skip
     assert chain_config(configured, None, True).decode_chain_lengths == ()
-
-
-def test_with_chains_the_buckets_reach_every_request() -> None:
-    assert chain_buckets((1, 2, 4, 8, 16, 32), 102) == (1, 2, 4, 8, 16, 32, 64, 102)
-    assert chain_buckets((1, 2, 4, 8, 16, 32), 32) == (1, 2, 4, 8, 16, 32)
-    assert chain_buckets((1, 2, 4, 8, 16, 32), 6) == (1, 2, 4, 8, 16, 32)
-    many = RunnerConfig(num_blocks=4, max_num_reqs=74, max_model_len=16, attention_backend="triton")
-    assert chain_config(many, None, True).cuda_graph_sizes == (1, 2, 4, 8, 16, 32, 64, 74)
-    assert chain_config(many, (), True).cuda_graph_sizes == many.cuda_graph_sizes  # chains off

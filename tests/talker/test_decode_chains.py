@@ -153,7 +153,7 @@ def test_a_chain_takes_more_rows_than_the_configured_buckets() -> None:
     than the largest configured bucket (32 by default) used to fail every chain."""
     model = fast_model(3.0)
     stepped, chained = make_engine(model, ()), make_engine(model, CHAINS, sizes=(1,))
-    assert chained.runner.config.cuda_graph_sizes == (1, 2, 4)
+    assert chained.runner.fast_path.graphs.sizes == (1, 2, 4)  # configured (1,), MAX_REQS 4
     counter = ChainCounter(chained)
     assert run_staggered(chained, plan, 2) == run_staggered(stepped, plan, 2)
     assert max(counter.rows) == 2, counter.rows
