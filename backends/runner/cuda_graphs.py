@@ -47,7 +47,9 @@ RowSampler = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 _Output = TypeVar("_Output")
 
 
-def bucket_sizes(requested: Sequence[int], max_num_reqs: int, cover_every_batch: bool = False) -> tuple[int, ...]:
+def bucket_sizes(
+    requested: Sequence[int], max_num_reqs: int, cover_every_batch: bool = False
+) -> tuple[int, ...]:
     """The requested sizes that fit `max_num_reqs`, plus the largest batch that can occur
     when it falls between two requested sizes. `cover_every_batch` (decode chains, which run
     only as graphs of a bucket) goes on doubling past the requested sizes up to every request."""

@@ -4,11 +4,11 @@ Whole pages of the dropped rows leave the request's page chain; when the drop is
 number of pages, the retained rows then move down by the remainder inside their pages (keys and
 values of every layer), so a cut can land on any unit boundary. The retained keys are rotated
 by -drop positions in every layer (values untouched), so every retained token sits at RoPE
-position == its new KV index and new rows continue from there. In layer 0 this is exactly a fresh prefill of the retained tokens; deeper
-layers keep the context their K/V was computed with (StreamingLLM semantics; a full re-prefill
-is the only way to forget it). The dropped pages move to the end of the request's block-table
-row instead of back to the pool: the request keeps its exact reservation and can grow to
-max_len again.
+position == its new KV index and new rows continue from there. In layer 0 this is exactly a
+fresh prefill of the retained tokens; deeper layers keep the context their K/V was computed
+with (StreamingLLM semantics; a full re-prefill is the only way to forget it). The dropped pages
+move to the end of the request's block-table row instead of back to the pool: the request keeps
+its exact reservation and can grow to max_len again.
 """
 
 from __future__ import annotations
