@@ -2,13 +2,13 @@
 
 Whole pages of the dropped rows leave the request's page chain; when the drop is not a whole
 number of pages, the retained rows then move down by the remainder inside their pages (keys and
-values of every layer), so a cut can land on any unit boundary. The retained keys are rotated
-by -drop positions in every layer (values untouched), so every retained token sits at RoPE
-position == its new KV index and new rows continue from there. In layer 0 this is exactly a
-fresh prefill of the retained tokens; deeper layers keep the context their K/V was computed
-with (StreamingLLM semantics; a full re-prefill is the only way to forget it). The dropped pages
-move to the end of the request's block-table row instead of back to the pool: the request keeps
-its exact reservation and can grow to max_len again.
+values of every layer, the keys rotated in the same pass), so a cut can land on any unit
+boundary. The retained keys are rotated by -drop positions in every layer (values untouched),
+so every retained token sits at RoPE position == its new KV index and new rows continue from
+there. In layer 0 this is exactly a fresh prefill of the retained tokens; deeper layers keep
+the context their K/V was computed with (StreamingLLM semantics; a full re-prefill is the only
+way to forget it). The dropped pages move to the end of the request's block-table row instead
+of back to the pool: the request keeps its exact reservation and can grow to max_len again.
 """
 
 from __future__ import annotations
@@ -59,22 +59,24 @@ def reanchor_slot(
     block_table.move_pages_to_end(slot, first_kept, whole_pages)
     if rows_left and num_kept:
         pages = block_table.row(slot)[first_kept : first_kept + -(-(rows_left + num_kept) // bs)]
-        shift_rows(kv, pages, rows_left, num_kept)
-    retained = block_table.row(slot)[first_kept : first_kept + -(-num_kept // bs)]
-    if retained:
-        rotate_keys(kv, rotary, retained, -drop)
+        shift_and_rotate(kv, rotary, pages, rows_left, num_kept, -drop)
+    elif num_kept:
+        rotate_keys(kv, rotary, block_table.row(slot)[first_kept : first_kept + -(-num_kept // bs)], -drop)
     states.drop_tokens(slot, keep_prefix, drop)
 
 
-def shift_rows(kv: KVCache, block_ids: list[int], shift: int, count: int) -> None:
+def shift_and_rotate(kv: KVCache, rotary: RotaryEmbedding, block_ids: list[int], shift: int, count: int,
+                     delta: int) -> None:
     """Read `block_ids` as one run of rows and move rows [shift, shift + count) to [0, count),
-    keys and values of every layer; a layer at a time, so the copy is one layer's pages."""
+    keys rotated by `delta` positions on the way, values as they are; a layer at a time, so the
+    copy is one layer's pages."""
     bs = kv.block_size
     index = to_device(np.asarray(block_ids, dtype=np.int64), kv.data.device)
     for layer in kv.data:  # [2, num_blocks, block_size, num_kv_heads, head_dim]
         rows = layer.index_select(1, index).flatten(1, 2)
         moved = torch.zeros_like(rows)
-        moved[:, :count] = rows[:, shift : shift + count]
+        moved[0, :count] = rotary.rerotate_keys(rows[0, shift : shift + count], delta)
+        moved[1, :count] = rows[1, shift : shift + count]
         layer.index_copy_(1, index, moved.unflatten(1, (len(block_ids), bs)))
 
 

@@ -60,7 +60,7 @@ def test_unknown_mode_is_refused() -> None:
 
 def test_the_official_marks_hold_at_a_4096_token_context_and_scale_below_it() -> None:
     """4000 / 3500 as the official duplex model sets them; a smaller context keeps their
-    proportions, so a cut leaves room to land on a page-aligned unit start."""
+    proportions, so a full session does not cut at every unit."""
     for max_len in (4096, 8192):
         window = ContextWindow(WINDOW_BASIC, WindowConfig(), BS, max_len=max_len)
         assert (window.high, window.low) == (4000, 3500)
