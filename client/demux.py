@@ -2,7 +2,9 @@
 
 The START request (id `DOWNLINK_REQUEST_ID`) carries the downlink: one event per response,
 ending with a FINAL (empty, or on the last event). Every other request gets exactly one empty
-FINAL at once. Triton reports an in-band error without the request id, so such an error
+FINAL at once, except a downlink move (`action=move_downlink`): once the server takes it, the
+current downlink request ends with a `downlink.moved` event and the move request carries the
+downlink from then on. Triton reports an in-band error without the request id, so such an error
 becomes a `RequestFailed` event and stands for the FINAL of some unanswered request; when no
 uplink request can own it, it was START's and the downlink is over.
 """
@@ -24,6 +26,7 @@ from client.events import (
 )
 
 DOWNLINK_REQUEST_ID = "downlink"
+DOWNLINK_MOVED_TYPE = "downlink.moved"  # never shown to the caller: the demux follows the move
 FINAL_PARAMETER = "triton_final_response"
 
 SERVER_GONE_STATUS = "StatusCode.UNAVAILABLE"  # tritonclient's status when the server went away
@@ -43,9 +46,20 @@ class DownlinkDemux:
 
     def __init__(self, session_id: str | int):
         self.session_id = session_id
-        self.downlink_open = False
+        self._downlinks: list[str] = []  # request ids carrying the downlink, without a FINAL
+        self._moving: str | None = None  # a move request the server has not taken yet
+        self._ended: set[str] = set()  # request ids that carried the downlink up to their FINAL
         self._pending_uplink: set[str] = set()  # uplink request ids without a FINAL
         self._num_failed = 0  # in-band errors, each the FINAL of an unnamed uplink request
+
+    @property
+    def downlink_open(self) -> bool:
+        return bool(self._downlinks)
+
+    @property
+    def moving(self) -> bool:
+        """A downlink move was sent and the server has not taken it yet."""
+        return self._moving is not None
 
     @property
     def num_pending_uplink(self) -> int:
@@ -57,12 +71,20 @@ class DownlinkDemux:
         return not self.downlink_open and self.num_pending_uplink <= 0
 
     def open_downlink(self) -> None:
-        self.downlink_open = True
+        self._downlinks = [DOWNLINK_REQUEST_ID]
 
     def expect_uplink(self, request_id: str) -> None:
-        if request_id == DOWNLINK_REQUEST_ID or request_id in self._pending_uplink:
+        if request_id in self._downlinks or request_id in self._ended or request_id in self._pending_uplink:
             raise ValueError(f"uplink request id {request_id!r} is already in use")
         self._pending_uplink.add(request_id)
+
+    def expect_move(self, request_id: str) -> None:
+        """`request_id` asks the server to carry the downlink. Until the server takes it, it
+        counts as an uplink request: refused, it gets an in-band error like any other."""
+        if self._moving is not None:
+            raise ValueError(f"downlink move {self._moving!r} is still under way")
+        self.expect_uplink(request_id)
+        self._moving = request_id
 
     def process(self, arrival: Arrival) -> DuplexEvent | None:
         """The event this arrival carries, if any; raises on a broken stream or contract."""
@@ -73,8 +95,12 @@ class DownlinkDemux:
             FINAL_PARAMETER in response.parameters
             and response.parameters[FINAL_PARAMETER].bool_param
         )
-        if response.id == DOWNLINK_REQUEST_ID:
-            return self._on_downlink(arrival, is_final)
+        if response.id == self._moving:  # the move request answers: it carries the downlink
+            self._take_move()
+        if response.id in self._downlinks:
+            return self._on_downlink(response.id, arrival, is_final)
+        if response.id in self._ended:
+            raise self._fail("downlink response after its FINAL")
         self._on_uplink(response.id, [output.name for output in response.outputs], is_final)
         return None
 
@@ -91,19 +117,34 @@ class DownlinkDemux:
             )
         self._pending_uplink.discard(request_id)
         if self.downlink_open and self._num_failed > len(self._pending_uplink):
-            # More unnamed failures than unanswered uplinks: one of them was START's.
+            # More unnamed failures than unanswered uplinks: one of them was the downlink's.
             self._num_failed -= 1
-            self.downlink_open = False
+            self._downlinks.clear()
 
-    def _on_downlink(self, arrival: Arrival, is_final: bool) -> DuplexEvent | None:
-        if not self.downlink_open:
-            raise self._fail("downlink response after its FINAL")
+    def _take_move(self) -> None:
+        assert self._moving is not None
+        self._pending_uplink.discard(self._moving)
+        self._downlinks.append(self._moving)
+        self._moving = None
+
+    def _on_downlink(self, request_id: str, arrival: Arrival, is_final: bool) -> DuplexEvent | None:
         event = self._parse(arrival)
+        if event is not None and event.type == DOWNLINK_MOVED_TYPE:
+            if not is_final or self._moving is None and len(self._downlinks) < 2:
+                raise self._fail(f"{DOWNLINK_MOVED_TYPE} without a move under way, or not final")
+            if self._moving is not None:
+                self._take_move()
+            self._end_downlink(request_id)
+            return None
         if is_final:
-            self.downlink_open = False
+            self._end_downlink(request_id)
         elif event is None:
             raise self._fail("non-final downlink response without EVENT")
         return event
+
+    def _end_downlink(self, request_id: str) -> None:
+        self._downlinks.remove(request_id)
+        self._ended.add(request_id)
 
     def _parse(self, arrival: Arrival) -> DuplexEvent | None:
         payload = arrival.result.as_numpy("EVENT")  # [1] object (bytes), or None
@@ -120,7 +161,8 @@ class DownlinkDemux:
     def _on_error(self, error: InferenceServerException, received_s: float) -> RequestFailed:
         if error.status() is not None:
             # A gRPC status means the stream itself ended: nothing more will arrive.
-            self.downlink_open = False
+            self._downlinks.clear()
+            self._moving = None
             self._pending_uplink.clear()
             self._num_failed = 0
             if error.status() == SERVER_GONE_STATUS:
@@ -134,7 +176,7 @@ class DownlinkDemux:
                 f" {error.message()}"
             )
         if self.downlink_open and self.num_pending_uplink <= 0:
-            self.downlink_open = False  # no unanswered uplink request can own it: START's
+            self._downlinks.clear()  # no unanswered uplink request can own it: the downlink's
         else:
             self._num_failed += 1
         return RequestFailed(REQUEST_FAILED_TYPE, self.session_id, received_s, error.message())

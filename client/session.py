@@ -30,6 +30,9 @@ MODEL_NAME = "duplex"
 AFFINITY_HEADER = "x-session-id"
 INPUT_SAMPLE_RATE = 16000
 STREAM_ERROR_WAIT_S = 2.0  # how long a refused send waits for the broken stream's own error
+# How often a session moves its downlink to a fresh request: the server keeps per open request
+# what it answered on it until its FINAL (docs/triton_behaviours.md), ~4 MiB a minute of audio.
+DOWNLINK_MOVE_S = 120.0
 _EMPTY_PCM = np.zeros(0, dtype=np.int16)  # [0] int16: control-only requests
 
 
@@ -61,7 +64,7 @@ class DuplexSession:
     """A client session of the `duplex` model: uplink requests in, downlink events out."""
 
     def __init__(self, client: StreamClient, session_id: str | int, *, model_name: str = MODEL_NAME,
-                 headers: dict[str, str] | None = None):
+                 headers: dict[str, str] | None = None, downlink_move_s: float | None = DOWNLINK_MOVE_S):
         if isinstance(session_id, bool) or session_id in (0, ""):
             raise ValueError(
                 f"session_id must be a non-empty string or a non-zero int, got {session_id!r}"
@@ -76,19 +79,24 @@ class DuplexSession:
         self._demux = DownlinkDemux(session_id)
         self._phase = _Phase.NEW
         self._num_uplink = 0
+        self._downlink_move_s = downlink_move_s  # None: the START request carries it to the end
+        self._downlink_since_s = 0.0  # when the downlink last moved (or START)
+        self.num_downlink_moves = 0
         self._admitted = False  # session.created arrived
         self._refused = False  # START answered without session.created
         self._chunks: list[tuple[str, np.ndarray]] = []  # (response_id, [n] int16 24 kHz)
 
     @classmethod
     def connect(cls, url: str, session_id: str | int | None = None, *, model_name: str = MODEL_NAME,
-                affinity_header: str | None = None) -> DuplexSession:
+                affinity_header: str | None = None,
+                downlink_move_s: float | None = DOWNLINK_MOVE_S) -> DuplexSession:
         """A session on its own `InferenceServerClient` (`url` is host:port of gRPC).
         `affinity_header` (e.g. AFFINITY_HEADER) sends the session id in that header, which a
         load balancer hashes on to keep every stream of the session on one replica."""
         sid = session_id if session_id is not None else f"client-{uuid.uuid4().hex[:12]}"
         headers = {affinity_header: str(sid)} if affinity_header else None
-        return cls(InferenceServerClient(url=url), sid, model_name=model_name, headers=headers)
+        return cls(InferenceServerClient(url=url), sid, model_name=model_name, headers=headers,
+                   downlink_move_s=downlink_move_s)
 
     def _header_kwargs(self) -> dict[str, Any]:
         return {"headers": dict(self._headers)} if self._headers else {}
@@ -119,14 +127,27 @@ class DuplexSession:
         self._phase = _Phase.OPEN
         self._demux.open_downlink()
         parameters = (params or SessionParams()).to_parameters()
-        self.started_s = self._send(_EMPTY_PCM, parameters, start=True, ref_audio=ref_audio)
+        self.started_s = self._downlink_since_s = self._send(_EMPTY_PCM, parameters, start=True, ref_audio=ref_audio)
         return self.started_s
 
     def append(self, pcm16: np.ndarray) -> float:
-        """Send `pcm16`: [n] int16 mono 16 kHz. Returns the send time (time.monotonic())."""
+        """Send `pcm16`: [n] int16 mono 16 kHz. Returns the send time (time.monotonic()).
+        Every `downlink_move_s` it first moves the downlink (`move_downlink`)."""
         self._require(_Phase.OPEN, "append")
         _check_pcm(pcm16, "pcm16")
+        if self._downlink_move_s is not None and time.monotonic() - self._downlink_since_s >= self._downlink_move_s:
+            self.move_downlink()
         return self._send(pcm16, {"action": "append", "sample_rate": INPUT_SAMPLE_RATE})
+
+    def move_downlink(self) -> float | None:
+        """Ask the server to carry the downlink on a fresh request; the events go on in order.
+        None (nothing sent) while the last move is under way or when the START was refused."""
+        self._require(_Phase.OPEN, "move the downlink")
+        if self._demux.moving or self._refused:
+            return None
+        self._downlink_since_s = sent_s = self._send(_EMPTY_PCM, {"action": "move_downlink"}, move=True)
+        self.num_downlink_moves += 1
+        return sent_s
 
     def commit(self) -> float:
         self._require(_Phase.OPEN, "commit")
@@ -157,6 +178,7 @@ class DuplexSession:
         *,
         start: bool = False,
         end: bool = False,
+        move: bool = False,
         ref_audio: np.ndarray | None = None,
     ) -> float:
         request_id = DOWNLINK_REQUEST_ID if start else f"uplink-{self._num_uplink + 1}"
@@ -184,7 +206,7 @@ class DuplexSession:
             ) from exc
         if not start:
             self._num_uplink += 1
-            self._demux.expect_uplink(request_id)
+            (self._demux.expect_move if move else self._demux.expect_uplink)(request_id)
         return sent_s
 
     def _require(self, phase: _Phase, action: str) -> None:

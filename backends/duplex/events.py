@@ -16,6 +16,7 @@ RESPONSE_AUDIO_DELTA = "response.audio.delta"
 RESPONSE_DONE = "response.done"
 ERROR = "error"
 SESSION_CLOSED = "session.closed"
+DOWNLINK_MOVED = "downlink.moved"  # the last event of a request whose downlink moved on
 
 STATUS_COMPLETED = "completed"
 STATUS_CANCELLED = "cancelled"

@@ -47,7 +47,7 @@ class Session:
         self.session_id = session_id
         self.options = options
         self.stall = StallWatch(clock)
-        self._downlink, self._stages, self._config = downlink, WatchedStages(stages, self.stall), config
+        self.downlink, self._stages, self._config = downlink, WatchedStages(stages, self.stall), config
         self._stops = StageStops(stages)
         self._on_finished, self._clock = on_finished, clock
         self._lock = threading.Lock()  # guards every field below; held only for state, never for I/O
@@ -147,7 +147,7 @@ class Session:
                   audio_ms=round(response.audio_ms, 1), **fields)
 
     def emit(self, event_type: str, audio: np.ndarray | None = None, **fields: object) -> None:
-        self._downlink.send(ev.ServerEvent(event_type, self.session_id, dict(fields), audio))
+        self.downlink.send(ev.ServerEvent(event_type, self.session_id, dict(fields), audio))
 
     def is_current(self, epoch: int) -> bool:
         return epoch == self._ids.epoch and not self._finished
@@ -162,7 +162,7 @@ class Session:
     def client_gone(self) -> bool:
         """Whether the client cancelled the downlink stream (closed it or disconnected)."""
         try:
-            return bool(self._downlink.is_cancelled())
+            return bool(self.downlink.is_cancelled())
         except Exception as exc:  # a sender already closed cannot tell; the session ends anyway
             log.debug("cancellation check of %s failed: %r", self.session_id, exc)
             return False
@@ -290,11 +290,11 @@ class Session:
             self._finished = True
             self.emit(ev.SESSION_CLOSED, reason=self._close_reason)
         self._stop_stage_requests(old)
-        self._downlink.close()
+        self.downlink.close()
         if why.frees_transport(self._close_reason) and self.sequence_open:
             self.sequence_open = False  # before the END goes out: a START meanwhile is refused alone
             try:
-                self._downlink.abandon()
+                self.downlink.abandon()
             except Exception as exc:  # the slot then waits for Triton's own idle timer
                 log.warning("releasing the sequence of %s failed: %r", self.session_id, exc)
         self._on_finished(self)

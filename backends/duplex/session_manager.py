@@ -32,7 +32,7 @@ from backends.duplex.downlink import Downlink
 from backends.duplex.refusals import Refusal, Refusals
 from backends.duplex.session import Session, SessionConfig
 from backends.duplex.unit_buffer import SAMPLE_RATE
-from backends.duplex.uplink import RawUplink, Uplink, parse_uplink
+from backends.duplex.uplink import MOVE_DOWNLINK, RawUplink, Uplink, parse_uplink
 
 log = logging.getLogger(__name__)
 
@@ -126,12 +126,23 @@ class SessionManager:
             reply.fail(DuplexError(NOT_FOUND, f"session {uplink.session_id!r} is not open: a session starts with "
                                               "a START request (it may have been closed or reaped)"))
             return
+        if uplink.action == MOVE_DOWNLINK:
+            self._move_downlink(session, reply, open_downlink)
+            return
         try:
             self._apply(session, uplink)
         except DuplexError as exc:  # past the uplink bound
             self._reject(raw, exc, reply, open_downlink)
             return
         reply.ok()
+
+    @staticmethod
+    def _move_downlink(session: Session, reply: UplinkReply, open_downlink: Callable[[], Downlink]) -> None:
+        """The request becomes the session's downlink: it is answered by the session's events."""
+        notice = ev.ServerEvent(ev.DOWNLINK_MOVED, session.session_id, {})
+        if not session.downlink.move(open_downlink(), notice):
+            reply.fail(DuplexError(NOT_FOUND, f"session {session.session_id!r} is closing: its downlink "
+                                              "cannot move"))
 
     def _reject(self, raw: RawUplink, exc: DuplexError, reply: UplinkReply,
                 open_downlink: Callable[[], Downlink]) -> None:

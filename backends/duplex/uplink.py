@@ -20,7 +20,8 @@ from backends.duplex.unit_buffer import SAMPLE_RATE
 from backends.thinker.context_window import WINDOW_MODES
 from backends.thinker.policy_config import MAX_TOKENS_PER_UNIT, REPLY_CONTROL_SLOTS, TOKENS_PER_UNIT_LIMIT
 
-ACTIONS = ("append", "commit", "cancel")
+MOVE_DOWNLINK = "move_downlink"  # this request carries the downlink from now on (downlink.py)
+ACTIONS = ("append", "commit", "cancel", MOVE_DOWNLINK)
 MAX_TEXT_CHARS = 4000
 # instructions + initial_user_text as UTF-8: at most half the Thinker's default context of 8192
 # tokens (a token is at least one byte), so the setup leaves room for the conversation.
@@ -137,6 +138,9 @@ def parse_uplink(raw: RawUplink, max_append_samples: int) -> Uplink:
     if not isinstance(action, str) or action not in ACTIONS:
         raise DuplexError(INVALID_ARGUMENT, f"unknown action {action!r}; expected one of {list(ACTIONS)}")
     audio = _pcm16("AUDIO", raw.audio, max_append_samples)
+    if action == MOVE_DOWNLINK and (raw.is_start or raw.is_end or audio.size):
+        raise DuplexError(INVALID_ARGUMENT, f"action {MOVE_DOWNLINK} takes no audio and neither START nor END "
+                                            "(the request becomes the session's downlink)")
     options = _session_options(params, raw.ref_audio) if raw.is_start else None
     if raw.ref_audio is not None and not raw.is_start:
         raise DuplexError(INVALID_ARGUMENT, "REF_AUDIO is accepted on the START request only")

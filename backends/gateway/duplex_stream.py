@@ -1,6 +1,9 @@
 """One session's gRPC stream to the `duplex` model (tritonclient.grpc.aio): requests go into an
 asyncio queue that feeds the stream, downlink events come out of `downlink` in order.
 
+Every `DOWNLINK_MOVE_S` an append first moves the downlink to a fresh request (`move_downlink`,
+docs/duplex_contract.md): the server holds what it answered on an open request until its FINAL.
+
 Leaving a session never cancels the RPC while requests are in flight (Triton 2.51's gRPC
 frontend can crash when a cancellation races a completion): `end()` sends END and then ends the
 request iterator, a half-close; the server finishes the session and ends the downlink. Only a
@@ -10,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -21,6 +25,8 @@ MODEL = "duplex"
 START_REQUEST_ID = "down"
 # The answers to uplink requests and the downlink's end are flags-only FINALs, sent on request.
 EMPTY_FINAL = {"triton_enable_empty_final_response": True}
+DOWNLINK_MOVE_S = 120.0
+DOWNLINK_MOVED = "downlink.moved"  # the old downlink request's last event: followed, not shown
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,6 +53,10 @@ class DuplexStream:
     _count: int = 0
     _ended: bool = False
     uplink_errors: list[str] = field(default_factory=list)  # anonymous request failures
+    downlink_move_s: float = DOWNLINK_MOVE_S
+    _downlink_id: str = START_REQUEST_ID  # the request that carries the downlink now
+    _moving: str | None = None  # a move request the server has not taken yet
+    _moved_s: float = field(default_factory=time.monotonic)
 
     def open(self, params: dict[str, Any], ref_audio: np.ndarray | None = None) -> None:
         """START the session (answered on the downlink: session.created or an error)."""
@@ -60,6 +70,9 @@ class DuplexStream:
     def append(self, pcm16: np.ndarray, action: str = "append") -> None:
         if self._ended:
             return
+        if self._moving is None and time.monotonic() - self._moved_s >= self.downlink_move_s:
+            self._moving, self._moved_s = self._next_id(), time.monotonic()
+            self._put([_audio_input("AUDIO", np.zeros(0, np.int16))], self._moving, extra={"action": "move_downlink"})
         extra = {} if action == "append" else {"action": action}
         self._put([_audio_input("AUDIO", pcm16)], self._next_id(), extra=extra)
 
@@ -94,9 +107,15 @@ class DuplexStream:
                     self.uplink_errors.append(str(error))
                     continue
                 response = result.get_response()
-                if response.id != START_REQUEST_ID:
-                    continue  # an uplink request's empty FINAL
+                if response.id == self._moving:  # the move request answers: it carries the downlink
+                    self._downlink_id, self._moving = response.id, None
                 event = _event_of(result)
+                if event is not None and event.type == DOWNLINK_MOVED:
+                    if self._moving is not None:
+                        self._downlink_id, self._moving = self._moving, None
+                    continue
+                if response.id != self._downlink_id:
+                    continue  # an uplink request's empty FINAL
                 if event is not None:
                     yield event
                 if response.parameters["triton_final_response"].bool_param:

@@ -59,6 +59,10 @@ class MeteredDownlink:
     def is_cancelled(self) -> bool:
         return self._inner.is_cancelled()
 
+    def move(self, to: Downlink, notice: ev.ServerEvent) -> bool:
+        """The metering stays with the session: `to` lends only its transport."""
+        return self._inner.move(to._inner if isinstance(to, MeteredDownlink) else to, notice)
+
     def abandon(self) -> None:
         self._inner.abandon()
 

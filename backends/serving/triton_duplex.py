@@ -31,6 +31,7 @@ from typing import Any
 
 import numpy as np
 
+from backends.duplex.downlink import Downlink
 from backends.duplex.errors import DuplexError
 from backends.duplex.events import ServerEvent
 from backends.duplex.session import SessionConfig
@@ -90,36 +91,48 @@ def _optional_input(pb_utils: Any, request: Any, name: str) -> np.ndarray | None
 
 
 class TritonDownlink:
-    """The START request's response sender, kept open for the whole session.
+    """The response sender of the request that carries a session's events: its START, or the
+    latest request it moved its downlink to (`move`).
 
     `close` lets go of the sender: the stub frees the request's response factory, which pins
     the `duplex` model (a server stop waits for it), only when the sender object is destroyed,
     and a finished session may live on in a reference cycle until the garbage collector runs.
     `is_cancelled` and `close` exclude each other: a cancellation check that reaches the server
     after the FINAL asks about a response factory the server may already have freed (seen as
-    heap corruption in tritonserver and as a `duplex` model that never unloads).
+    heap corruption in tritonserver and as a `duplex` model that never unloads). A send is
+    ordered against a move and the close: no response may follow its request's FINAL.
     """
 
     def __init__(self, pb_utils: Any, sender: Any, responses: ResponseThread,
                  sequence: tuple[str, int | str] | None = None) -> None:
         self._pb, self._sender, self._responses = pb_utils, sender, responses
         self._sequence = sequence  # (model name, correlation id as the client sent it)
-        self._lock = threading.Lock()  # guards _sender between close() and is_cancelled()
+        self._lock = threading.Lock()  # guards _sender between close()/move() and is_cancelled()
+        self._send_lock = threading.Lock()  # orders send() against move() and close()
 
     def send(self, event: ServerEvent) -> None:
-        if self._sender is None:
-            raise RuntimeError(f"event {event.type} after the downlink closed")
-        arrays = {"EVENT": np.array([event.to_json().encode("utf-8")], dtype=np.object_)}
-        if event.audio is not None:
-            arrays["AUDIO_OUT"] = event.audio
-        response = self._pb.InferenceResponse(output_tensors=output_tensors(self._pb, arrays))
-        self._responses.put(self._sender, response, 0)
+        response = self._response(event)
+        with self._send_lock:
+            if self._sender is None:
+                raise RuntimeError(f"event {event.type} after the downlink closed")
+            self._responses.put(self._sender, response, 0)
 
     def close(self) -> None:
-        with self._lock:
+        with self._lock, self._send_lock:
             sender, self._sender = self._sender, None
-        if sender is not None:
-            self._responses.put(sender, None, self._pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+            if sender is not None:
+                self._responses.put(sender, None, self._pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+
+    def move(self, to: Downlink, notice: ServerEvent) -> bool:
+        if not isinstance(to, TritonDownlink):
+            raise TypeError(f"a downlink moves only to another TritonDownlink, got {type(to).__name__}")
+        response = self._response(notice)
+        with self._lock, self._send_lock:
+            if self._sender is None:
+                return False
+            old, self._sender = self._sender, to._hand_over()
+            self._responses.put(old, response, self._pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        return True
 
     def is_cancelled(self) -> bool:
         with self._lock:  # held across the IPC: the FINAL cannot be queued meanwhile
@@ -136,6 +149,20 @@ class TritonDownlink:
             flags=self._pb.TRITONSERVER_REQUEST_FLAG_SEQUENCE_END, parameters={RELEASE_PARAMETER: True})
         for _ in bls.exec(decoupled=True):  # drained: the answer carries nothing
             pass
+
+    def _hand_over(self) -> Any:
+        """This downlink's sender, taken: it now carries another session's downlink."""
+        with self._lock, self._send_lock:
+            sender, self._sender = self._sender, None
+        if sender is None:
+            raise RuntimeError("a downlink moved to a request that was already answered")
+        return sender
+
+    def _response(self, event: ServerEvent) -> Any:
+        arrays = {"EVENT": np.array([event.to_json().encode("utf-8")], dtype=np.object_)}
+        if event.audio is not None:
+            arrays["AUDIO_OUT"] = event.audio
+        return self._pb.InferenceResponse(output_tensors=output_tensors(self._pb, arrays))
 
 
 class TritonUplinkReply:

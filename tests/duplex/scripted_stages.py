@@ -115,6 +115,7 @@ class RecordingDownlink:
         self.closed = threading.Event()
         self.cancelled = threading.Event()  # set by a test: the client went away
         self.abandoned = False  # the session freed the transport (no END will come)
+        self.moved_to: RecordingDownlink | None = None  # where later events go after a move
         self._lock = threading.Lock()
 
     def is_cancelled(self) -> bool:
@@ -125,15 +126,31 @@ class RecordingDownlink:
 
     def send(self, event) -> None:
         with self._lock:
+            if self.moved_to is not None:
+                return self.moved_to.send(event)
             if self.closed.is_set():
                 raise RuntimeError("send after FINAL")
             self.events.append(event)
 
     def close(self) -> None:
         with self._lock:
+            if self.moved_to is not None:
+                return self.moved_to.close()
             if self.closed.is_set():
                 raise RuntimeError("FINAL sent twice")
             self.closed.set()
+
+    def move(self, to, notice) -> bool:
+        """The notice and the FINAL here; every later event and the close go to `to`."""
+        with self._lock:
+            if self.moved_to is not None:
+                return self.moved_to.move(to, notice)
+            if self.closed.is_set():
+                return False
+            self.events.append(notice)
+            self.closed.set()
+            self.moved_to = to
+            return True
 
     def types(self) -> list[str]:
         return [e.type for e in self.events]

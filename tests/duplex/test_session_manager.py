@@ -173,3 +173,44 @@ def test_each_epoch_sends_its_setup_before_its_first_unit():
     assert epoch1[0].instructions == "be brief" and epoch1[0].initial_user_text == ""
     send(manager, "s", end=True)
     wait_for(down.closed.is_set, "downlink FINAL")
+
+
+def test_moved_downlink_carries_every_later_event_and_the_final(stages):
+    manager = SessionManager(ManagerConfig(), stages)
+    first, _ = send(manager, "s", start=True, initial_user_text="hi")
+    wait_for(lambda: "session.created" in first.types(), "session.created")
+    second, reply = send(manager, "s", action="move_downlink")
+    assert reply.result is None, "a move is answered by the session's events, not an empty FINAL"
+    assert first.closed.is_set() and first.types()[-1] == "downlink.moved"
+    for _ in range(4):
+        send(manager, "s", 16000)
+    third, _ = send(manager, "s", action="move_downlink")
+    send(manager, "s", end=True)
+    wait_finished(manager, third, "downlink FINAL on the last move")
+    assert second.types()[-1] == "downlink.moved" and second.closed.is_set()
+    assert third.types()[-1] == "session.closed" and "session.created" not in second.types() + third.types()
+    deltas = [e for d in (first, second, third) for e in d.events if e.type == "response.audio.delta"]
+    assert sum(e.audio.size for e in deltas) == 2 * 25 * 960
+
+
+@pytest.mark.parametrize("flags, samples", [({"end": True}, 0), ({}, 1600)])
+def test_bad_move_fails_the_request_and_keeps_the_downlink(stages, flags, samples):
+    manager = SessionManager(ManagerConfig(), stages)
+    down, _ = send(manager, "s", start=True)
+    _, reply = send(manager, "s", samples, action="move_downlink", **flags)
+    assert reply.result.code == "invalid_argument" and "move_downlink" in reply.result.message
+    assert down.moved_to is None and "error" in down.types()
+    refused, _ = send(manager, "t", start=True, action="move_downlink")
+    wait_for(refused.closed.is_set, "the refusal of a START that asks to move")
+    assert refused.events[0].fields["code"] == "invalid_argument"
+
+
+def test_move_of_a_closed_or_unknown_session_fails(stages):
+    manager = SessionManager(ManagerConfig(), stages)
+    _, reply = send(manager, "ghost", action="move_downlink")
+    assert reply.result.code == "session_not_found"
+    down, _ = send(manager, "s", start=True)
+    send(manager, "s", end=True)
+    wait_for(down.closed.is_set, "downlink FINAL")
+    late, reply = send(manager, "s", action="move_downlink")
+    assert reply.result.code == "session_not_found" and late.events == []

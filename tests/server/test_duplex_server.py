@@ -37,13 +37,15 @@ def _speech() -> np.ndarray:
     return read_wav(DEMO_WAV).samples[:, 0]
 
 
-def _session(url: str, session_id: str, seed: int = 7, reply_units: int = 3, ref_audio: np.ndarray | None = None):
+def _session(url: str, session_id: str, seed: int = 7, reply_units: int = 3, ref_audio: np.ndarray | None = None,
+             downlink_move_s: float | None = None, moves: list[int] | None = None):
     events: list = []
     params = SessionParams(initial_user_text="Tell me about the sea.", seed=seed,
                            reply_units=reply_units, reply_tokens_per_unit=4)
-    with DuplexSession.connect(url, session_id=session_id) as session:
+    with DuplexSession.connect(url, session_id=session_id, downlink_move_s=downlink_move_s) as session:
         report = stream_utterance(session, _speech(), params, StreamConfig(speed=SPEED, max_seconds=20),
                                   ref_audio=ref_audio, on_event=events.append)
+        (moves if moves is not None else []).append(session.num_downlink_moves)
     return report, events
 
 
@@ -112,6 +114,22 @@ def test_concurrent_sessions_are_isolated_and_reproducible(server):
     assert audio_a.shape == audio_alone.shape
     assert np.abs(audio_a - audio_alone).max() <= AUDIO_LSB_TOLERANCE
     assert texts(results["srv-b"][1]) != texts(alone), "a different seed should give a different reply"
+
+
+def test_a_downlink_moved_again_and_again_loses_nothing(server):
+    """A session that moves its downlink whenever 50 ms have passed (several moves) against the
+    same session never moved: the same events in the same order, the same text and audio."""
+    moves: list[int] = []
+    still_report, still = _session(server.grpc_url, "srv-still", seed=13)
+    moved_report, moved = _session(server.grpc_url, "srv-moved", seed=13, downlink_move_s=0.05, moves=moves)
+    assert still_report.ok and moved_report.ok and moved_report.closed_cleanly, moved_report.errors
+    assert moves[0] >= 5, moves
+    assert [e.type for e in moved] == [e.type for e in still]
+    texts = lambda evs: [e.text for e in evs if e.type == "response.text.delta"]  # noqa: E731
+    assert texts(moved) == texts(still)
+    audio = [np.concatenate([e.audio for e in evs if isinstance(e, AudioDelta)]).astype(np.int32)
+             for evs in (moved, still)]
+    assert audio[0].shape == audio[1].shape and np.abs(audio[0] - audio[1]).max() <= AUDIO_LSB_TOLERANCE
 
 
 def test_concurrent_sessions_speak_in_their_own_reference_voices(server):
