@@ -11,6 +11,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+# How often a session's downlink moves to a fresh request: the server keeps per open request what
+# it answered on it until its FINAL (docs/triton_behaviours.md), ~4 MiB a minute of audio.
+DOWNLINK_MOVE_S = 120.0
+
 DEFAULT_MAX_MESSAGE_BYTES = 4 * 1024 * 1024  # 30 s of float32 reference voice in base64 is 2.6 MB
 
 
@@ -27,6 +31,7 @@ class GatewayConfig:
     init_timeout_s: float = 30.0  # queue_done -> the client's init message
     drain_timeout_s: float = 30.0  # END -> the server's session.closed, then the stream is cancelled
     pause_timeout_s: float = 60.0
+    downlink_move_s: float = DOWNLINK_MOVE_S  # each session's downlink moves to a fresh request this often
     certfile: Path | None = None
     keyfile: Path | None = None
     # START parameters every session gets unless its client sets them (e.g. the reply-shape knobs
@@ -51,6 +56,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="how long an admitted connection may take to send its session init")
     parser.add_argument("--pause-timeout-s", type=float, default=60.0,
                         help="how long a paused session of the demo protocol stays open")
+    parser.add_argument("--downlink-move-s", type=float, default=DOWNLINK_MOVE_S,
+                        help="how often a session's downlink moves to a fresh request (bounds the server's "
+                             "memory of a long session: docs/duplex_contract.md)")
     parser.add_argument("--certfile", type=Path, help="TLS certificate (PEM); with --keyfile")
     parser.add_argument("--keyfile", type=Path)
     parser.add_argument("--session-default", action="append", default=[], metavar="NAME=VALUE",
@@ -63,15 +71,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def config_of(args: argparse.Namespace) -> GatewayConfig:
     if (args.certfile is None) != (args.keyfile is None):
         raise ValueError("--certfile and --keyfile go together")
-    positive = min(args.rate_slack_s, args.init_timeout_s, args.pause_timeout_s) > 0
+    positive = min(args.rate_slack_s, args.init_timeout_s, args.pause_timeout_s, args.downlink_move_s) > 0
     if args.max_message_bytes < 1024 or args.max_waiting < 0 or not positive:
-        raise ValueError("need --max-message-bytes >= 1024, --max-waiting >= 0, and --rate-slack-s and the "
-                         "timeouts > 0")
+        raise ValueError("need --max-message-bytes >= 1024, --max-waiting >= 0, and --rate-slack-s, "
+                         "--downlink-move-s and the timeouts > 0")
     return GatewayConfig(
         triton_url=args.triton, host=args.host, port=args.port, api_keys_file=args.api_keys,
         allowed_origins=tuple(args.allowed_origin), max_message_bytes=args.max_message_bytes,
         max_waiting=args.max_waiting, rate_slack_s=args.rate_slack_s, init_timeout_s=args.init_timeout_s,
-        pause_timeout_s=args.pause_timeout_s, certfile=args.certfile, keyfile=args.keyfile,
+        pause_timeout_s=args.pause_timeout_s, downlink_move_s=args.downlink_move_s, certfile=args.certfile, keyfile=args.keyfile,
         session_defaults=session_defaults(args.session_default),
     )
 

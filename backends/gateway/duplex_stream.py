@@ -1,7 +1,7 @@
 """One session's gRPC stream to the `duplex` model (tritonclient.grpc.aio): requests go into an
 asyncio queue that feeds the stream, downlink events come out of `downlink` in order.
 
-Every `DOWNLINK_MOVE_S` an append first moves the downlink to a fresh request (`move_downlink`,
+Every `downlink_move_s` an append first moves the downlink to a fresh request (`move_downlink`,
 docs/duplex_contract.md): the server holds what it answered on an open request until its FINAL.
 
 Leaving a session never cancels the RPC while requests are in flight (Triton 2.51's gRPC
@@ -21,11 +21,12 @@ from typing import Any
 import numpy as np
 import tritonclient.grpc.aio as grpcaio
 
+from backends.gateway.config import DOWNLINK_MOVE_S
+
 MODEL = "duplex"
 START_REQUEST_ID = "down"
 # The answers to uplink requests and the downlink's end are flags-only FINALs, sent on request.
 EMPTY_FINAL = {"triton_enable_empty_final_response": True}
-DOWNLINK_MOVE_S = 120.0
 DOWNLINK_MOVED = "downlink.moved"  # the old downlink request's last event: followed, not shown
 
 

@@ -25,7 +25,8 @@ async def open_session(bridge: "Bridge", init: Init) -> DuplexStream | None:
     loop = asyncio.get_running_loop()
     deadline = loop.time() + START_RETRY_S
     while True:
-        stream = DuplexStream(bridge.state.client, bridge.context.session_id)
+        stream = DuplexStream(bridge.state.client, bridge.context.session_id,
+                              downlink_move_s=bridge.state.config.downlink_move_s)
         stream.open(params, init.ref_audio)
         first = await anext(stream.downlink, stream_lost("the downlink ended before an answer"))
         if first.type == "session.created":

@@ -22,6 +22,8 @@ class GatewayProcess:
         self.log = workdir / "gateway.log"
         command = [sys.executable, "-m", "backends.gateway.cli", "--triton", triton_url, "--port", str(self.port),
                    "--api-keys", str(keys), "--max-message-bytes", "262144", "--max-waiting", "4",
+                   # every session of these tests moves its downlink several times (a second apart)
+                   "--downlink-move-s", "1",
                    *[arg for item in SESSION_DEFAULTS for arg in ("--session-default", item)], *extra]
         with open(self.log, "wb") as log:
             self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, cwd=PROJECT_ROOT,
