@@ -136,3 +136,38 @@ def test_request_ids_must_be_unique(demux):
     for request_id in ("uplink-1", DOWN):
         with pytest.raises(ValueError, match="already in use"):
             demux.expect_uplink(request_id)
+
+
+def test_a_moved_downlink_goes_on_on_the_move_request(demux, make_result):
+    demux.expect_move("uplink-1")
+    assert demux.moving
+    with pytest.raises(ValueError, match="under way"):
+        demux.expect_move("uplink-2")
+    assert demux.process(arrive(make_result(DOWN, event=event("downlink.moved"), final=True))) is None
+    assert demux.downlink_open and not demux.moving and demux.num_pending_uplink == 0
+    closed = demux.process(arrive(make_result("uplink-1", event=event("session.closed"), final=True)))
+    assert isinstance(closed, SessionClosed) and demux.is_settled
+    with pytest.raises(DuplexProtocolError, match="after its FINAL"):
+        demux.process(arrive(make_result(DOWN, event=event("session.created"))))
+
+
+def test_an_event_on_the_move_request_before_the_notice_is_followed(demux, make_result):
+    demux.expect_move("uplink-1")
+    created = demux.process(arrive(make_result("uplink-1", event=event("session.created"))))
+    assert isinstance(created, SessionCreated) and not demux.moving
+    assert demux.process(arrive(make_result(DOWN, event=event("downlink.moved"), final=True))) is None
+    assert demux.process(arrive(make_result("uplink-1", final=True))) is None
+    assert demux.is_settled
+
+
+def test_a_refused_move_counts_as_a_failed_uplink(demux, make_result):
+    demux.expect_move("uplink-1")
+    failed = demux.process(arrive(error=InferenceServerException("[session_not_found] closing")))
+    assert isinstance(failed, RequestFailed) and demux.downlink_open
+    demux.process(arrive(make_result(DOWN, event=event("session.closed"), final=True)))
+    assert demux.is_settled
+
+
+def test_a_move_notice_without_a_move_is_a_protocol_error(demux, make_result):
+    with pytest.raises(DuplexProtocolError, match="downlink.moved"):
+        demux.process(arrive(make_result(DOWN, event=event("downlink.moved"), final=True)))
