@@ -15,6 +15,7 @@ import signal
 import sys
 from pathlib import Path
 
+from backends.serving.card_memory import card_memory_gib, check_card
 from backends.serving.gateway_process import GatewayChild, GatewayOptions
 from backends.serving.metrics_stage_calls import call_metrics_enabled
 from backends.serving.mps import MODES as MPS_MODES
@@ -65,6 +66,8 @@ def server_options(args: argparse.Namespace) -> ServerOptions:
         raise ValueError(f"--set takes NAME=VALUE, got {malformed}")
     profile = get_profile(args.profile).with_overrides(dict(item.split("=", 1) for item in args.set))
     profile.memory_fractions()  # a planned profile that does not fit is refused here, before any start
+    if profile.gpu_memory_gib > 0:
+        check_card(profile.name, profile.gpu_memory_gib, card_memory_gib(profile.stage_gpu("thinker") or 0))
     return ServerOptions(
         profile=profile, repository=args.repository, workdir=args.workdir, address=args.address,
         http_port=args.http_port, grpc_port=args.grpc_port, metrics_port=args.metrics_port, log_file=args.log_file,
