@@ -383,15 +383,12 @@ class ModelRunner:
     def reanchor(self, request_id: str, keep_prefix: int, drop: int) -> None:
         """Drop the `drop` tokens after the first `keep_prefix` and re-RoPE the rest.
 
-        `keep_prefix` is a multiple of block_size; `drop` any count. See `reanchor.reanchor_slot`
+        `keep_prefix` and `drop` are any counts. See `reanchor.reanchor_slot`
         for the semantics (StreamingLLM-style; the request keeps its exact reservation).
         """
         self._pending.settle()
         slot = self.states.slot_of(request_id)
-        check_reanchor(
-            request_id, keep_prefix, drop, int(self.states.num_computed_tokens_np[slot]),
-            self.block_size,
-        )  # fmt: skip
+        check_reanchor(request_id, keep_prefix, drop, int(self.states.num_computed_tokens_np[slot]))
         with torch.no_grad():
             reanchor_slot(
                 slot, keep_prefix, drop, self.states, self.block_table, self.kv,

@@ -244,8 +244,7 @@ class ThinkerEngine:
         ledger = HiddenLedger(self.model.hidden_size, self.config.ledger_rows)
         # a session's own limit (START max_kv_tokens) within the engine's reservation
         max_len = min(first.max_kv_tokens, self.max_len) if first.max_kv_tokens > 0 else self.max_len
-        window = ContextWindow(window_mode(first, self.config.window_mode), self.config.window,
-                               self.runner_config.block_size, max_len)
+        window = ContextWindow(window_mode(first, self.config.window_mode), self.config.window, max_len)
         encoder = self.encoder_factory()
         session = ThinkerSession(first.request_id, encoder, policy, self.layout, self.tokenizer,
                                  ledger, window, self.config.prefill_chunk_rows, max_len)

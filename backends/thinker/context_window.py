@@ -9,9 +9,8 @@ Modes (chosen per session at START, immutable afterwards):
   whole units are dropped so it lands at (or as near as possible above) the low watermark. A
   unit starts at the rows that open it in its append (the re-injected terminator and
   `</unit>`, as the upstream unit records count them), or at its `<unit>` row in a first
-  append. The kept prefix (the attention sink) is the system context rounded up to a whole
-  page (the runner keeps whole pages before a cut): when the context does not end on a page
-  boundary, the head of the first unit shares its last page and stays with it. A session that
+  append. The kept prefix (the attention sink) is exactly the system context, as upstream
+  keeps it; the runner moves the kept rows down to right after it, wherever it ends. A session that
   reaches its reserved context with nothing left to drop ends with `context_length_exceeded`.
   Deeper layers keep the context their K/V was computed with (StreamingLLM semantics).
 - `context`: at most `max_units` units stay; the sampled text of dropped units accumulates
@@ -87,14 +86,11 @@ class UnitRecord:
 class ContextWindow:
     """The units now in one session's KV and the window decisions over them."""
 
-    def __init__(self, mode: str, config: WindowConfig, block_size: int, max_len: int) -> None:
+    def __init__(self, mode: str, config: WindowConfig, max_len: int) -> None:
         if mode not in WINDOW_MODES:
             raise ValueError(f"sliding_window_mode {mode!r} is not one of {list(WINDOW_MODES)}")
-        if block_size < 1:
-            raise ValueError(f"block_size must be >= 1, got {block_size}")
         self.mode = mode
         self.config = config
-        self.block_size = block_size
         # A smaller context (a session's max_kv_tokens) scales both marks, keeping their gaps in
         # proportion: marks at the context itself would cut (and re-rotate the KV) every unit.
         scale = min(1.0, max_len / (config.high_tokens + MARK_HEADROOM_TOKENS))
@@ -149,8 +145,7 @@ class ContextWindow:
         projected = num_tokens + incoming
         if projected <= self.high:
             return None
-        bs = self.block_size
-        sink = -(-self.prefix_len // bs) * bs
+        sink = self.prefix_len  # the system context stays, exactly as the official window keeps it
         starts = [u.start - u.head for u in self.units if u.start - u.head > sink]
         if not starts:
             return None

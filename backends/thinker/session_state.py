@@ -83,7 +83,7 @@ class ThinkerSession:
         self.request_id = request_id
         self.max_len = max_len
         self.prefill_chunk_rows = prefill_chunk_rows
-        self.window = window or ContextWindow(WINDOW_OFF, WindowConfig(), 1, 1)
+        self.window = window or ContextWindow(WINDOW_OFF, WindowConfig(), 1)
         self.encoder = encoder
         self.policy = policy
         self.layout = layout

@@ -149,13 +149,16 @@ def _reanchor_pair(
     return cut, fresh
 
 
-@pytest.mark.parametrize("keep,drop", [(0, 8), (8, 12), (4, 4), (8, 24), (0, 7), (4, 13), (8, 26)])
+@pytest.mark.parametrize("keep,drop", [(0, 8), (8, 12), (4, 4), (8, 24), (0, 7), (4, 13), (8, 26),
+                                       (5, 3), (5, 11), (6, 13), (3, 21), (7, 1)])
 def test_reanchor_equals_fresh_prefill_of_retained(
     make_runner, qwen3_one_layer, keep, drop
 ) -> None:
     """One layer: each cached K/V depends only on (token, position), so after the cut and the
     -drop rotation the cache must be a fresh prefill of the retained tokens. Catches wrong
-    rotation sign/pairing, rotating the prefix, or a wrong block-table rewrite."""
+    rotation sign/pairing, rotating the prefix, or a wrong block-table rewrite. Pages hold 4
+    rows: prefixes that end inside a page, drops that end inside the prefix's page, drops that
+    take whole pages after a partial one."""
     ids, tail = prompt(4, 35), prompt(5, 6)
     cut, fresh = _reanchor_pair(make_runner, qwen3_one_layer, ids, keep, drop)
     assert cut.num_tokens("r") == fresh.num_tokens("r") == 35 - drop
@@ -189,7 +192,8 @@ def test_reanchor_multilayer_equals_masked_reference(make_runner, hf_qwen3, qwen
     assert got.positions == list(range(30 - drop, 35 - drop))
 
 
-def test_reanchor_keeps_reservation_and_other_requests(make_runner) -> None:
+@pytest.mark.parametrize("keep,drop", [(4, 16), (5, 14), (6, 2)])
+def test_reanchor_keeps_reservation_and_other_requests(make_runner, keep, drop) -> None:
     """Dropped pages stay with the request (exact reservation), so it can still grow to max_len;
     another request's KV pages are untouched."""
     runner = make_runner(max_model_len=40)
@@ -198,11 +202,11 @@ def test_reanchor_keeps_reservation_and_other_requests(make_runner) -> None:
     runner.step([StepInput("r", prompt(6, 32), None), StepInput("other", prompt(7, 20), None)])
     other_pages = runner.kv.data[:, :, runner.block_ids("other")].clone()
     free_before, blocks_before = runner.num_free_blocks(), sorted(runner.block_ids("r"))
-    runner.reanchor("r", keep_prefix=4, drop=16)
+    runner.reanchor("r", keep_prefix=keep, drop=drop)
     assert runner.num_free_blocks() == free_before
     assert sorted(runner.block_ids("r")) == blocks_before
     assert torch.equal(runner.kv.data[:, :, runner.block_ids("other")], other_pages)
-    runner.step([StepInput("r", prompt(8, 24), None)])  # 16 + 24 = max_len 40
+    runner.step([StepInput("r", prompt(8, 8 + drop), None)])  # back to max_len 40
     assert runner.num_tokens("r") == 40
 
 
@@ -227,7 +231,7 @@ def test_reanchor_repeated_drift_stays_small(make_runner, qwen3_one_layer) -> No
     torch.testing.assert_close(got, ref, atol=5 * HIDDEN_ATOL, rtol=0)
 
 
-@pytest.mark.parametrize("keep,drop", [(2, 4), (4, -3), (-4, 4), (8, 32)])
+@pytest.mark.parametrize("keep,drop", [(4, -3), (-4, 4), (8, 32), (3, 28)])
 def test_reanchor_rejects_bad_cuts(make_runner, keep, drop) -> None:
     runner = make_runner()
     runner.add_request("r", GREEDY)

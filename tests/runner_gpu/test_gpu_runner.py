@@ -112,10 +112,11 @@ def test_fast_path_matches_cpu_reference(cpu_model, make_gpu_model, dtype, bound
         assert [[r.token for r in s] for s in got] == [[r.token for r in s] for s in expected]
 
 
-@pytest.mark.parametrize("keep,drop", [(16, 37), (0, 5), (32, 16)])
+@pytest.mark.parametrize("keep,drop", [(16, 37), (0, 5), (32, 16), (21, 7), (21, 40)])
 def test_reanchor_on_the_fast_path_matches_cpu_reference(cpu_model, make_gpu_model, keep, drop) -> None:
     """A cut on the CUDA KV pages (whole pages out of the chain, the remainder moved inside the
-    pages, keys re-rotated) leaves the same cache as on the CPU reference path."""
+    pages, keys re-rotated; the prefix may end inside a page) leaves the same cache as on the CPU
+    reference path."""
     def cut_then_append(runner):
         runner.add_request("r", SamplingParams())
         runner.step([StepInput("r", list(range(1, 80)), sample=False)])

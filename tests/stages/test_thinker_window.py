@@ -145,6 +145,8 @@ def _check_basic_kv(engine: ThinkerEngine, special: SpecialTokens, sink_ids: lis
     window, kv = session.window, engine.runner.token_ids("long")
     assert len(kv) <= WINDOW.high_tokens
     assert kv[: len(sink_ids)] == sink_ids
+    if window.position_offset:  # after a cut, nothing of a dropped unit stays behind the sink
+        assert window.units[0].start - window.units[0].head == window.prefix_len
     for unit in window.units:
         assert kv[unit.start] == special.unit
         head = kv[unit.start - unit.head : unit.start]
@@ -164,7 +166,7 @@ def test_basic_window_runs_ten_minutes_with_bounded_kv(engine_parts, special, ch
         assert result.unit_index == num_units - 1
         if sink_ids is None:
             window = engine._sessions["long"].window
-            sink_ids = engine.runner.token_ids("long")[: -(-window.prefix_len // 16) * 16]
+            sink_ids = engine.runner.token_ids("long")[: window.prefix_len]  # the system context, exactly
         _check_basic_kv(engine, special, sink_ids)
         assert engine.runner.num_free_blocks() == free_while_running
     window = engine._sessions["long"].window

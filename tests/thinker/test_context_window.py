@@ -24,7 +24,6 @@ from backends.thinker.context_window import (
 from backends.thinker.prompt_layout import PromptLayout
 
 HIDDEN = 4
-BS = 16
 
 
 def _embeds(count: int) -> list[torch.Tensor]:
@@ -33,7 +32,7 @@ def _embeds(count: int) -> list[torch.Tensor]:
 
 def _window(mode: str = WINDOW_BASIC, **cfg: int) -> ContextWindow:
     config = WindowConfig(**{"high_tokens": 200, "low_tokens": 100, **cfg})
-    return ContextWindow(mode, config, BS, max_len=10_000)
+    return ContextWindow(mode, config, max_len=10_000)
 
 
 def _with_units(window: ContextWindow, prefix_len: int, units: list[tuple[int, int]]) -> None:
@@ -55,16 +54,16 @@ def test_config_is_validated(cfg: dict[str, int], match: str) -> None:
 
 def test_unknown_mode_is_refused() -> None:
     with pytest.raises(ValueError, match="'sliding' is not one of"):
-        ContextWindow("sliding", WindowConfig(), BS, 8192)
+        ContextWindow("sliding", WindowConfig(), 8192)
 
 
 def test_the_official_marks_hold_at_a_4096_token_context_and_scale_below_it() -> None:
     """4000 / 3500 as the official duplex model sets them; a smaller context keeps their
     proportions, so a full session does not cut at every unit."""
     for max_len in (4096, 8192):
-        window = ContextWindow(WINDOW_BASIC, WindowConfig(), BS, max_len=max_len)
+        window = ContextWindow(WINDOW_BASIC, WindowConfig(), max_len=max_len)
         assert (window.high, window.low) == (4000, 3500)
-    window = ContextWindow(WINDOW_BASIC, WindowConfig(), BS, max_len=1024)
+    window = ContextWindow(WINDOW_BASIC, WindowConfig(), max_len=1024)
     assert (window.high, window.low) == (1000, 875)
 
 
@@ -102,25 +101,27 @@ def test_no_cut_below_the_high_watermark_or_outside_basic() -> None:
 
 
 def test_cut_lands_at_the_first_unit_start_reaching_low() -> None:
-    """Sink = 20 rounded up = 32. Projected 230: landing <= 100 needs a drop >= 130, so the
-    cut end must be >= 162: 163 (the unit at 165 opens with 2 head rows) is the first unit
-    start; no page alignment is needed."""
+    """The sink is the system context itself (20 rows, not rounded to a page). Projected 230:
+    landing <= 100 needs a drop >= 130, so the cut end must be >= 150: 148 (the unit at 150
+    opens with 2 head rows) is short of it, 163 is the first unit start that reaches it."""
     window = _window()
     _with_units(window, 20, [(20, 0), (48, 2), (113, 2), (150, 2), (165, 2), (210, 2)])
-    assert window.plan_cut(200, 30) == Cut(keep_prefix=32, drop=131)
+    assert window.plan_cut(200, 30) == Cut(keep_prefix=20, drop=143)
 
 
 def test_cut_falls_back_to_the_last_unit_start() -> None:
     """No start lands at low: take the most that can be dropped (end 148 = 150 - 2)."""
     window = _window()
     _with_units(window, 20, [(20, 0), (48, 2), (114, 2), (150, 2)])
-    assert window.plan_cut(300, 30) == Cut(keep_prefix=32, drop=116)
+    assert window.plan_cut(300, 30) == Cut(keep_prefix=20, drop=128)
 
 
 def test_nothing_after_the_sink_means_no_cut() -> None:
     window = _window()
-    _with_units(window, 20, [(20, 0), (34, 2)])
-    assert window.plan_cut(300, 30) is None  # 32 is the sink itself: nothing to drop
+    _with_units(window, 20, [(20, 0)])
+    assert window.plan_cut(300, 30) is None  # the first unit starts at the sink: nothing to drop
+    _with_units(window, 20, [(20, 0), (23, 2)])
+    assert window.plan_cut(300, 30) == Cut(keep_prefix=20, drop=1)  # any row past the sink can go
 
 
 def test_apply_cut_forgets_dropped_units_and_shifts_the_rest() -> None:
