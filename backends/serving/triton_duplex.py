@@ -151,7 +151,7 @@ class TritonDownlink:
             pass
 
     def _hand_over(self) -> Any:
-        """This downlink's sender, taken: it now carries another session's downlink."""
+        """This downlink's sender, taken: the moving downlink sends on it from now on."""
         with self._lock, self._send_lock:
             sender, self._sender = self._sender, None
         if sender is None:
