@@ -40,9 +40,5 @@ class KVCache:
         """[num_blocks, block_size, num_kv_heads, head_dim] view of layer `layer`'s values."""
         return self.data[layer, 1]
 
-    def all_keys(self) -> torch.Tensor:
-        """[num_layers, num_blocks, block_size, num_kv_heads, head_dim] view of every key page."""
-        return self.data[:, 0]
-
     def num_bytes(self) -> int:
         return self.data.numel() * self.data.element_size()

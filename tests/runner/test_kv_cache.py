@@ -21,5 +21,4 @@ def test_layer_views_alias_the_backing_tensor() -> None:
     kv.key_cache(1)[2, 3, 1, 7] = 1.0
     kv.value_cache(0)[0, 0, 0, 0] = 2.0
     assert kv.data[1, 0, 2, 3, 1, 7] == 1.0 and kv.data[0, 1, 0, 0, 0, 0] == 2.0
-    assert kv.all_keys()[1, 2, 3, 1, 7] == 1.0
     assert kv.num_bytes() == 2 * 2 * 3 * 4 * 2 * 8 * 2
