@@ -79,7 +79,8 @@ def config_of(args: argparse.Namespace) -> GatewayConfig:
         triton_url=args.triton, host=args.host, port=args.port, api_keys_file=args.api_keys,
         allowed_origins=tuple(args.allowed_origin), max_message_bytes=args.max_message_bytes,
         max_waiting=args.max_waiting, rate_slack_s=args.rate_slack_s, init_timeout_s=args.init_timeout_s,
-        pause_timeout_s=args.pause_timeout_s, downlink_move_s=args.downlink_move_s, certfile=args.certfile, keyfile=args.keyfile,
+        pause_timeout_s=args.pause_timeout_s, downlink_move_s=args.downlink_move_s, certfile=args.certfile,
+        keyfile=args.keyfile,
         session_defaults=session_defaults(args.session_default),
     )
 
